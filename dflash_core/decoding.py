@@ -1,0 +1,168 @@
+"""The decoding loop: DFlash speculative decoding, and plain decoding through the same path.
+
+`generate` is a generator of events (see `events.py`): callers stream them (the app), collect
+them (`run`), or print them (the CLI). Without a drafter, or with block size 1, each cycle
+verifies just the last token, which is exactly plain autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from .drafter import DFlashDrafter
+from .errors import GenerationInputError
+from .events import Block, Prefill, Summary
+from .sampling import SamplingParams, make_generator, probabilities, sample
+from .target import Target
+from .verify import accept
+
+DRAFT_MODES = ("auto", "argmax", "sample")
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # kernels are asynchronous: time what actually ran
+    return time.perf_counter()
+
+
+def check_inputs(target: Target, prompt_ids, max_new_tokens: int, block_size: int) -> None:
+    if len(prompt_ids) == 0:
+        raise GenerationInputError("the prompt is empty: give at least one token")
+    bad = [t for t in prompt_ids if not 0 <= t < target.vocab_size]
+    if bad:
+        raise GenerationInputError(f"prompt ids {bad[:5]} are outside the target vocabulary of size {target.vocab_size}")
+    if max_new_tokens < 1:
+        raise GenerationInputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    limit = getattr(target.model.config, "max_position_embeddings", None)
+    needed = len(prompt_ids) + max_new_tokens + block_size
+    if limit is not None and needed > limit:
+        raise GenerationInputError(
+            f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens (+{block_size} for the last block) "
+            f"exceeds the target's context of {limit} positions; shorten the prompt or lower max_new_tokens"
+        )
+
+
+@torch.inference_mode()
+def generate(
+    target: Target,
+    prompt_ids: list[int],
+    drafter: DFlashDrafter | None = None,
+    *,
+    max_new_tokens: int = 128,
+    block_size: int | None = None,
+    sampling: SamplingParams = SamplingParams(),
+    stop_ids: Iterable[int] = (),
+    draft_mode: str = "auto",
+) -> Iterator[Prefill | Block | Summary]:
+    """Decode after `prompt_ids`, yielding `Prefill`, one `Block` per cycle, then `Summary`.
+
+    block_size: tokens verified per cycle (default: the drafter's trained size; 1 = plain).
+    draft_mode: how draft tokens are chosen when sampling: "argmax" (target sampled per slot,
+    drafts kept while they match) or "sample" (draft drawn at the same temperature, speculative
+    rejection sampling); "auto" is "sample". Greedy decoding always drafts the argmax. All are exact.
+    """
+    if drafter is None:
+        block_size = 1
+    elif block_size is None:
+        block_size = drafter.block_size
+    if not 1 <= block_size <= (drafter.block_size if drafter else 1):
+        raise GenerationInputError(
+            f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"
+        )
+    if draft_mode not in DRAFT_MODES:
+        raise GenerationInputError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
+    prompt_ids = [int(t) for t in prompt_ids]
+    check_inputs(target, prompt_ids, max_new_tokens, block_size)
+    stop_ids = frozenset(int(t) for t in stop_ids)
+    use_drafter = drafter is not None and block_size > 1
+    sample_drafts = not sampling.greedy and draft_mode != "argmax"
+    device = target.device
+    generator = make_generator(sampling, device)
+
+    def choose(logits: torch.Tensor) -> int:
+        return int(logits.argmax()) if sampling.greedy else int(sample(probabilities(logits[None], sampling), generator))
+
+    target.reset()
+    target.tap_layers(drafter.target_layer_ids if use_drafter else ())
+    draft_cache = drafter.new_cache() if use_drafter else None
+
+    t_start = _clock(device)
+    logits, context = target.forward(torch.tensor([prompt_ids], device=device), last_logits_only=True)
+    bonus = choose(logits[-1])
+    prefill = Prefill(prompt_len=len(prompt_ids), token_id=bonus, seconds=_clock(device) - t_start)
+    yield prefill
+
+    output = [bonus]
+    blocks: list[Block] = []
+    stop_reason = "stop_token" if bonus in stop_ids else "max_new_tokens"
+    start = len(prompt_ids)  # position of the bonus token, the block's slot 0
+    # Like the reference, DFlash runs one more cycle when a cycle ends exactly at the limit: it
+    # emits nothing, but keeps tau and the per-cycle trace comparable with published runs.
+    cycle_limit = len(prompt_ids) + max_new_tokens + (1 if use_drafter else 0)
+    while start + 1 < cycle_limit and stop_reason != "stop_token":
+        t0 = _clock(device)
+        draft = torch.empty(0, dtype=torch.long, device=device)
+        draft_probs = None
+        if use_drafter:
+            block = torch.full((1, block_size), drafter.mask_token_id, device=device)
+            block[0, 0] = bonus
+            positions = torch.arange(draft_cache.length, start + block_size, device=device)[None]
+            hidden = drafter(
+                target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions, cache=draft_cache
+            )
+            draft_logits = target.lm_head(hidden[0, 1:].to(target.dtype))
+            if sample_drafts:
+                draft_probs = probabilities(draft_logits, sampling)
+                draft = sample(draft_probs, generator)
+            else:
+                draft = draft_logits.argmax(dim=-1)
+        t1 = _clock(device)
+
+        block_ids = torch.cat([torch.tensor([bonus], device=device), draft])[None]
+        logits, features = target.forward(block_ids)
+        accepted, bonus = accept(draft, logits, sampling, generator, draft_probs)
+        start += accepted + 1
+        target.crop(start)
+        if use_drafter:
+            context = features[:, : accepted + 1]
+        t2 = _clock(device)
+
+        new_ids = [*draft[:accepted].tolist(), bonus][: max_new_tokens - len(output)]
+        for i, token in enumerate(new_ids):
+            if token in stop_ids:
+                new_ids, stop_reason = new_ids[: i + 1], "stop_token"
+                break
+        output.extend(new_ids)
+        event = Block(
+            index=len(blocks),
+            position=start - accepted - 1,
+            draft_ids=tuple(draft.tolist()),
+            accepted=accepted,
+            bonus_id=bonus,
+            committed_ids=tuple(new_ids),
+            draft_s=t1 - t0,
+            verify_s=t2 - t1,
+            elapsed_s=t2 - t_start,
+        )
+        blocks.append(event)
+        yield event
+
+    yield Summary(
+        output_ids=tuple(output),
+        prompt_len=len(prompt_ids),
+        block_size=block_size,
+        stop_reason=stop_reason,
+        prefill=prefill,
+        blocks=tuple(blocks),
+        total_s=_clock(device) - t_start,
+    )
+
+
+def run(*args, **kwargs) -> Summary:
+    """`generate` to completion; returns its summary."""
+    for event in generate(*args, **kwargs):
+        pass
+    return event

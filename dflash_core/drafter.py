@@ -1,0 +1,208 @@
+"""The DFlash drafter: a few Qwen3-style layers that fill a block of masked slots in one pass.
+
+It has no embedding and no LM head of its own (it borrows the target's). Target features are fused
+by `fc` + `hidden_norm` into a context `c` that is injected as extra keys/values into every layer
+("KV injection", SPEC §2); block queries attend, without a causal mask, to all cached context and
+to the whole block. Loads and saves the released checkpoint format (SPEC §3).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from .config import drafter_config_dict, parse_drafter_config
+from .errors import CheckpointError
+from .hub import resolve_model_dir
+
+
+class DrafterCache:
+    """Context keys/values of every drafter layer, in preallocated buffers.
+
+    Positions `[0, length)` hold committed context. During a draft forward the new context and the
+    block are written after them; only the context part is kept (`commit`), so the block's slots
+    are a scratch tail that the next forward overwrites.
+    """
+
+    def __init__(self, num_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.length = 0
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store `k`, `v` ([b, kv_heads, n, head_dim]) after the committed length; return all keys/values."""
+        end = self.length + k.shape[2]
+        buf_k, buf_v = self.keys[layer], self.values[layer]
+        if buf_k is None or buf_k.shape[2] < end:
+            # Grow geometrically so a long generation reallocates only a few times.
+            capacity = max(end, 256, 0 if buf_k is None else 2 * buf_k.shape[2])
+            new_k = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
+            new_v = v.new_empty(new_k.shape)
+            if buf_k is not None:
+                new_k[:, :, : self.length] = buf_k[:, :, : self.length]
+                new_v[:, :, : self.length] = buf_v[:, :, : self.length]
+            self.keys[layer], self.values[layer] = buf_k, buf_v = new_k, new_v
+        buf_k[:, :, self.length : end] = k
+        buf_v[:, :, self.length : end] = v
+        return buf_k[:, :, :end], buf_v[:, :, :end]
+
+    def commit(self, num_context: int) -> None:
+        self.length += num_context
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` ([b, heads, n, d]) by per-position `cos`/`sin` ([b, n, d])."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        layer_types = getattr(config, "layer_types", None) or []
+        is_sliding = layer_idx < len(layer_types) and layer_types[layer_idx] == "sliding_attention"
+        self.sliding_window = config.sliding_window if is_sliding else None
+
+    def forward(self, x, context, cos, sin, cache=None, attn_mask=None, key_positions=None):
+        """`x`: normed block [b, q, h]; `context`: fused target features [b, c, h] (not normed)."""
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        kv_in = torch.cat([context, x], dim=1)
+        n = kv_in.shape[1]
+        k = self.k_norm(self.k_proj(kv_in).view(b, n, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:])
+        k = apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.write(self.layer_idx, k, v)
+        if self.sliding_window is not None:
+            query_positions = key_positions[-q_len:]
+            in_window = (query_positions[:, None] - key_positions[None, :]) < self.sliding_window
+            attn_mask = in_window if attn_mask is None else attn_mask & in_window
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, scale=self.head_dim**-0.5, enable_gqa=self.num_heads != self.num_kv_heads
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = DrafterAttention(config, layer_idx)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = Qwen3MLP(config)
+
+    def forward(self, x, context, cos, sin, **attn_kwargs):
+        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, **attn_kwargs)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """Block-diffusion drafter conditioned on target features (SPEC §2)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        n_features = len(config.target_layer_ids)
+        self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.fc = nn.Linear(n_features * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary = Qwen3RotaryEmbedding(config)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return self.config.target_layer_ids
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def new_cache(self) -> DrafterCache:
+        return DrafterCache(len(self.layers))
+
+    def forward(self, block_embeds, target_features, position_ids, cache=None, attn_mask=None):
+        """Hidden states (after the final norm) of every block slot.
+
+        block_embeds: [b, q, h], the target's embeddings of `[last token, mask, ...]`.
+        target_features: [b, c, n*h], concatenated target layer outputs of the new context.
+        position_ids: [b, c + q], positions of the new context, then of the block.
+        cache: a `DrafterCache`; the new context is committed to it, the block is not.
+        attn_mask: optional boolean mask [q, keys] (True = attend), e.g. the training block mask.
+        """
+        context = self.hidden_norm(self.fc(target_features))
+        cos, sin = self.rotary(block_embeds, position_ids)
+        key_positions = position_ids[0]
+        if cache is not None and cache.length:
+            past = torch.arange(cache.length, device=position_ids.device, dtype=position_ids.dtype)
+            key_positions = torch.cat([past, key_positions])
+        x = block_embeds
+        for layer in self.layers:
+            x = layer(x, context, cos, sin, cache=cache, attn_mask=attn_mask, key_positions=key_positions)
+        if cache is not None:
+            cache.commit(context.shape[1])
+        return self.norm(x)
+
+    @classmethod
+    def from_pretrained(cls, path_or_id: str | Path, device="cpu", dtype=torch.float32) -> "DFlashDrafter":
+        """Load a released drafter (`config.json` + `model.safetensors`) from a directory or Hub id."""
+        directory = resolve_model_dir(path_or_id, ("config.json", "model.safetensors"))
+        config = parse_drafter_config(json.loads((directory / "config.json").read_text()))
+        state = load_file(directory / "model.safetensors")
+        with torch.device("meta"):
+            model = cls(config)
+        expected = set(model.state_dict())
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{directory / 'model.safetensors'} does not match the drafter config: "
+                f"missing keys {missing or 'none'}; unexpected keys {unexpected or 'none'}"
+            )
+        for name, param in model.state_dict().items():
+            if state[name].shape != param.shape:
+                raise CheckpointError(
+                    f"{name} has shape {tuple(state[name].shape)} in the checkpoint but the config "
+                    f"implies {tuple(param.shape)}"
+                )
+        model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+        # Rotary frequencies are not stored; rebuild them in float32 whatever the weight dtype.
+        model.rotary = Qwen3RotaryEmbedding(config)
+        return model.to(device).eval()
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Write the released format, loadable by `from_pretrained` and by the reference code."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.config.dtype = str(dtype).removeprefix("torch.")
+        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+        (directory / "config.json").write_text(json.dumps(drafter_config_dict(self.config), indent=2) + "\n")

@@ -1,0 +1,116 @@
+"""Events a decoding run yields, and the trace (JSON) and metrics built from them.
+
+A run yields one `Prefill`, then one `Block` per cycle, then one `Summary`. Plain decoding yields
+the same events with one-token blocks and no draft, so both are measured on equal terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Prefill:
+    prompt_len: int
+    token_id: int  # the first new token, from the prompt's last position
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Block:
+    index: int
+    position: int  # position of slot 0 (the previous bonus token)
+    draft_ids: tuple[int, ...]  # the B-1 proposed tokens; empty for plain decoding
+    accepted: int  # draft tokens the target kept (the bonus excluded)
+    bonus_id: int  # the target's own token after the accepted prefix
+    committed_ids: tuple[int, ...]  # tokens this cycle adds to the output (cut at a stop or the limit)
+    draft_s: float
+    verify_s: float
+    elapsed_s: float  # since the run started, at the end of this cycle
+
+    @property
+    def acceptance_length(self) -> int:
+        return self.accepted + 1
+
+
+@dataclass(frozen=True)
+class Summary:
+    output_ids: tuple[int, ...]
+    prompt_len: int
+    block_size: int  # 1 for plain decoding
+    stop_reason: str  # "max_new_tokens" or "stop_token"
+    prefill: Prefill
+    blocks: tuple[Block, ...] = field(repr=False)
+    total_s: float = 0.0
+
+    @property
+    def acceptance_lengths(self) -> list[int]:
+        return [b.acceptance_length for b in self.blocks]
+
+    @property
+    def tau(self) -> float:
+        """Mean acceptance length per cycle, bonus included (1.0 for plain decoding)."""
+        lengths = self.acceptance_lengths
+        return sum(lengths) / len(lengths) if lengths else 0.0
+
+    @property
+    def acceptance_histogram(self) -> list[int]:
+        """Number of cycles with acceptance length L, at index L (0 unused)."""
+        counts = [0] * (self.block_size + 1)
+        for length in self.acceptance_lengths:
+            counts[length] += 1
+        return counts
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """Fraction of cycles whose draft slot k (1..B-1) was accepted."""
+        cycles = len(self.blocks)
+        return [
+            sum(b.accepted >= k for b in self.blocks) / cycles if cycles else 0.0 for k in range(1, self.block_size)
+        ]
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill.seconds
+
+    @property
+    def draft_s(self) -> float:
+        return sum(b.draft_s for b in self.blocks)
+
+    @property
+    def verify_s(self) -> float:
+        return sum(b.verify_s for b in self.blocks)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.output_ids) / self.total_s if self.total_s > 0 else 0.0
+
+    def metrics(self) -> dict:
+        return {
+            "new_tokens": len(self.output_ids),
+            "cycles": len(self.blocks),
+            "tau": self.tau,
+            "acceptance_histogram": self.acceptance_histogram,
+            "per_position_acceptance": self.per_position_acceptance,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_s": self.ttft_s,
+            "total_s": self.total_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "stop_reason": self.stop_reason,
+        }
+
+    def to_trace(self) -> dict:
+        """The JSON trace: generated ids, acceptance per cycle, and every block."""
+        return {
+            "output_ids": list(self.output_ids),
+            "prompt_len": self.prompt_len,
+            "block_size": self.block_size,
+            "acceptance_lengths": self.acceptance_lengths,
+            "prefill": asdict(self.prefill),
+            "blocks": [
+                {**asdict(b), "draft_ids": list(b.draft_ids), "committed_ids": list(b.committed_ids)}
+                for b in self.blocks
+            ],
+            **self.metrics(),
+        }

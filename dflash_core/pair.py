@@ -1,0 +1,75 @@
+"""Loading a target and a drafter together, and checking that the drafter was built for the target.
+
+Every mismatch is an error that names both values, before any decoding starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .drafter import DFlashDrafter
+from .errors import PairMismatchError
+from .target import Target
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise PairMismatchError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def validate_pair(target: Target, drafter: DFlashDrafter, block_size: int | None = None) -> None:
+    config = drafter.config
+    if config.hidden_size != target.hidden_size:
+        raise PairMismatchError(
+            f"drafter hidden_size {config.hidden_size} does not match the target's hidden_size {target.hidden_size}"
+        )
+    if config.vocab_size != target.vocab_size:
+        raise PairMismatchError(
+            f"drafter vocab_size {config.vocab_size} does not match the target's vocabulary of {target.vocab_size}"
+        )
+    if config.num_target_layers is not None and config.num_target_layers != target.num_layers:
+        raise PairMismatchError(
+            f"drafter was trained on a target with {config.num_target_layers} layers; this target has {target.num_layers}"
+        )
+    bad = [i for i in drafter.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        raise PairMismatchError(
+            f"drafter target_layer_ids {drafter.target_layer_ids} include {bad}, outside the target's "
+            f"{target.num_layers} layers (0..{target.num_layers - 1})"
+        )
+    if block_size is not None and not 1 <= block_size <= drafter.block_size:
+        raise PairMismatchError(
+            f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"
+        )
+
+
+@dataclass
+class ModelPair:
+    target: Target
+    drafter: DFlashDrafter | None
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+
+def load_pair(target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None) -> ModelPair:
+    """Load a target (path or Hub id) and optionally a drafter, and validate them as a pair.
+
+    The drafter defaults to the target's dtype; its precision never changes the output, only
+    how often drafts are accepted.
+    """
+    dtype = parse_dtype(dtype)
+    target_model = Target.from_pretrained(target, device=device, dtype=dtype)
+    if drafter is None:
+        return ModelPair(target_model, None)
+    drafter_model = DFlashDrafter.from_pretrained(drafter, device=device, dtype=parse_dtype(drafter_dtype or dtype))
+    validate_pair(target_model, drafter_model, block_size)
+    return ModelPair(target_model, drafter_model)

@@ -1,0 +1,131 @@
+"""Target adapter: what speculative decoding needs from any Hugging Face causal LM.
+
+One forward with a KV cache that also returns the outputs of chosen decoder layers (the drafter's
+features), the target's embedding and LM head (shared with the drafter), and cache rollback after
+partial acceptance. Works for Llama, Qwen3 and other `AutoModelForCausalLM` decoder-only models.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from .errors import CheckpointError
+from .hub import looks_like_path
+
+
+def default_attention(device: torch.device | str) -> str:
+    """flash-attn where it can run (CUDA with the package installed), PyTorch SDPA elsewhere."""
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+class Target:
+    """A causal LM with its own KV cache and feature taps on selected decoder layers."""
+
+    def __init__(self, model, tokenizer=None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.layers = model.get_decoder().layers
+        self.cache = DynamicCache(config=model.config)
+        self._taps: dict[int, torch.Tensor] = {}
+        self._hooks = []
+        self.feature_layers: tuple[int, ...] = ()
+        # transformers renamed `past_key_values` to `cache` during 5.x; accept either release.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @classmethod
+    def from_pretrained(cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, attn_implementation=None):
+        name = str(path_or_id)
+        if looks_like_path(name) and not Path(name).expanduser().is_dir():
+            raise CheckpointError(f"target model directory not found: {name}")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                name, dtype=dtype, attn_implementation=attn_implementation or default_attention(device)
+            )
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"could not load target {name!r}: {exc}") from exc
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        except (OSError, ValueError, TypeError):
+            tokenizer = None  # a bare checkpoint still decodes from --prompt-ids
+        return cls(model.to(device), tokenizer)
+
+    # --- shapes and shared modules -------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_output_embeddings().weight.dtype
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+    # --- feature taps ---------------------------------------------------------------------------
+    def tap_layers(self, layer_ids) -> None:
+        """Record the outputs of these decoder layers (0-based) on every forward."""
+        for hook in self._hooks:
+            hook.remove()
+        self.feature_layers = tuple(layer_ids)
+        self._hooks = [self.layers[i].register_forward_hook(self._recorder(i)) for i in set(self.feature_layers)]
+
+    def _recorder(self, layer_id: int):
+        def record(_module, _inputs, output):
+            self._taps[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return record
+
+    # --- decoding -------------------------------------------------------------------------------
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    def crop(self, length: int) -> None:
+        """Drop cached positions from `length` on (rejected draft tokens)."""
+        extra = self.cache_length - length
+        if extra > 0:
+            # A negative count means "drop this many" on every transformers 5.x release.
+            self.cache.crop(-extra)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, last_logits_only: bool = False):
+        """Run `ids` ([1, n]) after the cached positions; return (logits [n or 1, V], features [1, n, k*h])."""
+        start = self.cache_length
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
+        self._taps.clear()
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            **{self._cache_kwarg: self.cache},
+            use_cache=True,
+            logits_to_keep=1 if last_logits_only else 0,
+        )
+        features = torch.cat([self._taps[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
+        self._taps.clear()
+        return out.logits[0], features
