@@ -1,0 +1,49 @@
+"""Shared fixtures: the golden reference pair and tiny random pairs built on the fly."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import tiny`
+
+from tiny import build_drafter, build_target  # noqa: E402
+
+from dflash_core import DFlashDrafter, Target  # noqa: E402
+
+GOLDEN = Path(os.environ.get("DFLASH_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    directory = GOLDEN / "zlab-tiny-a"
+    assert directory.is_dir(), f"golden traces not found at {directory}; set DFLASH_GOLDEN"
+    return directory
+
+
+@pytest.fixture(scope="session")
+def golden_expected(golden_dir) -> dict:
+    return json.loads((golden_dir / "expected.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def golden_pair(golden_dir):
+    return Target.from_pretrained(golden_dir / "target"), DFlashDrafter.from_pretrained(golden_dir / "drafter")
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """(target_dir, drafter_dir): a random Llama target with a tokenizer and a random drafter."""
+    root = tmp_path_factory.mktemp("tiny")
+    target_dir = build_target(root / "target")
+    return target_dir, build_drafter(root / "drafter", target_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dirs):
+    target_dir, drafter_dir = tiny_dirs
+    return Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)

@@ -1,0 +1,93 @@
+"""Tiny random target/drafter pairs in the real on-disk formats, for fast CPU tests.
+
+The target is a Llama checkpoint with untied embeddings and a byte-level BPE tokenizer with a
+ChatML template (like the offline default target); the drafter is in the released DFlash format
+with default `target_layer_ids` and `block_size` inside `dflash_config`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config
+
+from dflash_core.config import parse_drafter_config
+from dflash_core.drafter import DFlashDrafter
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. 1 + 2 = 3, 12 * 4 = 48.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "Once upon a time, a student learned how speculative decoding works <b>&amp;</b> smiled.",
+    "What is the capital of France? Paris is the capital of France.",
+]
+
+
+def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+def build_target(directory: Path, *, num_layers: int = 6, hidden: int = 32, seed: int = 0, vocab_size=None) -> Path:
+    """A random Llama causal LM (untied embeddings) plus tokenizer, saved with `save_pretrained`."""
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    # Scale up the weights so greedy choices are far from ties and outputs vary with the prompt.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(directory)
+    if vocab_size is None:
+        tokenizer.save_pretrained(directory)
+    return Path(directory)
+
+
+def build_drafter(
+    directory: Path, target_dir: Path, *, num_layers: int = 2, block_size: int = 8, seed: int = 1, **overrides
+) -> Path:
+    """A random drafter in the released format for the target in `target_dir`."""
+    target_config = json.loads((Path(target_dir) / "config.json").read_text())
+    mask_id = target_config["vocab_size"] - 1
+    raw = Qwen3Config(
+        vocab_size=target_config["vocab_size"],
+        hidden_size=target_config["hidden_size"],
+        intermediate_size=2 * target_config["hidden_size"],
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=target_config["hidden_size"] // 4,
+        max_position_embeddings=512,
+    ).to_dict()
+    raw.update(num_target_layers=target_config["num_hidden_layers"], dflash_config={"mask_token_id": mask_id, "block_size": block_size})
+    raw.update(overrides)
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(parse_drafter_config(raw))
+    drafter.save_pretrained(directory, dtype=torch.float32)
+    return Path(directory)
