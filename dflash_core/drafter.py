@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from . import kernels
 from .config import drafter_config_dict, parse_drafter_config
 from .errors import CheckpointError
 from .hub import resolve_model_dir
@@ -35,19 +36,24 @@ class DrafterCache:
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.length = 0
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store `k`, `v` ([b, kv_heads, n, head_dim]) after the committed length; return all keys/values."""
-        end = self.length + k.shape[2]
+    def reserve(self, layer: int, end: int, batch: int, heads: int, head_dim: int, dtype, device):
+        """The buffers of `layer` ([b, kv_heads, capacity, head_dim]), grown to hold `end` positions."""
         buf_k, buf_v = self.keys[layer], self.values[layer]
         if buf_k is None or buf_k.shape[2] < end:
             # Grow geometrically so a long generation reallocates only a few times.
             capacity = max(end, 256, 0 if buf_k is None else 2 * buf_k.shape[2])
-            new_k = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
-            new_v = v.new_empty(new_k.shape)
+            new_k = torch.empty(batch, heads, capacity, head_dim, dtype=dtype, device=device)
+            new_v = torch.empty_like(new_k)
             if buf_k is not None:
                 new_k[:, :, : self.length] = buf_k[:, :, : self.length]
                 new_v[:, :, : self.length] = buf_v[:, :, : self.length]
             self.keys[layer], self.values[layer] = buf_k, buf_v = new_k, new_v
+        return buf_k, buf_v
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store `k`, `v` ([b, kv_heads, n, head_dim]) after the committed length; return all keys/values."""
+        end = self.length + k.shape[2]
+        buf_k, buf_v = self.reserve(layer, end, k.shape[0], k.shape[1], k.shape[3], k.dtype, k.device)
         buf_k[:, :, self.length : end] = k
         buf_v[:, :, self.length : end] = v
         return buf_k[:, :, :end], buf_v[:, :, :end]
@@ -89,12 +95,16 @@ class DrafterAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         kv_in = torch.cat([context, x], dim=1)
         n = kv_in.shape[1]
-        k = self.k_norm(self.k_proj(kv_in).view(b, n, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(kv_in).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(kv_in).view(b, n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(kv_in).view(b, n, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:])
-        k = apply_rope(k, cos, sin)
         if cache is not None:
-            k, v = cache.write(self.layer_idx, k, v)
+            # k_norm + RoPE + cache write: one fused launch per layer on CUDA (kernels/kv_injection.py).
+            k, v = kernels.inject_kv(
+                cache, self.layer_idx, k, v, self.k_norm.weight, self.k_norm.variance_epsilon, cos, sin
+            )
+        else:
+            k, v = apply_rope(self.k_norm(k).transpose(1, 2), cos, sin), v.transpose(1, 2)
         if self.sliding_window is not None:
             query_positions = key_positions[-q_len:]
             in_window = (query_positions[:, None] - key_positions[None, :]) < self.sliding_window

@@ -1,0 +1,105 @@
+"""Fused Triton kernels for the decoding hot path, and the switch that picks them or PyTorch.
+
+Two kernels (see their modules): `kv_injection` (k_norm + RoPE + drafter-cache write, one launch
+per drafter layer) and `verify` (argmax or sampled choice per block slot, accepted count and bonus
+token, one launch per cycle). Each has an exact PyTorch reference with the same signature; the
+references are what runs on CPU and what the tests compare against.
+
+Backend choice, per call, from the environment variable `DFLASH_KERNELS`:
+  - `auto` (default): Triton when the tensors are on CUDA and `triton` imports, PyTorch otherwise;
+  - `torch`: always the PyTorch references;
+  - `triton`: always Triton; on CPU tensors this only works under `TRITON_INTERPRET=1` (Triton's
+    interpreter, slow, used by the tests), otherwise it raises `KernelUnavailableError`.
+The variable is read on every call so tests and benchmarks can flip it without reloading modules.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from ..errors import DFlashError
+
+MODES = ("auto", "triton", "torch")
+
+
+class KernelUnavailableError(DFlashError):
+    """Triton kernels were forced (DFLASH_KERNELS=triton) where they cannot run."""
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def mode() -> str:
+    value = os.environ.get("DFLASH_KERNELS", "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise KernelUnavailableError(f"DFLASH_KERNELS must be one of {MODES}, got {value!r}")
+    return value
+
+
+def use_triton(device: torch.device | str) -> bool:
+    """Whether the kernels for tensors on `device` should be the Triton ones."""
+    device = torch.device(device)
+    chosen = mode()
+    if chosen == "torch":
+        return False
+    if chosen == "auto":
+        return device.type == "cuda" and triton_available()
+    if not triton_available():
+        raise KernelUnavailableError("DFLASH_KERNELS=triton but the triton package is not installed")
+    if device.type != "cuda" and not interpreting():
+        raise KernelUnavailableError(
+            f"DFLASH_KERNELS=triton on {device.type} tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
+            "(slow; meant for tests), or use DFLASH_KERNELS=auto to run the PyTorch references on CPU"
+        )
+    return True
+
+
+def inject_kv(cache, layer: int, k, v, k_norm_weight, eps: float, cos, sin):
+    """k_norm + RoPE on keys, then keys and values into `cache` for `layer`; returns its filled K/V views.
+
+    k, v: [b, n, kv_heads, head_dim] projections of [new context; block] (keys before k_norm);
+    cos, sin: [b, n, head_dim]. Written at positions [cache.length, cache.length + n).
+    """
+    from . import kv_injection
+
+    fn = kv_injection.inject_kv_triton if use_triton(k.device) else kv_injection.inject_kv_reference
+    end = cache.length + k.shape[1]
+    buf_k, buf_v = cache.reserve(layer, end, k.shape[0], k.shape[2], k.shape[3], k.dtype, k.device)
+    fn(k, v, k_norm_weight, eps, cos, sin, buf_k, buf_v, cache.length)
+    return buf_k[:, :, :end], buf_v[:, :, :end]
+
+
+def greedy_verify(draft_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[accepted, bonus] (int64, on the logits' device, no host sync) for greedy acceptance."""
+    from . import verify
+
+    if use_triton(logits.device):
+        return verify.verify_triton(draft_ids, logits)
+    from ..verify import greedy_verify_reference
+
+    return greedy_verify_reference(draft_ids, logits)
+
+
+def sampled_verify(draft_ids, logits, temperature: float, cutoff, uniforms) -> torch.Tensor:
+    """[accepted, bonus] for a deterministic draft against target samples drawn from `uniforms`.
+
+    See `verify.match_sampled_verify_reference` for the exact rule (Gumbel-max on the given
+    uniforms, tokens below the per-row `cutoff` excluded).
+    """
+    from . import verify
+
+    if use_triton(logits.device):
+        return verify.verify_triton(draft_ids, logits, temperature=temperature, cutoff=cutoff, uniforms=uniforms)
+    from ..verify import match_sampled_verify_reference
+
+    return match_sampled_verify_reference(draft_ids, logits, temperature, cutoff, uniforms)
