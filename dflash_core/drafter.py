@@ -71,6 +71,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def _is_block_mask(mask) -> bool:
+    return type(mask).__name__ == "BlockMask"  # avoids importing flex attention for inference
+
+
+_FLEX = None
+
+
+def _flex_attention():
+    """Flex Attention, compiled once on first use (eager flex attention is a slow reference)."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=True) if torch.cuda.is_available() else flex_attention
+    return _FLEX
+
+
 class DrafterAttention(nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -105,6 +122,13 @@ class DrafterAttention(nn.Module):
             )
         else:
             k, v = apply_rope(self.k_norm(k).transpose(1, 2), cos, sin), v.transpose(1, 2)
+        if _is_block_mask(attn_mask):
+            # Training on GPU (train.py): the block-sparse mask skips every tile no query may see.
+            # Any sliding window must already be part of that mask.
+            out = _flex_attention()(
+                q, k, v, block_mask=attn_mask, scale=self.head_dim**-0.5, enable_gqa=self.num_heads != self.num_kv_heads
+            )
+            return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
         if self.sliding_window is not None:
             query_positions = key_positions[-q_len:]
             in_window = (query_positions[:, None] - key_positions[None, :]) < self.sliding_window

@@ -1,0 +1,715 @@
+"""Training a DFlash drafter for any target the engine supports (SPEC §5).
+
+The frozen target runs once over each training sequence (prompt + the target's own greedy
+response, as written by `dflash_core.datagen`) to give the features of the chosen layers. Random
+anchors are drawn inside the response; each anchor makes a block `[token at anchor, mask x (B-1)]`
+at positions `anchor .. anchor+B-1`, and all blocks of a sequence go through the drafter in one
+forward under a block-sparse mask that reproduces inference exactly: a block sees the context
+positions strictly before its anchor and its own block (both directions), nothing else. The loss
+is the position-weighted cross-entropy of slots 1..B-1. The result is written in the released
+format (`config.json` + `model.safetensors`), loadable by `DFlashDrafter.from_pretrained`.
+
+Single process (CPU or one GPU)::
+
+    python -m dflash_core.train --target default:smollm2 \\
+        --data assets/data/smollm2-135m-instruct --out runs/drafter \\
+        --layers 3 --block-size 16 --anchors-per-seq 32 --init-from-target --time-budget 50
+
+Several GPUs (DDP; each rank takes every WORLD_SIZE-th sequence, rank 0 evaluates and saves)::
+
+    torchrun --nproc_per_node 8 -m dflash_core.train --target Qwen/Qwen3-8B --data DATA --out OUT ...
+
+`--resume` continues from `OUT/checkpoint/` (drafter, optimizer, schedule, step, data position,
+RNG states). `OUT/train_log.jsonl` gets one JSON line per logged step and per evaluation. On CUDA
+the block mask is a Flex Attention `BlockMask`; elsewhere it is a dense boolean mask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import default_target_layer_ids, parse_drafter_config
+from .drafter import DFlashDrafter
+from .target import Target
+
+CHECKPOINT_DIR = "checkpoint"
+LOG_FILE = "train_log.jsonl"
+
+
+# ------------------------------------------------------------------------------------ recipe
+
+
+def default_gamma(block_size: int) -> float:
+    """Loss decay of SPEC §5 (7 for 16, 5 for 10, 4 for 8), linearly interpolated elsewhere."""
+    known = [(8, 4.0), (10, 5.0), (16, 7.0)]
+    if block_size <= 8:
+        return max(1.0, 4.0 * block_size / 8)
+    for (b0, g0), (b1, g1) in zip(known, known[1:]):
+        if block_size <= b1:
+            return g0 + (g1 - g0) * (block_size - b0) / (b1 - b0)
+    return 7.0 * block_size / 16
+
+
+def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """w_k = exp(-(k-1)/gamma) for slots k = 1..B-1: early slots matter most for acceptance."""
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / gamma)
+
+
+def sample_anchors(seq_len: int, prompt_len: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    """Sorted distinct anchors a with a and a+1 both response positions (a >= prompt_len).
+
+    At inference the first block starts at the first response token (the prefill's bonus), so
+    anchors cover exactly the states the drafter meets.
+    """
+    lo, hi = prompt_len, seq_len - 2  # inclusive range of valid anchors
+    if hi < lo:
+        return torch.empty(0, dtype=torch.long)
+    count = hi - lo + 1
+    if count <= n:
+        return torch.arange(lo, hi + 1)
+    return (torch.randperm(count, generator=generator)[:n] + lo).sort().values
+
+
+def block_layout(anchors: torch.Tensor, seq_len: int, block_size: int, mask_token_id: int, ids: torch.Tensor):
+    """Block token ids, position ids, labels and label validity for a set of anchors.
+
+    Returns (block_ids [nA*B], position_ids [T + nA*B], labels [nA, B-1], valid [nA, B-1]).
+    """
+    device = ids.device
+    anchors = anchors.to(device)
+    offsets = torch.arange(block_size, device=device)
+    block_pos = anchors[:, None] + offsets[None, :]  # [nA, B]
+    block_ids = torch.full_like(block_pos, mask_token_id)
+    block_ids[:, 0] = ids[anchors]
+    label_pos = block_pos[:, 1:]
+    valid = label_pos < seq_len  # every position after the prompt is a response token
+    labels = torch.where(valid, ids[label_pos.clamp(max=seq_len - 1)], torch.full_like(label_pos, -100))
+    position_ids = torch.cat([torch.arange(seq_len, device=device), block_pos.reshape(-1)])
+    return block_ids.reshape(-1), position_ids, labels, valid
+
+
+def dense_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device=None) -> torch.Tensor:
+    """Boolean [nA*B, T + nA*B] (True = attend), the training twin of one inference cycle each.
+
+    At inference the block at `start` sees the cached context 0..start-1 (the bonus token's own
+    features do not exist yet) and the whole block without causality.
+    """
+    anchors = anchors.to(device)
+    n = anchors.numel()
+    q_block = torch.arange(n * block_size, device=device) // block_size
+    ctx = torch.arange(seq_len, device=device)[None, :] < anchors[q_block][:, None]
+    own = q_block[:, None] == q_block[None, :]
+    return torch.cat([ctx, own], dim=1)
+
+
+def flex_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device):
+    """The same mask as a Flex Attention `BlockMask`, so GPUs skip the masked-out tiles."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    anchors = anchors.to(device)
+    n = anchors.numel()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        blk = q_idx // block_size
+        in_ctx = (kv_idx < seq_len) & (kv_idx < anchors[blk])
+        in_own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
+        return in_ctx | in_own
+
+    return create_block_mask(mask_mod, None, None, n * block_size, seq_len + n * block_size, device=device)
+
+
+# ------------------------------------------------------------------------------------ models
+
+
+def resolve_target(spec: str) -> str:
+    if spec.startswith("default:"):
+        name = spec.split(":", 1)[1]
+        if name != "smollm2":
+            raise SystemExit(f"unknown default target {spec!r}; the only one is default:smollm2")
+        from .default_pair import smollm2_target_dir
+
+        return str(smollm2_target_dir())
+    return spec
+
+
+class _StopForward(Exception):
+    """Raised after the deepest tapped layer: the layers above it and the LM head are not needed."""
+
+
+class FeatureExtractor:
+    """Frozen target features for training, computing only the layers the drafter reads.
+
+    Hooks are attached only for the duration of a call, so the same `Target` still decodes
+    normally (with its own taps) between training steps.
+    """
+
+    def __init__(self, target: Target, layer_ids: list[int]):
+        self.target = target
+        self.layer_ids = list(layer_ids)
+        self.decoder = target.model.get_decoder()
+        self._out: dict[int, torch.Tensor] = {}
+
+    def _hook(self, layer_id: int, stop: bool):
+        def record(_module, _inputs, output):
+            self._out[layer_id] = output[0] if isinstance(output, tuple) else output
+            if stop:
+                raise _StopForward
+
+        return record
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """Concatenated features [1, T, k*h] of `ids` [1, T] (no KV cache, positions 0..T-1)."""
+        last = max(self.layer_ids)
+        hooks = [self.target.layers[i].register_forward_hook(self._hook(i, i == last)) for i in set(self.layer_ids)]
+        self._out.clear()
+        try:
+            self.decoder(input_ids=ids, use_cache=False)
+        except _StopForward:
+            pass
+        finally:
+            for hook in hooks:
+                hook.remove()
+        feats = torch.cat([self._out[i] for i in self.layer_ids], dim=-1)
+        self._out.clear()
+        return feats
+
+
+def pick_mask_token_id(tokenizer, vocab_size: int, seen: set[int]) -> tuple[int, str]:
+    """An id that never occurs in the data: an unused special token if there is one, else the last free id.
+
+    A mask id that also occurs as real text would make the drafter's input ambiguous.
+    """
+    specials: list[tuple[int, str]] = []
+    if tokenizer is not None:
+        reserved = {tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+        for tid, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+            name = getattr(tok, "content", str(tok))
+            if tid not in reserved and tid not in seen and tid < vocab_size:
+                specials.append((int(tid), name))
+    if specials:
+        # Prefer a token whose name says it is a mask, then the highest-numbered unused special.
+        specials.sort(key=lambda t: ("mask" in t[1].lower(), t[0]))
+        tid, name = specials[-1]
+        return tid, f"unused special token {name!r}"
+    for tid in range(vocab_size - 1, -1, -1):
+        if tid not in seen:
+            return tid, "highest id absent from the data"
+    raise SystemExit("every vocabulary id occurs in the data; pass --mask-token-id")
+
+
+def build_drafter_config(target: Target, layers: int, block_size: int, mask_token_id: int, layer_ids: list[int]):
+    """A released-format drafter config of the target's width (the drafter shares its embedding)."""
+    tc = target.model.config
+    heads = tc.num_attention_heads
+    rope = getattr(tc, "rope_parameters", None) or {}
+    raw = {
+        "vocab_size": target.vocab_size,
+        "hidden_size": tc.hidden_size,
+        "intermediate_size": tc.intermediate_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(tc, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+        "hidden_act": getattr(tc, "hidden_act", "silu"),
+        "max_position_embeddings": tc.max_position_embeddings,
+        "rms_norm_eps": getattr(tc, "rms_norm_eps", 1e-6),
+        "rope_theta": rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0)),
+        "attention_bias": bool(getattr(tc, "attention_bias", False)),
+        "tie_word_embeddings": False,
+        "num_target_layers": target.num_layers,
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": layer_ids, "block_size": block_size},
+    }
+    return parse_drafter_config(raw)
+
+
+@torch.no_grad()
+def init_from_target(drafter: DFlashDrafter, target: Target) -> None:
+    """Start from the target's own top layers: they already map features of this width to tokens.
+
+    Drafter layer i takes target layer L-n+i (attention, MLP, layer norms); q_norm/k_norm, which
+    the target lacks, start as identity-scaled ones. `fc` starts by passing the last selected
+    layer's features through, and `norm` is the target's final norm, so the initial drafter is a
+    shortened copy of the target's upper stack.
+    """
+    n, big = len(drafter.layers), target.layers
+    start = len(big) - n
+    for i, layer in enumerate(drafter.layers):
+        src = big[start + i]
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(layer.self_attn, name).load_state_dict(getattr(src.self_attn, name).state_dict())
+        for norm in ("q_norm", "k_norm"):
+            # Qwen3-style targets have per-head norms to copy; Llama-style ones start from ones.
+            src_norm = getattr(src.self_attn, norm, None)
+            if src_norm is not None:
+                getattr(layer.self_attn, norm).weight.copy_(src_norm.weight)
+            else:
+                getattr(layer.self_attn, norm).weight.fill_(1.0)
+        layer.mlp.load_state_dict(src.mlp.state_dict())
+        layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
+        layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+    h = drafter.config.hidden_size
+    drafter.fc.weight.zero_()
+    drafter.fc.weight[:, -h:] = torch.eye(h)
+    drafter.fc.weight.add_(torch.randn_like(drafter.fc.weight) * 0.01)
+    drafter.hidden_norm.weight.fill_(1.0)
+    drafter.norm.weight.copy_(target.model.get_decoder().norm.weight)
+
+
+# ------------------------------------------------------------------------------------ data
+
+
+def heldout(sample_key: str, frac: float) -> bool:
+    """Stable by-sample split: the same sample stays on the same side as the data grows."""
+    digest = hashlib.sha1(sample_key.encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < frac
+
+
+def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2):
+    """[(ids int64 tensor, prompt_len, key)] from datagen shards, truncated to `max_len` tokens."""
+    from .datagen import load_dataset
+
+    out = []
+    for i, item in enumerate(load_dataset(data_dir, with_ids=True)):
+        ids, plen, key = item
+        ids = torch.as_tensor(np.asarray(ids[:max_len], dtype=np.int64))
+        if len(ids) - plen >= min_response:
+            out.append((ids, int(plen), key or f"#{i}"))
+    return out
+
+
+# ------------------------------------------------------------------------------------ trainer
+
+
+@dataclass
+class StepOut:
+    loss: torch.Tensor
+    logits: torch.Tensor  # [nA, B-1, V]
+    labels: torch.Tensor
+    valid: torch.Tensor
+    block_tokens: int
+
+
+class DrafterTrainer:
+    """The training forward shared by the optimisation loop, evaluation and the tests."""
+
+    def __init__(self, target: Target, drafter, block_size: int, gamma: float, amp_dtype=None):
+        self.target = target
+        self.drafter = drafter  # possibly DDP-wrapped
+        core = drafter.module if hasattr(drafter, "module") else drafter
+        self.core = core
+        self.block_size = block_size
+        self.mask_token_id = core.mask_token_id
+        self.weights = slot_weights(block_size, gamma).to(target.device)
+        self.features = FeatureExtractor(target, core.target_layer_ids)
+        self.amp_dtype = amp_dtype
+        self.device = target.device
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def forward(self, ids: torch.Tensor, anchors: torch.Tensor, dense: bool | None = None, unwrapped: bool = False) -> StepOut:
+        """Logits and weighted loss of every anchor's block for one sequence `ids` [T]."""
+        ids = ids.to(self.device)
+        T, B = ids.shape[0], self.block_size
+        block_ids, position_ids, labels, valid = block_layout(anchors, T, B, self.mask_token_id, ids)
+        # Sliding-window layers are only handled by the dense path (the window is added per layer).
+        sliding = any(layer.self_attn.sliding_window for layer in self.core.layers)
+        use_flex = (self.device.type == "cuda" and not sliding) if dense is None else not dense
+        mask = (flex_block_mask if use_flex else dense_block_mask)(anchors, T, B, self.device)
+        with self._autocast():
+            feats = self.features(ids[None])
+            with torch.no_grad():
+                embeds = self.target.embed(block_ids[None])
+            # Rank-0-only evaluation must bypass DDP, whose forward would wait for the other ranks.
+            module = self.core if unwrapped else self.drafter
+            hidden = module(embeds, feats, position_ids[None], attn_mask=mask)
+            n = anchors.numel()
+            # Slot 0 holds the anchor's own token; its output is never used.
+            hidden = hidden.view(n, B, -1)[:, 1:]
+            logits = self.target.lm_head(hidden)
+        logits = logits.float()
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none")
+        w = self.weights[None, :].expand_as(labels) * valid
+        loss = (ce.view_as(w) * w).sum() / w.sum().clamp(min=1e-9)
+        return StepOut(loss, logits, labels, valid, int(n * B))
+
+
+def acceptance_lengths(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced acceptance length per block: 1 (bonus) + leading slots predicted right.
+
+    With greedy target responses as data, a right prediction is exactly a draft the target would
+    accept, so the mean estimates tau at greedy decoding.
+    """
+    hit = (logits.argmax(-1) == labels) & valid
+    return 1 + hit.long().cumprod(dim=1).sum(dim=1)
+
+
+@torch.no_grad()
+def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 1234) -> dict:
+    """Held-out loss and estimated tau on fixed anchors (same anchors every evaluation)."""
+    was_training = trainer.core.training
+    trainer.core.eval()
+    gen = torch.Generator().manual_seed(seed)
+    tot_loss = tot_w = 0.0
+    acc = []
+    per_slot_hits = torch.zeros(trainer.block_size - 1)
+    for ids, plen, _ in seqs:
+        anchors = sample_anchors(len(ids), plen, anchors_per_seq, gen)
+        if anchors.numel() == 0:
+            continue
+        out = trainer.forward(ids, anchors, unwrapped=True)
+        lengths = acceptance_lengths(out.logits, out.labels, out.valid).cpu()
+        acc.append(lengths)
+        per_slot_hits += torch.bincount(lengths - 1, minlength=trainer.block_size)[1:].flip(0).cumsum(0).flip(0).float()
+        tot_loss += float(out.loss) * anchors.numel()
+        tot_w += anchors.numel()
+    trainer.core.train(was_training)
+    if not acc:
+        return {}
+    lengths = torch.cat(acc).float()
+    return {
+        "val_loss": tot_loss / tot_w,
+        "val_tau": float(lengths.mean()),
+        "val_blocks": int(lengths.numel()),
+        # Fraction of blocks whose draft got at least k tokens accepted, k = 1..B-1.
+        "val_accept_at": [round(float(x), 4) for x in per_slot_hits / lengths.numel()],
+    }
+
+
+def lr_at(progress: float, warmup: float, base_lr: float, min_ratio: float = 0.0) -> float:
+    """Linear warmup then cosine decay, on training progress in [0, 1]."""
+    if progress < warmup:
+        return base_lr * max(progress / warmup, 1e-3)
+    t = min(1.0, (progress - warmup) / max(1e-9, 1 - warmup))
+    return base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _rng_state(gen: torch.Generator) -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(), "anchors": gen.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict, gen: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    gen.set_state(state["anchors"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def choose_amp(name: str, device: torch.device):
+    if name == "auto":
+        # bf16 autocast measured faster than fp32 on this project's AMX CPU and on every recent GPU.
+        return torch.bfloat16
+    return {"none": None, "fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dflash_core.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="target dir or Hub id, or default:smollm2")
+    p.add_argument("--data", required=True, help="directory of datagen shards")
+    p.add_argument("--out", required=True, help="output dir: released-format drafter + checkpoint/ + train_log.jsonl")
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--gamma", type=float, default=None, help="loss decay (default by block size, SPEC §5)")
+    p.add_argument("--anchors-per-seq", type=int, default=32)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--epochs", type=float, default=6)
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (overrides --epochs; the schedule spans it)")
+    p.add_argument("--time-budget", type=float, default=None, help="minutes of training; the cosine schedule follows elapsed time")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--min-lr-ratio", type=float, default=0.0)
+    p.add_argument("--warmup", type=float, default=0.04)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--batch-tokens", type=int, default=None, help="block tokens per optimizer step (sets --grad-accum)")
+    p.add_argument("--grad-accum", type=int, default=4, help="sequences per optimizer step")
+    p.add_argument("--mask-token-id", type=int, default=None)
+    p.add_argument("--init-from-target", action="store_true")
+    p.add_argument("--target-layer-ids", default=None, help="comma-separated 0-based target layers")
+    p.add_argument("--heldout-frac", type=float, default=0.05)
+    p.add_argument("--eval-every", type=int, default=100, help="optimizer steps between evaluations")
+    p.add_argument("--eval-seqs", type=int, default=64, help="held-out sequences per evaluation")
+    p.add_argument("--patience", type=int, default=5, help="evaluations without improvement before stopping")
+    p.add_argument("--save-every", type=int, default=100, help="optimizer steps between checkpoints")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--amp", default="auto", choices=["auto", "none", "bf16", "fp16"], help="autocast dtype (auto: bf16)")
+    p.add_argument("--target-dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device:
+        device = torch.device(args.device)
+    elif torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    is_main = rank == 0
+    out_dir = Path(args.out)
+    ckpt_dir = out_dir / CHECKPOINT_DIR
+    if is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def log(msg):
+        if is_main:
+            print(f"[train] {msg}", file=sys.stderr, flush=True)
+
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed)  # same initial drafter on every rank
+
+    target_path = resolve_target(args.target)
+    dtype = torch.float32 if args.target_dtype == "float32" else torch.bfloat16
+    target = Target.from_pretrained(target_path, device=device, dtype=dtype)
+    target.model.requires_grad_(False)
+    log(f"target {target_path}: {target.num_layers} layers, hidden {target.hidden_size}, vocab {target.vocab_size}")
+
+    seqs = load_sequences(args.data, args.max_len)
+    if not seqs:
+        raise SystemExit(f"no usable samples in {args.data}")
+    val = [s for s in seqs if heldout(s[2], args.heldout_frac)]
+    train = [s for s in seqs if not heldout(s[2], args.heldout_frac)]
+    log(f"data: {len(train)} train / {len(val)} held-out sequences, "
+        f"{sum(len(s[0]) - s[1] for s in train)} train response tokens")
+
+    resume_state = None
+    if args.resume and (ckpt_dir / "state.pt").is_file():
+        resume_state = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=False)
+        config = parse_drafter_config(json.loads((ckpt_dir / "config.json").read_text()))
+        log(f"resuming from step {resume_state['state']['step']}")
+    else:
+        if args.mask_token_id is not None:
+            mask_id, why = args.mask_token_id, "given"
+        else:
+            seen = set(torch.cat([s[0] for s in seqs]).unique().tolist())
+            mask_id, why = pick_mask_token_id(target.tokenizer, target.vocab_size, seen)
+        name = target.tokenizer.convert_ids_to_tokens(mask_id) if target.tokenizer is not None else "?"
+        log(f"mask token id {mask_id} ({name!r}, {why})")
+        if args.target_layer_ids:
+            layer_ids = [int(x) for x in args.target_layer_ids.split(",")]
+        else:
+            layer_ids = default_target_layer_ids(target.num_layers, args.layers)
+        config = build_drafter_config(target, args.layers, args.block_size, mask_id, layer_ids)
+    drafter = DFlashDrafter(config).to(device)
+    if resume_state is None and args.init_from_target:
+        init_from_target(drafter, target)
+        log(f"drafter layers initialised from target layers {target.num_layers - args.layers}..{target.num_layers - 1}")
+    if resume_state is not None:
+        drafter.load_state_dict(resume_state["drafter"])
+    drafter.train()
+    n_params = sum(p.numel() for p in drafter.parameters())
+    log(f"drafter: {config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
+        f"{config.target_layer_ids}, {n_params / 1e6:.1f}M parameters")
+
+    model = drafter
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(drafter, device_ids=[device.index] if device.type == "cuda" else None)
+    block_size = config.block_size
+    gamma = args.gamma or default_gamma(block_size)
+    amp = choose_amp(args.amp, device)
+    trainer = DrafterTrainer(target, model, block_size, gamma, amp)
+    log(f"gamma {gamma}, autocast {amp}, device {device}")
+
+    grad_accum = args.grad_accum
+    if args.batch_tokens:
+        grad_accum = max(1, round(args.batch_tokens / (args.anchors_per_seq * block_size * world)))
+    my_train = train[rank::world]
+    steps_per_epoch = max(1, len(my_train) // grad_accum)
+    total_steps = max(1, int(args.epochs * steps_per_epoch))
+    if args.max_steps:
+        total_steps = args.max_steps
+    budget_s = args.time_budget * 60 if args.time_budget else None
+    log(f"{grad_accum} sequences per step, {steps_per_epoch} steps per epoch, up to {total_steps} steps"
+        + (f", time budget {args.time_budget:g} min" if budget_s else ""))
+
+    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    anchor_gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "best_val": float("inf"), "bad_evals": 0,
+             "block_tokens": 0, "seen_seqs": 0}
+    if resume_state is not None:
+        opt.load_state_dict(resume_state["optimizer"])
+        state.update(resume_state["state"])
+        _set_rng_state(resume_state["rng"], anchor_gen)
+    # Frozen params are excluded above; make sure nothing of the target slipped in.
+    assert not any(p.requires_grad for p in target.model.parameters())
+
+    def progress() -> float:
+        p = state["step"] / total_steps
+        if budget_s:
+            p = max(p, state["elapsed"] / budget_s)
+        return p
+
+    def save_checkpoint():
+        if not is_main:
+            return
+        tmp = out_dir / (CHECKPOINT_DIR + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": dict(state),
+                    "rng": _rng_state(anchor_gen), "args": vars(args)}, tmp / "state.pt")
+        drafter.save_pretrained(tmp, dtype=torch.float32)  # config.json for resume; weights exact
+        if ckpt_dir.exists():
+            import shutil
+
+            shutil.rmtree(ckpt_dir)
+        os.replace(tmp, ckpt_dir)
+
+    log_fh = open(out_dir / LOG_FILE, "a") if is_main else None
+
+    def write_log(record):
+        if log_fh:
+            log_fh.write(json.dumps(record) + "\n")
+            log_fh.flush()
+
+    def run_eval():
+        if not is_main or not val:
+            return None
+        metrics = evaluate(trainer, val[: args.eval_seqs], args.anchors_per_seq)
+        metrics.update(step=state["step"], elapsed_s=round(state["elapsed"], 1), kind="eval")
+        improved = metrics["val_loss"] < state["best_val"]
+        if improved:
+            state["best_val"], state["bad_evals"] = metrics["val_loss"], 0
+            drafter.save_pretrained(out_dir)  # the best drafter so far is always the shipped one
+        else:
+            state["bad_evals"] += 1
+        metrics["best"] = improved
+        write_log(metrics)
+        log(f"eval step {state['step']}: val_loss {metrics['val_loss']:.4f} est. tau {metrics['val_tau']:.2f}"
+            + (" (best, saved)" if improved else f" (no improvement x{state['bad_evals']})"))
+        return metrics
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_steps, initial=state["step"], disable=not is_main or args.no_progress,
+               dynamic_ncols=True, file=sys.stderr, mininterval=2)
+    win_tokens, win_t0, win_loss, win_n = 0, time.perf_counter(), 0.0, 0
+    stop_reason = None
+    last_eval = None
+    t_last = time.perf_counter()
+    order = None
+    while stop_reason is None:
+        if order is None or state["pos"] >= len(my_train):
+            if order is not None:
+                state["epoch"], state["pos"] = state["epoch"] + 1, 0
+            # One permutation per epoch, reproducible from the seed: resume finds the same order.
+            order = torch.randperm(len(my_train), generator=torch.Generator().manual_seed(args.seed + state["epoch"])).tolist()
+        if len(my_train) - state["pos"] < grad_accum and state["pos"] > 0:
+            state["pos"] = len(my_train)  # drop the ragged tail; the next epoch reshuffles
+            continue
+        lr = lr_at(progress(), args.warmup, args.lr, args.min_lr_ratio)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        step_loss, step_tokens = 0.0, 0
+        for j in range(grad_accum):
+            ids, plen, _ = my_train[order[(state["pos"] + j) % len(my_train)]]
+            anchors = sample_anchors(len(ids), plen, args.anchors_per_seq, anchor_gen)
+            if anchors.numel() == 0:
+                continue
+            sync = j == grad_accum - 1 or world == 1
+            ctx = model.no_sync() if (world > 1 and not sync) else _nullcontext()
+            with ctx:
+                out = trainer.forward(ids, anchors)
+                (out.loss / grad_accum).backward()
+            step_loss += float(out.loss.detach()) / grad_accum
+            step_tokens += out.block_tokens
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip))
+        opt.step()
+        now = time.perf_counter()
+        state["elapsed"] += now - t_last
+        t_last = now
+        state["step"] += 1
+        state["pos"] += grad_accum
+        state["seen_seqs"] += grad_accum
+        state["block_tokens"] += step_tokens
+        win_tokens += step_tokens
+        win_loss += step_loss
+        win_n += 1
+        bar.update(1)
+        if state["step"] % args.log_every == 0 or state["step"] == 1:
+            tok_s = win_tokens * world / max(1e-9, time.perf_counter() - win_t0)
+            bar.set_postfix(loss=f"{win_loss / win_n:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}", ep=state["epoch"])
+            write_log({"kind": "train", "step": state["step"], "epoch": state["epoch"], "loss": win_loss / win_n,
+                       "lr": lr, "grad_norm": grad_norm, "block_tok_s": tok_s, "elapsed_s": round(state["elapsed"], 1),
+                       "block_tokens": state["block_tokens"] * world})
+            win_tokens, win_t0, win_loss, win_n = 0, time.perf_counter(), 0.0, 0
+        if state["step"] >= total_steps:
+            stop_reason = "max_steps"
+        elif budget_s and state["elapsed"] >= budget_s:
+            stop_reason = "time_budget"
+        if state["step"] % args.eval_every == 0 or stop_reason:
+            last_eval = run_eval()
+            t_last = time.perf_counter()  # evaluation time does not eat the training budget
+            if state["bad_evals"] >= args.patience and stop_reason is None:
+                stop_reason = "early_stopping"
+        if world > 1:
+            flag = torch.tensor([stop_reason is not None], device=device, dtype=torch.int32)
+            torch.distributed.broadcast(flag, 0)
+            if flag.item() and stop_reason is None:
+                stop_reason = "rank0"
+        if state["step"] % args.save_every == 0 or stop_reason:
+            save_checkpoint()
+    bar.close()
+    if is_main and not val:
+        drafter.save_pretrained(out_dir)  # without a held-out split the last drafter is the result
+    summary = {"kind": "done", "stop_reason": stop_reason, "step": state["step"], "epoch": state["epoch"],
+               "elapsed_s": round(state["elapsed"], 1), "block_tokens": state["block_tokens"] * world,
+               "best_val_loss": state["best_val"], "last_eval": last_eval}
+    write_log(summary)
+    log(f"done ({stop_reason}) after {state['step']} steps, {state['elapsed'] / 60:.1f} min; drafter in {out_dir}")
+    if log_fh:
+        log_fh.close()
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return summary
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main()

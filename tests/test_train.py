@@ -1,0 +1,111 @@
+"""Training pipeline: the training mask reproduces inference, a tiny drafter overfits, resume works."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from dflash_core import DFlashDrafter, Target, run
+from dflash_core.train import DrafterTrainer, default_gamma, dense_block_mask, evaluate, main, slot_weights
+
+PROMPTS = ["What is the capital of France?", "def add(a, b):"]
+
+
+def _prompt_ids(target: Target, text: str) -> list[int]:
+    out = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+def _write_shard(directory, samples):
+    """A shard in the datagen format (see dflash_core/datagen.py)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokens = np.concatenate([np.asarray(ids) for ids, _ in samples]).astype(np.uint16)
+    offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in samples])]).astype(np.int64)
+    np.savez_compressed(
+        directory / "shard-00000.npz",
+        tokens=tokens,
+        offsets=offsets,
+        prompt_lens=np.asarray([pl for _, pl in samples], dtype=np.int32),
+        prompt_ids=np.asarray([f"test-{i}" for i in range(len(samples))], dtype=np.str_),
+        finished=np.ones(len(samples), dtype=bool),
+        meta=np.asarray("{}"),
+    )
+
+
+def test_mask_and_weights():
+    mask = dense_block_mask(torch.tensor([3, 5]), 8, 2)
+    assert mask.shape == (4, 12)
+    assert mask[0, :3].all() and not mask[0, 3:8].any()  # context strictly before the anchor
+    assert mask[2, :5].all() and not mask[2, 5:8].any()
+    assert mask[0, 8:10].all() and not mask[0, 10:].any()  # own block both ways, not the other block
+    assert mask[3, 10:].all() and not mask[3, 8:10].any()
+    assert default_gamma(16) == 7 and default_gamma(10) == 5 and default_gamma(8) == 4
+    assert torch.allclose(slot_weights(4, 4.0), torch.exp(-torch.arange(3) / 4.0))
+
+
+def test_training_forward_equals_inference(tiny_dirs):
+    target_dir, drafter_dir = tiny_dirs
+    target = Target.from_pretrained(target_dir)
+    drafter = DFlashDrafter.from_pretrained(drafter_dir)
+    B = drafter.block_size
+    torch.manual_seed(0)
+    ids = torch.randint(4, target.vocab_size - 1, (40,))
+    anchors = torch.tensor([10, 17, 25, 33, 38])  # the last block runs past the end of the sequence
+    trainer = DrafterTrainer(target, drafter, B, default_gamma(B), amp_dtype=None)
+    with torch.no_grad():
+        out = trainer.forward(ids, anchors, dense=True)
+    target.tap_layers(drafter.target_layer_ids)
+    for j, a in enumerate(anchors.tolist()):
+        target.reset()
+        _, context = target.forward(ids[None, :a])
+        block = torch.full((1, B), drafter.mask_token_id)
+        block[0, 0] = ids[a]
+        with torch.no_grad():
+            hidden = drafter(target.embed(block), context, torch.arange(0, a + B)[None], cache=drafter.new_cache())
+            ref = target.lm_head(hidden[0, 1:])
+        torch.testing.assert_close(out.logits[j], ref, atol=1e-5, rtol=1e-5)
+    # Labels past the end of the sequence are skipped, the others are the next tokens.
+    assert out.valid[-1].tolist() == [True] + [False] * (B - 2)
+    assert out.labels[0].tolist() == ids[11 : 10 + B].tolist()
+
+
+def test_overfit_save_load_and_resume(tiny_dirs, tmp_path):
+    target_dir, _ = tiny_dirs
+    target = Target.from_pretrained(target_dir)
+    samples = []
+    for text in PROMPTS:
+        prompt = _prompt_ids(target, text)
+        response = run(target, prompt, None, max_new_tokens=40).output_ids
+        samples.append((prompt + list(response), len(prompt)))
+    data, out = tmp_path / "data", tmp_path / "out"
+    _write_shard(data, samples)
+    common = [
+        "--target", str(target_dir), "--data", str(data), "--out", str(out), "--layers", "1", "--block-size", "4",
+        "--anchors-per-seq", "64", "--lr", "3e-3", "--warmup", "0.05", "--grad-accum", "2", "--heldout-frac", "0",
+        "--amp", "none", "--save-every", "1000", "--log-every", "1", "--no-progress", "--init-from-target",
+    ]
+    summary = main([*common, "--max-steps", "40"])
+    assert summary["step"] == 40
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if r["kind"] == "train"]
+    assert losses[-1] < 0.5 * losses[0]
+
+    drafter = DFlashDrafter.from_pretrained(out)  # the released format, as shipped
+    assert drafter.block_size == 4 and drafter.mask_token_id not in {t for ids, _ in samples for t in ids}
+    prompt, plen = samples[0][0][: samples[0][1]], samples[0][1]
+    result = run(target, prompt, drafter, max_new_tokens=40)
+    assert list(result.output_ids) == samples[0][0][plen:]  # lossless
+    assert result.tau > 1.5
+    trainer = DrafterTrainer(target, drafter, 4, default_gamma(4))
+    est = evaluate(trainer, [(torch.tensor(samples[0][0]), plen, "x")], 64)
+    assert est["val_tau"] > 1.5
+
+    summary = main([*common, "--max-steps", "45", "--resume"])
+    assert summary["step"] == 45
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    resumed = [r["step"] for r in log if r["kind"] == "train"][len(losses):]
+    assert resumed[0] == 41
