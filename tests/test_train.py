@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.train import DrafterTrainer, default_gamma, dense_block_mask, evaluate, main, slot_weights
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: a second OpenMP thread only adds synchronisation, badly so on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _prompt_ids(target: Target, text: str) -> list[int]:
@@ -47,7 +57,7 @@ def test_mask_and_weights():
     assert torch.allclose(slot_weights(4, 4.0), torch.exp(-torch.arange(3) / 4.0))
 
 
-def test_training_forward_equals_inference(tiny_dirs):
+def test_training_forward_equals_inference(tiny_dirs, one_thread):
     target_dir, drafter_dir = tiny_dirs
     target = Target.from_pretrained(target_dir)
     drafter = DFlashDrafter.from_pretrained(drafter_dir)
@@ -73,7 +83,7 @@ def test_training_forward_equals_inference(tiny_dirs):
     assert out.labels[0].tolist() == ids[11 : 10 + B].tolist()
 
 
-def test_overfit_save_load_and_resume(tiny_dirs, tmp_path):
+def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     target_dir, _ = tiny_dirs
     target = Target.from_pretrained(target_dir)
     samples = []
