@@ -150,7 +150,7 @@ def _eos_pad(tok) -> tuple[int, int]:
 
 def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: int = 512,
         split: str = "train", seed: int = 0, limit: int | None = None, model_dir: str | None = None,
-        dtype: str = "float32", threads: int | None = None) -> None:
+        dtype: str = "float32", threads: int | None = None, shard_minutes: float = 15.0) -> None:
     import torch
     from tqdm import tqdm
 
@@ -175,6 +175,16 @@ def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: 
 
     bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True, mininterval=10)
     n_tok, t0 = 0, time.perf_counter()
+    last_write = t0
+
+    def flush(samples):
+        nonlocal last_write
+        path = out / f"shard-{_next_shard_index(out):05d}.npz"
+        _write_shard(path, samples, meta)
+        last_write = time.perf_counter()
+        print(f"[datagen] wrote {path.name}: {len(samples)} samples; total new response tokens "
+              f"{n_tok} in {last_write - t0:.0f}s", file=sys.stderr, flush=True)
+
     for c in range(0, len(todo), shard_size):
         chunk = todo[c:c + shard_size]
         enc = [(p, apply_chat_template(tok, p.text)) for p in chunk]
@@ -189,10 +199,12 @@ def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: 
                 n_tok += len(resp)
             bar.update(len(part))
             bar.set_postfix(resp_tok=n_tok, tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
-        path = out / f"shard-{_next_shard_index(out):05d}.npz"
-        _write_shard(path, samples, meta)
-        print(f"[datagen] wrote {path.name}: {len(samples)} samples; total new response tokens "
-              f"{n_tok} in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+            # On a busy CPU a full shard can take an hour; bound what a kill can lose.
+            if time.perf_counter() - last_write > 60 * shard_minutes and b + batch_size < len(enc):
+                flush(samples)
+                samples = []
+        if samples:
+            flush(samples)
     bar.close()
 
 
@@ -232,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--shard-size", type=int, default=512, help="prompts per shard file")
+    ap.add_argument("--shard-minutes", type=float, default=15.0,
+                    help="also write a (smaller) shard after this many minutes")
     ap.add_argument("--split", default="train", choices=["train", "heldout", "all"])
     ap.add_argument("--seed", type=int, default=0, help="prompt shuffle seed")
     ap.add_argument("--limit", type=int, default=None, help="at most this many new prompts")
@@ -251,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
               a.bench_prompts, a.max_new_tokens, a.model, a.threads)
     else:
         run(a.out, a.max_new_tokens, a.batch_size, a.shard_size, a.split, a.seed, a.limit,
-            a.model, a.dtype, a.threads)
+            a.model, a.dtype, a.threads, a.shard_minutes)
 
 
 if __name__ == "__main__":
