@@ -39,6 +39,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def triton_imported_for_interpreter() -> bool:
+    """Whether the imported triton runs its own library (tl.sum, ...) in the interpreter.
+
+    Triton decides that when it is first imported, so TRITON_INTERPRET=1 set afterwards is not
+    enough for kernels on CPU tensors.
+    """
+    import triton.language as tl
+
+    return type(tl.sum).__name__ == "InterpretedFunction"
+
+
 def mode() -> str:
     value = os.environ.get("DFLASH_KERNELS", "auto").strip().lower() or "auto"
     if value not in MODES:
@@ -60,6 +71,10 @@ def use_triton(device: torch.device | str) -> bool:
         raise KernelUnavailableError(
             f"DFLASH_KERNELS=triton on {device.type} tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
             "(slow; meant for tests), or use DFLASH_KERNELS=auto to run the PyTorch references on CPU"
+        )
+    if device.type != "cuda" and not triton_imported_for_interpreter():
+        raise KernelUnavailableError(
+            "TRITON_INTERPRET=1 was set after triton had been imported; set it before the first import of triton"
         )
     return True
 

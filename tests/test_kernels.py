@@ -1,0 +1,245 @@
+"""Fused kernels (dflash_core/kernels) against their exact PyTorch references.
+
+On a machine without CUDA the Triton kernels run in Triton's interpreter: `TRITON_INTERPRET=1` is
+set by an autouse fixture for these tests only (monkeypatch restores it), and the kernels build
+their `triton.jit` wrapper per interpreter mode, so nothing leaks into other test modules. With
+CUDA (scripts/gpu_check.sh) the same tests run the compiled kernels on the GPU.
+
+Error bounds (also in kernels/kv_injection.py):
+  - KV injection, fp32 inputs: |kernel - reference| <= 1e-5 absolute (rtol 1e-5);
+  - KV injection, bf16 inputs vs the fp32 reference on the same values: <= 2e-2 absolute plus
+    1e-2 relative (a couple of bf16 ulps of outputs of magnitude up to ~5);
+  - verification (greedy and sampled): exactly equal, ties included.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Triton fixes interpreter-or-compiler for its own library when first imported. Import it here
+# in interpreter mode when this module is first (then drop the variable again, so it reaches no
+# other test); if something imported it earlier, rerun this module in a fresh process instead.
+SUBPROCESS = False
+if DEVICE == "cpu":
+    if "triton" in sys.modules:
+        import triton.language as _tl
+
+        SUBPROCESS = type(_tl.sum).__name__ != "InterpretedFunction"
+    else:
+        _saved = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            pass
+        finally:
+            if _saved is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = _saved
+
+from dflash_core import kernels  # noqa: E402
+from dflash_core.drafter import DrafterCache
+from dflash_core.kernels.kv_injection import inject_kv_reference, inject_kv_triton
+from dflash_core.kernels.verify import verify_triton
+from dflash_core.sampling import SamplingParams, probabilities
+from dflash_core.verify import greedy_verify_reference, match_sampled_verify_reference, truncation_cutoff
+
+pytest.importorskip("triton")
+
+FP32_TOL = dict(atol=1e-5, rtol=1e-5)
+BF16_TOL = dict(atol=2e-2, rtol=1e-2)
+
+
+def test_kernels_in_fresh_process():
+    """Only when triton was imported before this module without the interpreter (see top)."""
+    if not SUBPROCESS:
+        pytest.skip("kernels run in this process")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not in_fresh_process"],
+        cwd=root, env=env, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+@pytest.fixture(autouse=True)
+def triton_backend(request, monkeypatch):
+    if SUBPROCESS and request.node.name != "test_kernels_in_fresh_process":
+        pytest.skip("run in a fresh process by test_kernels_in_fresh_process")
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("DFLASH_KERNELS", "triton")
+
+
+def rope_tables(positions: torch.Tensor, dim: int, theta: float = 1e6):
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+    angles = positions[:, :, None].float() * inv_freq
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def kv_inputs(batch, n, kv_heads, dim, start, dtype, gen):
+    k = torch.randn(batch, n, kv_heads, dim, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(batch, n, kv_heads, dim, generator=gen).to(DEVICE, dtype)
+    weight = (torch.rand(dim, generator=gen) + 0.5).to(DEVICE, dtype)
+    positions = torch.arange(start, start + n, device=DEVICE).expand(batch, n)
+    cos, sin = rope_tables(positions, dim)
+    return k, v, weight, cos.to(dtype), sin.to(dtype)
+
+
+# (query heads, kv heads): GQA 4:1, 8:1 and plain multi-head 1:1. Only kv heads reach the
+# kernel, but the ratio fixes how many there are for a given model width.
+HEADS = [(8, 2), (8, 1), (4, 4)]
+
+
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block", [1, 8, 16])
+def test_kv_injection_fp32_matches_reference_after_crop(heads, head_dim, block):
+    """Two cycles through a DrafterCache, the second written after cropping the cache back."""
+    gen = torch.Generator().manual_seed(hash((heads, head_dim, block)) % 2**31)
+    _, kv_heads = heads
+    caches = {"torch": DrafterCache(1), "triton": DrafterCache(1)}
+    # cycle 1: 11 context positions + block from 0; cycle 2: cropped back to 6, 3 new context + block.
+    for start, n_context, crop in [(0, 11, None), (6, 3, 6)]:
+        inputs = kv_inputs(1, n_context + block, kv_heads, head_dim, start, torch.float32, gen)
+        out = {}
+        for name, cache in caches.items():
+            if crop is not None:
+                cache.crop(crop)
+            assert cache.length == start
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("DFLASH_KERNELS", name)
+                out[name] = kernels.inject_kv(cache, 0, *inputs[:3], 1e-6, *inputs[3:])
+            cache.commit(n_context)
+        for a, b in zip(out["triton"], out["torch"]):
+            torch.testing.assert_close(a, b, **FP32_TOL)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("batch,n,kv_heads", [(1, 16, 8), (2, 9, 2)])
+def test_kv_injection_bf16_against_fp32_reference(head_dim, batch, n, kv_heads):
+    gen = torch.Generator().manual_seed(7 + head_dim + n)
+    k, v, weight, cos, sin = kv_inputs(batch, n, kv_heads, head_dim, 37, torch.bfloat16, gen)
+    shape = (batch, kv_heads, 64, head_dim)
+    ref_k, ref_v = torch.zeros(shape, device=DEVICE), torch.zeros(shape, device=DEVICE)
+    inject_kv_reference(k.float(), v.float(), weight.float(), 1e-6, cos.float(), sin.float(), ref_k, ref_v, 20)
+    out_k = torch.zeros(shape, dtype=torch.bfloat16, device=DEVICE)
+    out_v = torch.zeros_like(out_k)
+    inject_kv_triton(k, v, weight, 1e-6, cos, sin, out_k, out_v, 20)
+    torch.testing.assert_close(out_k.float(), ref_k, **BF16_TOL)
+    torch.testing.assert_close(out_v.float(), ref_v, atol=0, rtol=0)  # values are copied, not computed
+
+
+def drafts_from(choice: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor]:
+    """Draft ids accepting everything, nothing, and a random prefix of the target's choices."""
+    n = choice.shape[0] - 1
+    drafts = [choice[:-1].clone()]
+    for _ in range(2):
+        draft = choice[:-1].clone()
+        if n:
+            i = int(torch.randint(0, n, (1,), generator=gen))
+            draft[i] = (draft[i] + 1) % 997
+        drafts.append(draft)
+    return drafts
+
+
+@pytest.mark.parametrize("vocab", [1000, 4099])
+@pytest.mark.parametrize("block", [1, 8, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_greedy_verify_exact(vocab, block, dtype):
+    gen = torch.Generator().manual_seed(vocab + block)
+    logits = torch.randn(block, vocab, generator=gen).to(DEVICE, dtype)
+    for draft in drafts_from(logits.argmax(-1), gen):
+        expected = greedy_verify_reference(draft, logits)
+        assert verify_triton(draft, logits).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("vocab", [1000, 4099])
+def test_greedy_verify_ties_take_the_first_index(vocab):
+    gen = torch.Generator().manual_seed(3)
+    # Few distinct values: every row is full of ties, within and across the kernel's chunks.
+    logits = torch.randint(0, 3, (16, vocab), generator=gen).float().to(DEVICE)
+    logits[1, :] = 5.0  # a whole row tied: argmax is 0
+    logits[2, [vocab - 1, 2049 % vocab, 7]] = 9.0  # tied maxima in different chunks
+    choice = logits.argmax(-1)
+    assert choice[1] == 0 and choice[2] == 7
+    for draft in drafts_from(choice, gen):
+        assert verify_triton(draft, logits).tolist() == greedy_verify_reference(draft, logits).tolist()
+    bf16 = logits.bfloat16()
+    draft = choice[:-1]
+    assert verify_triton(draft, bf16).tolist() == greedy_verify_reference(draft, bf16).tolist() == [15, int(choice[15])]
+
+
+@pytest.mark.parametrize("vocab", [1000, 4099])
+@pytest.mark.parametrize("block", [1, 8, 16])
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=50), SamplingParams(temperature=0.6, top_p=0.9, top_k=200)],
+    ids=["t1", "t0.7-k50", "t0.6-p0.9-k200"],
+)
+def test_sampled_verify_exact(vocab, block, params):
+    gen = torch.Generator().manual_seed(vocab * block)
+    logits = (3 * torch.randn(block, vocab, generator=gen)).to(DEVICE)
+    uniforms = torch.rand(block, vocab, generator=gen).to(DEVICE)
+    cutoff = truncation_cutoff(logits, params)
+    # The per-slot samples, recomputed here, so drafts can be built to match them for a while.
+    scores = logits / params.temperature
+    if cutoff is not None:
+        scores = scores.masked_fill(scores < cutoff[:, None], -float("inf"))
+    samples = (scores - torch.log(-torch.log(uniforms))).argmax(-1)
+    for draft in drafts_from(samples, gen):
+        ref = match_sampled_verify_reference(draft, logits, params.temperature, cutoff, uniforms)
+        got = verify_triton(draft, logits, temperature=params.temperature, cutoff=cutoff, uniforms=uniforms)
+        assert got.tolist() == ref.tolist()
+
+
+def test_truncation_cutoff_keeps_the_support_of_probabilities():
+    gen = torch.Generator().manual_seed(11)
+    logits = 2 * torch.randn(6, 3001, generator=gen)
+    for params in [SamplingParams(temperature=0.8, top_k=40), SamplingParams(temperature=1.3, top_p=0.8),
+                   SamplingParams(temperature=0.5, top_p=0.95, top_k=100)]:
+        cutoff = truncation_cutoff(logits, params)
+        assert torch.equal(probabilities(logits, params) > 0, logits.float() / params.temperature >= cutoff[:, None])
+    assert truncation_cutoff(logits, SamplingParams(temperature=1.0)) is None
+
+
+def test_dispatch_switch(monkeypatch):
+    monkeypatch.setenv("DFLASH_KERNELS", "auto")
+    assert kernels.use_triton("cpu") is False
+    monkeypatch.setenv("DFLASH_KERNELS", "torch")
+    assert kernels.use_triton(DEVICE) is False
+    monkeypatch.setenv("DFLASH_KERNELS", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(kernels.KernelUnavailableError, match="TRITON_INTERPRET=1"):
+        kernels.use_triton("cpu")
+    monkeypatch.setenv("DFLASH_KERNELS", "fast")
+    with pytest.raises(kernels.KernelUnavailableError, match="DFLASH_KERNELS"):
+        kernels.use_triton("cpu")
+
+
+def test_decoding_with_kernels_equals_without(golden_dir, golden_expected, monkeypatch):
+    """End to end on the golden pair: one prompt, block 8, 40 tokens, kernels forced on vs off."""
+    from dflash_core import DFlashDrafter, Target, run
+
+    target = Target.from_pretrained(golden_dir / "target", device=DEVICE)
+    drafter = DFlashDrafter.from_pretrained(golden_dir / "drafter", device=DEVICE)
+    prompt = golden_expected["prompts"][0]["prompt_ids"]
+    results = {}
+    for name in ("torch", "triton"):
+        monkeypatch.setenv("DFLASH_KERNELS", name)
+        summary = run(target, prompt, drafter, max_new_tokens=40, block_size=8)
+        results[name] = (summary.output_ids, [b.accepted for b in summary.blocks])
+    assert results["triton"] == results["torch"]
+    expected = next(r for r in golden_expected["prompts"][0]["runs"] if r["block_size"] == 8)
+    if DEVICE == "cpu":  # the golden traces were made on CPU in fp32
+        assert list(results["triton"][0]) == expected["output_ids"]
