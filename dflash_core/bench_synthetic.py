@@ -1,0 +1,204 @@
+"""Synthetic per-cycle benchmark: random-weight target and drafter in the released shapes, no download.
+
+Measures what one DFlash cycle costs, split into its parts, against one plain decoding step of the
+same target, at a context of a few hundred tokens:
+  - draft: one drafter forward (new context of a typical accepted run + the block), LM head on the
+    block slots, argmax;
+  - verify: one target forward over the B block tokens, with the feature taps on;
+  - bookkeeping: acceptance (`kernels.greedy_verify` + the cycle's one host sync), target cache
+    crop, slicing the accepted positions' features;
+  - plain: one target forward of one token plus its argmax (no taps).
+The implied speedup at mean acceptance length tau is tau * t_plain / t_cycle: each cycle emits
+tau tokens, plain decoding spends t_plain per token. Weights are random, so only times are
+meaningful, never acceptance.
+
+    python -m dflash_core.bench_synthetic --shape tiny                      # CPU, seconds
+    python -m dflash_core.bench_synthetic --shape qwen3-8b --device cuda --dtype bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from . import kernels
+from .config import default_target_layer_ids, parse_drafter_config
+from .drafter import DFlashDrafter
+from .target import Target, default_attention
+
+# Target and drafter shapes of the released Qwen3 DFlash pairs (SPEC §3); "tiny" runs on a CPU.
+SHAPES = {
+    "qwen3-8b": dict(hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, head_dim=128,
+                     vocab=151936, draft_layers=5, block=16, context=384),
+    "qwen3-4b": dict(hidden=2560, intermediate=9728, layers=36, heads=32, kv_heads=8, head_dim=128,
+                     vocab=151936, draft_layers=5, block=16, context=384),
+    "tiny": dict(hidden=256, intermediate=768, layers=8, heads=4, kv_heads=2, head_dim=64,
+                 vocab=4099, draft_layers=2, block=16, context=256),
+}
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+TAUS = (4, 6, 8)
+# Issue 4's targets on an H200 in bf16 at Qwen3-8B shapes.
+TARGETS = {"draft/verify": 0.15, "bookkeeping/cycle": 0.03, "verify/plain": 1.3}
+ACCEPTED_RUN = 7  # new context per cycle in steady state (a + 1 accepted positions)
+
+
+def _qwen3_dict(s: dict, layers: int) -> dict:
+    return dict(
+        vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+        num_hidden_layers=layers, num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        head_dim=s["head_dim"], max_position_embeddings=8192, rope_theta=1e6, rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+
+
+def build_pair(shape: str, device: str, dtype: torch.dtype, seed: int = 0) -> tuple[Target, DFlashDrafter]:
+    """Random-weight target (Qwen3ForCausalLM) and drafter (DFlashDrafter) of `shape`, on `device`."""
+    s = SHAPES[shape]
+    torch.manual_seed(seed)
+    config = Qwen3Config(**_qwen3_dict(s, s["layers"]))
+    with torch.device(device):
+        model = Qwen3ForCausalLM._from_config(config, dtype=dtype, attn_implementation=default_attention(device))
+    raw = _qwen3_dict(s, s["draft_layers"])
+    raw.update(block_size=s["block"], num_target_layers=s["layers"],
+               dflash_config=dict(mask_token_id=s["vocab"] - 1,
+                                  target_layer_ids=default_target_layer_ids(s["layers"], s["draft_layers"])))
+    with torch.device(device):
+        drafter = DFlashDrafter(parse_drafter_config(raw)).to(dtype)
+    # Weights at PyTorch's default init are fine for timing; keep activations bounded anyway.
+    drafter.fc.weight.data.mul_(0.1)
+    return Target(model.eval()), drafter.eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def run_synthetic(shape: str = "tiny", device: str = "cpu", dtype: str = "fp32", iters: int = 20) -> dict:
+    """Time draft / verify / bookkeeping / plain step for `shape`; print a table; return the figures.
+
+    Times are medians over `iters` timed repetitions after warm-up, in milliseconds.
+    """
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose from {sorted(SHAPES)}")
+    torch_dtype = DTYPES[dtype]
+    dev = torch.device(device)
+    s = SHAPES[shape]
+    target, drafter = build_pair(shape, device, torch_dtype)
+    block, ctx = s["block"], s["context"]
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, s["vocab"] - 1, (1, ctx), generator=gen).to(dev)
+    block_ids = torch.randint(0, s["vocab"] - 1, (1, block), generator=gen).to(dev)
+    warmup = 3
+
+    def timed(fn, setup=None) -> float:
+        samples = []
+        for i in range(warmup + iters):
+            if setup is not None:
+                setup()
+            _sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            if i >= warmup:
+                samples.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(samples)
+
+    # Plain decoding: no feature taps, one token after a context of `ctx`.
+    target.reset()
+    target.tap_layers(())
+    target.forward(prompt, last_logits_only=True)
+    one = block_ids[:, :1]
+
+    def plain_step():
+        target.crop(ctx)
+        logits, _ = target.forward(one)
+        int(logits[-1].argmax())  # plain decoding needs the token on the host too
+
+    t_plain = timed(plain_step)
+
+    # DFlash: taps on, prefill, then the drafter cache holds the prompt's context.
+    target.reset()
+    target.tap_layers(drafter.target_layer_ids)
+    _, features = target.forward(prompt, last_logits_only=True)
+    cache = drafter.new_cache()
+    first_block = torch.full((1, block), drafter.mask_token_id, device=dev)
+    drafter(target.embed(first_block).to(drafter.dtype), features[:, : ctx - ACCEPTED_RUN].to(drafter.dtype),
+            torch.arange(0, ctx - ACCEPTED_RUN + block, device=dev)[None], cache=cache)
+    base = cache.length
+    new_context = features[:, ctx - ACCEPTED_RUN :].to(drafter.dtype)
+    positions = torch.arange(base, ctx + block, device=dev)[None]
+    draft_block = first_block.clone()
+    draft_block[0, 0] = int(block_ids[0, 0])
+    state = {}
+
+    def draft_step():
+        cache.crop(base)
+        hidden = drafter(target.embed(draft_block).to(drafter.dtype), new_context, positions, cache=cache)
+        state["draft"] = target.lm_head(hidden[0, 1:].to(target.dtype)).argmax(dim=-1)
+
+    t_draft = timed(draft_step)
+
+    def verify_step():
+        target.crop(ctx)
+        state["logits"], state["features"] = target.forward(block_ids)
+
+    t_verify = timed(verify_step)
+
+    def bookkeeping():
+        accepted, _bonus = kernels.greedy_verify(state["draft"], state["logits"]).tolist()
+        target.crop(ctx + accepted + 1)
+        state["context"] = state["features"][:, : accepted + 1]
+
+    t_book = timed(bookkeeping, setup=verify_step)
+    t_cycle = t_draft + t_verify + t_book
+
+    result = {
+        "shape": shape, "device": str(dev), "dtype": str(torch_dtype).removeprefix("torch."),
+        "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "kernels": "triton" if kernels.use_triton(dev) else "torch",
+        "context": ctx, "block_size": block, "iters": iters,
+        "plain_ms": t_plain, "draft_ms": t_draft, "verify_ms": t_verify, "bookkeeping_ms": t_book,
+        "cycle_ms": t_cycle,
+        "ratios": {"draft/verify": t_draft / t_verify, "bookkeeping/cycle": t_book / t_cycle,
+                   "verify/plain": t_verify / t_plain},
+        "speedup": {tau: tau * t_plain / t_cycle for tau in TAUS},
+    }
+    print_table(result)
+    return result
+
+
+def print_table(r: dict) -> None:
+    print(f"synthetic {r['shape']} on {r['hardware']} ({r['device']}, {r['dtype']}, kernels={r['kernels']}), "
+          f"context {r['context']}, block {r['block_size']}, median of {r['iters']}")
+    print(f"  {'part':<22}{'ms':>10}{'% cycle':>10}")
+    for name, key in [("draft forward", "draft_ms"), (f"verify ({r['block_size']} tokens)", "verify_ms"),
+                      ("bookkeeping", "bookkeeping_ms"), ("cycle", "cycle_ms")]:
+        print(f"  {name:<22}{r[key]:>10.3f}{100 * r[key] / r['cycle_ms']:>9.1f}%")
+    print(f"  {'plain decoding step':<22}{r['plain_ms']:>10.3f}")
+    for name, value in r["ratios"].items():
+        target = TARGETS[name]
+        verdict = "met" if value <= target else "missed"
+        print(f"  {name:<22}{value:>10.3f}   (target <= {target}: {verdict})")
+    print("  implied speedup: " + ", ".join(f"tau={tau}: {x:.2f}x" for tau, x in r["speedup"].items()))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args(argv)
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    run_synthetic(args.shape, args.device, dtype, args.iters)
+
+
+if __name__ == "__main__":
+    main()
