@@ -144,6 +144,21 @@ def run_synthetic(shape: str = "tiny", device: str = "cpu", dtype: str = "fp32",
         state["draft"] = target.lm_head(hidden[0, 1:].to(target.dtype)).argmax(dim=-1)
 
     t_draft = timed(draft_step)
+    t_draft_graph, graph_error = None, None
+    if dev.type == "cuda":
+        # Same draft step replayed from a CUDA graph: shapes and cache offset are fixed here because
+        # every step starts from the same cache length (see kernels/cuda_paths.py for why decoding
+        # cannot do this yet). Shows how much of t_draft is launch overhead.
+        try:
+            from .kernels.cuda_paths import capture_graph
+
+            def step_from_base():
+                draft_step()
+                return state["draft"]
+
+            t_draft_graph = timed(capture_graph(step_from_base))
+        except Exception as exc:  # noqa: BLE001 - report, don't abort the benchmark
+            graph_error = f"{type(exc).__name__}: {exc}"
 
     def verify_step():
         target.crop(ctx)
@@ -165,7 +180,7 @@ def run_synthetic(shape: str = "tiny", device: str = "cpu", dtype: str = "fp32",
         "kernels": "triton" if kernels.use_triton(dev) else "torch",
         "context": ctx, "block_size": block, "iters": iters,
         "plain_ms": t_plain, "draft_ms": t_draft, "verify_ms": t_verify, "bookkeeping_ms": t_book,
-        "cycle_ms": t_cycle,
+        "cycle_ms": t_cycle, "draft_cuda_graph_ms": t_draft_graph, "draft_cuda_graph_error": graph_error,
         "ratios": {"draft/verify": t_draft / t_verify, "bookkeeping/cycle": t_book / t_cycle,
                    "verify/plain": t_verify / t_plain},
         "speedup": {tau: tau * t_plain / t_cycle for tau in TAUS},
@@ -182,6 +197,10 @@ def print_table(r: dict) -> None:
                       ("bookkeeping", "bookkeeping_ms"), ("cycle", "cycle_ms")]:
         print(f"  {name:<22}{r[key]:>10.3f}{100 * r[key] / r['cycle_ms']:>9.1f}%")
     print(f"  {'plain decoding step':<22}{r['plain_ms']:>10.3f}")
+    if r.get("draft_cuda_graph_ms") is not None:
+        print(f"  {'draft, CUDA graph':<22}{r['draft_cuda_graph_ms']:>10.3f}   (fixed shapes; not used by decoding)")
+    elif r.get("draft_cuda_graph_error"):
+        print(f"  draft CUDA graph failed: {r['draft_cuda_graph_error']}")
     for name, value in r["ratios"].items():
         target = TARGETS[name]
         verdict = "met" if value <= target else "missed"

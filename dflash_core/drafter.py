@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
@@ -21,6 +20,7 @@ from . import kernels
 from .config import drafter_config_dict, parse_drafter_config
 from .errors import CheckpointError
 from .hub import resolve_model_dir
+from .kernels.cuda_paths import drafter_attention
 
 
 class DrafterCache:
@@ -133,7 +133,8 @@ class DrafterAttention(nn.Module):
             query_positions = key_positions[-q_len:]
             in_window = (query_positions[:, None] - key_positions[None, :]) < self.sliding_window
             attn_mask = in_window if attn_mask is None else attn_mask & in_window
-        out = F.scaled_dot_product_attention(
+        # flash-attn on CUDA when installed and no mask is needed, else SDPA (kernels/cuda_paths.py).
+        out = drafter_attention(
             q, k, v, attn_mask=attn_mask, scale=self.head_dim**-0.5, enable_gqa=self.num_heads != self.num_kv_heads
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))

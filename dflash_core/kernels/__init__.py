@@ -3,7 +3,8 @@
 Two kernels (see their modules): `kv_injection` (k_norm + RoPE + drafter-cache write, one launch
 per drafter layer) and `verify` (argmax or sampled choice per block slot, accepted count and bonus
 token, one launch per cycle). Each has an exact PyTorch reference with the same signature; the
-references are what runs on CPU and what the tests compare against.
+references are what runs on CPU and what the tests compare against. `cuda_paths` holds the
+CUDA-only extras (flash-attn for the drafter's attention, CUDA-graph capture), untested without a GPU.
 
 Backend choice, per call, from the environment variable `DFLASH_KERNELS`:
   - `auto` (default): Triton when the tensors are on CUDA and `triton` imports, PyTorch otherwise;

@@ -1,0 +1,73 @@
+"""CUDA-only fast paths: flash-attn for the drafter's attention, CUDA-graph capture of fixed-shape steps.
+
+UNTESTED WITHOUT A GPU: this module was written in a session with no CUDA device. Nothing here
+runs on CPU tensors (the guards fall back to PyTorch SDPA or refuse), so CPU results, the golden
+traces included, cannot change through it; scripts/gpu_check.sh exercises it on a GPU.
+
+- `drafter_attention`: the drafter's block queries attend, without a causal mask, to all cached
+  context plus the whole block. On CUDA, in fp16/bf16, with no explicit mask (no training block
+  mask, no sliding window) and flash-attn installed, that is `flash_attn_func(causal=False)`,
+  which handles grouped-query attention natively and reads the cache buffers in place; anything
+  else goes to `F.scaled_dot_product_attention` with exactly the arguments the drafter used before.
+- `capture_graph`: records a step whose shapes AND cache offsets are fixed (e.g. the synthetic
+  benchmark's steady-state draft step, which crops the drafter cache back before every replay)
+  and returns a replay function. The decoding loop does not use it yet: its drafter cache length
+  changes every cycle and is a host-side integer baked into the launches, so a graph per
+  decoding cycle would need device-side offsets and length-masked attention over the full
+  capacity first.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+
+@functools.cache
+def _flash_attn_func():
+    if importlib.util.find_spec("flash_attn") is None:
+        return None
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:  # installed but built for another torch/CUDA: SDPA still works
+        return None
+    return flash_attn_func
+
+
+def drafter_attention(q, k, v, scale: float, attn_mask=None, enable_gqa: bool = False) -> torch.Tensor:
+    """Non-causal attention, q [b, heads, q, d], k/v [b, kv_heads, keys, d] -> [b, heads, q, d]."""
+    if attn_mask is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        flash = _flash_attn_func()
+        if flash is not None:
+            # flash-attn takes [b, seq, heads, d]; the transposes are views (unit stride on d kept).
+            out = flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=False)
+            return out.transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+def capture_graph(step, warmup: int = 3):
+    """CUDA-graph `step()` (no arguments; reads and writes only persistent tensors); returns `replay()`.
+
+    `replay()` reruns the recorded kernels on whatever the persistent input tensors now hold and
+    returns the tensors `step` returned during capture (overwritten in place by each replay).
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("CUDA graphs need a CUDA device")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):  # allocations and Triton compiles must happen before capture
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+
+    def replay():
+        graph.replay()
+        return outputs
+
+    return replay
