@@ -13,6 +13,9 @@ from .drafter import DFlashDrafter
 from .errors import PairMismatchError
 from .target import Target
 
+# The offline default target is converted on first use (see default_pair.py), never at import.
+DEFAULT_TARGET = "default:smollm2"
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -67,6 +70,10 @@ def load_pair(target, drafter=None, *, device="cpu", dtype="float32", drafter_dt
     how often drafts are accepted.
     """
     dtype = parse_dtype(dtype)
+    if str(target) == DEFAULT_TARGET:
+        from .default_pair import smollm2_target_dir
+
+        target = smollm2_target_dir()
     target_model = Target.from_pretrained(target, device=device, dtype=dtype)
     if drafter is None:
         return ModelPair(target_model, None)

@@ -25,6 +25,21 @@ def default_attention(device: torch.device | str) -> str:
     return "sdpa"
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(name: str):
+    """The model's tokenizer, or None for a bare checkpoint (which still decodes from prompt ids)."""
+    local = Path(name).expanduser()
+    # transformers would otherwise build an empty default tokenizer from the model type alone.
+    if local.is_dir() and not any((local / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 class Target:
     """A causal LM with its own KV cache and feature taps on selected decoder layers."""
 
@@ -51,11 +66,7 @@ class Target:
             )
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"could not load target {name!r}: {exc}") from exc
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-        except (OSError, ValueError, TypeError):
-            tokenizer = None  # a bare checkpoint still decodes from --prompt-ids
-        return cls(model.to(device), tokenizer)
+        return cls(model.to(device), load_tokenizer(name))
 
     # --- shapes and shared modules -------------------------------------------------------------
     @property

@@ -8,12 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import tiny`
 
 from tiny import build_drafter, build_target  # noqa: E402
 
 from dflash_core import DFlashDrafter, Target  # noqa: E402
+
+# Tiny models gain nothing from threads, and the tests then do not fight other jobs for cores.
+torch.set_num_threads(1)
 
 GOLDEN = Path(os.environ.get("DFLASH_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
 

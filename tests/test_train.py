@@ -119,3 +119,18 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     resumed = [r["step"] for r in log if r["kind"] == "train"][len(losses):]
     assert resumed[0] == 41
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_flex_block_mask_equals_dense(tiny_dirs, one_thread):
+    """The GPU path (Flex Attention BlockMask) computes what the dense CPU mask does (eager here)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    target_dir, drafter_dir = tiny_dirs
+    target, drafter = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+    trainer = DrafterTrainer(target, drafter, drafter.block_size, 4.0)
+    ids = torch.randint(4, target.vocab_size - 1, (40,), generator=torch.Generator().manual_seed(3))
+    anchors = torch.tensor([10, 20, 30, 38])
+    with torch.no_grad():
+        dense = trainer.forward(ids, anchors, dense=True).logits
+        flex = trainer.forward(ids, anchors, dense=False).logits
+    torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)

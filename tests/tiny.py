@@ -43,7 +43,9 @@ def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_target(directory: Path, *, num_layers: int = 6, hidden: int = 32, seed: int = 0, vocab_size=None) -> Path:
+def build_target(
+    directory: Path, *, num_layers: int = 6, hidden: int = 32, seed: int = 0, vocab_size=None, logit_scale: float = 8.0
+) -> Path:
     """A random Llama causal LM (untied embeddings) plus tokenizer, saved with `save_pretrained`."""
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
@@ -60,9 +62,9 @@ def build_target(directory: Path, *, num_layers: int = 6, hidden: int = 32, seed
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
-    # Scale up the weights so greedy choices are far from ties and outputs vary with the prompt.
+    # Larger logits keep greedy choices far from ties; smaller ones give spread-out sampling.
     with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
+        model.lm_head.weight.mul_(logit_scale)
     model.save_pretrained(directory)
     if vocab_size is None:
         tokenizer.save_pretrained(directory)

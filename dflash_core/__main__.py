@@ -1,0 +1,109 @@
+"""Command line: `python -m dflash_core generate ...` decodes one prompt and can write its trace.
+
+Example::
+
+    python -m dflash_core generate --target ./target --drafter ./drafter --prompt-ids 1,2,3 \\
+        --max-new-tokens 64 --trace-json trace.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .decoding import generate
+from .errors import DFlashError
+from .events import Block, Prefill, Summary
+from .pair import DTYPES, load_pair
+from .prompting import IncrementalDecoder, encode_prompt
+from .sampling import SamplingParams
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dflash_core", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="decode one prompt with DFlash (or plainly with --plain)")
+    gen.add_argument("--target", required=True, help="target model directory or Hub id (default:smollm2 for the offline default)")
+    gen.add_argument("--drafter", help="DFlash drafter directory or Hub id")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="user message; goes through the target's chat template when it has one")
+    prompt.add_argument("--prompt-ids", type=parse_ids, help="prompt token ids, comma-separated (no tokenizer needed)")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--block-size", type=int, help="tokens per cycle (default: the drafter's trained size)")
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
+    gen.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: same as --dtype")
+    gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    gen.add_argument("--plain", action="store_true", help="plain decoding with the target alone")
+    gen.add_argument("--no-chat-template", action="store_true", help="tokenize --prompt as raw text")
+    gen.add_argument("--trace-json", help="write the full trace (ids, blocks, metrics) to this file")
+    gen.add_argument("--quiet", action="store_true", help="print only the summary line")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.plain and not args.drafter:
+        print("error: --drafter is required unless --plain is given", file=sys.stderr)
+        return 2
+    try:
+        pair = load_pair(
+            args.target,
+            None if args.plain else args.drafter,
+            device=args.device,
+            dtype=args.dtype,
+            drafter_dtype=args.drafter_dtype,
+            block_size=args.block_size,
+        )
+        tokenizer = pair.tokenizer
+        if args.prompt_ids is not None:
+            prompt_ids = args.prompt_ids
+        else:
+            prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat_template)
+        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+        stop_ids = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else []
+        events = generate(
+            pair.target,
+            prompt_ids,
+            pair.drafter,
+            max_new_tokens=args.max_new_tokens,
+            block_size=args.block_size,
+            sampling=sampling,
+            stop_ids=stop_ids,
+        )
+        text = IncrementalDecoder(tokenizer) if tokenizer is not None and not args.quiet else None
+        for event in events:
+            if text is not None and isinstance(event, (Prefill, Block)):
+                ids = [event.token_id] if isinstance(event, Prefill) else event.committed_ids
+                print(text.push(ids), end="", flush=True)
+        summary: Summary = event
+    except DFlashError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if text is not None:
+        print()
+    mode = "plain" if pair.drafter is None else f"dflash block={summary.block_size}"
+    print(
+        f"[{mode}] {len(summary.output_ids)} tokens in {summary.total_s:.2f}s "
+        f"({summary.tokens_per_s:.1f} tok/s), tau {summary.tau:.2f}, cycles {len(summary.blocks)}, "
+        f"ttft {summary.ttft_s * 1000:.0f} ms, stop: {summary.stop_reason}"
+    )
+    if args.trace_json:
+        with open(args.trace_json, "w") as f:
+            json.dump(summary.to_trace(), f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

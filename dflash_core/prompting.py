@@ -1,0 +1,41 @@
+"""From user text to prompt ids (through the chat template) and from generated ids back to text.
+
+Decoding is incremental: BPE tokens can split a multi-byte character, so text is released only
+once it decodes cleanly.
+"""
+
+from __future__ import annotations
+
+from .errors import GenerationInputError
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
+    """Prompt ids for a user message; chat models get their chat template with the assistant turn open."""
+    if tokenizer is None:
+        raise GenerationInputError("this target has no tokenizer: pass prompt token ids instead of text")
+    if not text or not text.strip():
+        raise GenerationInputError("the prompt is empty: type a message")
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return list(ids)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+class IncrementalDecoder:
+    """Turns a growing list of token ids into newly printable text pieces."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+
+    def push(self, ids) -> str:
+        """Add `ids`; return the text they complete (may be empty while a character is split)."""
+        self.ids.extend(int(i) for i in ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=False)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.text = text[len(self.text) :], text
+        return new

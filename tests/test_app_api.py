@@ -1,0 +1,95 @@
+"""The app served on a tiny random pair, driven through its public `compare` API with gradio_client."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+gradio_client = pytest.importorskip("gradio_client")
+
+from app.models import PairCache  # noqa: E402
+from app.pairs import cli_pair, load_pairs  # noqa: E402
+from app.ui import build_demo  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_app(target_dir, drafter_dir):
+    """Serve the app in this process on a free port; returns (demo, url)."""
+    pairs, _ = load_pairs()
+    pair = cli_pair(str(target_dir), str(drafter_dir))
+    demo = build_demo([pair, *pairs], pair.id, PairCache("cpu"))
+    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    return demo, demo.local_url
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_dirs):
+    demo, url = launch_app(*tiny_dirs)
+    yield url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return gradio_client.Client(app_url, verbose=False)
+
+
+def test_compare_endpoint_is_named_with_the_documented_parameters(client):
+    info = client.view_api(return_format="dict", print_info=False)
+    params = [p["parameter_name"] for p in info["named_endpoints"]["/compare"]["parameters"]]
+    assert params == ["prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed"]
+
+
+def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
+    job = client.submit("What is the capital of France?", 24, 4, 0.0, 1.0, 0, api_name="/compare")
+    result = job.result(timeout=60)
+    updates = job.outputs()
+    assert len(updates) >= 2, "the race should stream intermediate frames"
+    summary = result[-2]
+    assert summary["identical"] is True and summary["first_difference"] is None
+    assert summary["tau"] >= 1.0 and summary["speedup"] > 0
+    assert summary["dflash_tok_s"] > 0 and summary["plain_tok_s"] > 0
+    assert summary["dflash_tokens"] == summary["plain_tokens"] <= 24
+    # Token panes carry colored spans; the trace file is the engine's trace of both sides.
+    assert 'class="tok tok-' in result[2] and "tok-plain" in result[5]
+    trace_path = result[-1]
+    import json
+
+    trace = json.loads(open(trace_path).read())
+    assert trace["dflash"]["output_ids"] == trace["plain"]["output_ids"]
+    assert trace["report"]["tau"] == summary["tau"]
+
+
+def test_sampling_reports_no_lossless_check(client):
+    result = client.predict("Tell me a story.", 12, 4, 0.8, 0.9, 3, api_name="/compare")
+    assert result[-2]["identical"] is None and result[-2]["tau"] >= 1.0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("   ", 16, 4, 0.0, 1.0, 0), "prompt is empty"),
+        (("x" * 20_000, 16, 4, 0.0, 1.0, 0), "limit"),
+        # Past the drafter's trained size (8) but inside the slider: the engine's message.
+        (("hi", 16, 12, 0.0, 1.0, 0), "block_size 12"),
+        # Outside a slider's range: Gradio's own bounds check names the limit.
+        (("hi", 16, 4, -1.0, 1.0, 0), "less than minimum"),
+        (("hi", 0, 4, 0.0, 1.0, 0), "less than minimum"),
+        (("hi", 500, 4, 0.0, 1.0, 0), "exceeds the target's context"),
+    ],
+)
+def test_bad_inputs_give_clear_errors_and_the_app_keeps_serving(client, args, message):
+    with pytest.raises(Exception) as excinfo:
+        client.predict(*args, api_name="/compare")
+    assert message in str(excinfo.value)
+    ok = client.predict("hi", 4, 2, 0.0, 1.0, 0, api_name="/compare")
+    assert ok[-2]["identical"] is True

@@ -1,0 +1,159 @@
+"""Unit tests of the app's pure parts: token rendering, draft strip, charts, race pacing, report."""
+
+from __future__ import annotations
+
+import json
+
+import plotly.graph_objects as go
+import pytest
+
+from app import charts, render
+from app.pairs import PairSpec, availability, load_pairs
+from app.race import SideView, race
+from app.report import first_difference, race_report
+from app.tokens import TokenPieces
+from dflash_core import Block, Prefill, Summary
+
+TEXT = {1: "<b>&amp;", 2: " ok", 3: "\n", 4: "x", 5: "y", 9: "END"}
+
+
+def text_of(token_id: int) -> str:
+    return TEXT.get(token_id, f"t{token_id}")
+
+
+def block(index, draft, accepted, bonus, committed=None, position=0):
+    committed = committed if committed is not None else (*draft[:accepted], bonus)
+    return Block(index, position, tuple(draft), accepted, bonus, tuple(committed), 0.01, 0.02, 0.03 * (index + 1))
+
+
+def view(blocks=(), prefill=True, block_size=4, name="dflash"):
+    return SideView(name, Prefill(5, 1, 0.05) if prefill else None, tuple(blocks), None, 0.5, block_size,
+                    ((0.05, 1), (0.5, 4)) if prefill else ())
+
+
+def pieces_for(v: SideView) -> list[str]:
+    return [text_of(t) for t in v.output_ids]
+
+
+def test_tokens_are_escaped_and_colored_by_kind():
+    v = view([block(0, [2, 3, 4], accepted=2, bonus=5)])
+    marks = render.dflash_marks(v)
+    assert [m.kind for m in marks] == ["first", "accepted", "accepted", "bonus"]
+    assert [m.slot for m in marks] == [None, 1, 2, 3]
+    out = render.tokens_html(marks, pieces_for(v), text_of)
+    assert "&lt;b&gt;&amp;amp;" in out and "<b>" not in out
+    assert out.count(render.COLORS["accepted"]) == 2
+    assert 'class="tok tok-bonus" data-block="0" data-slot="3"' in out
+    # The bonus replaced the rejected draft token 4 ("x"): the hover says so.
+    assert "drafter proposed &#x27;x&#x27; here (rejected)" in out
+    # One block boundary per block plus the prefill token.
+    assert out.count(f"border-left:2px solid {render.BOUNDARY}") == 2
+
+
+def test_empty_and_one_token_runs():
+    empty = view([], prefill=False)
+    assert "waiting for tokens" in render.tokens_html(render.dflash_marks(empty), [], text_of)
+    assert render.draft_strip_html(empty, text_of) == ""
+    one = view([])
+    out = render.tokens_html(render.dflash_marks(one), pieces_for(one), text_of)
+    assert out.count('class="tok ') == 1 and "tok-first" in out
+    for fig in (charts.acceptance_figure(empty), charts.histogram_figure(empty), charts.position_figure(empty),
+                charts.speed_figure(empty, empty), charts.acceptance_figure(one)):
+        assert isinstance(fig, go.Figure) and not fig.data and fig.layout.annotations
+
+
+def test_plain_tokens_and_first_difference_outline():
+    v = view([block(0, [], 0, 2), block(1, [], 0, 9)], block_size=1, name="plain")
+    out = render.tokens_html(render.plain_marks(v), pieces_for(v), text_of, diff_at=1)
+    assert out.count("tok-plain") == 3
+    assert out.count(f"outline:2px solid {render.DIFF}") == 1
+    assert "first position where DFlash and plain decoding differ" in out
+    assert "border-left" not in out  # plain decoding has no blocks worth marking
+
+
+def test_draft_strip_shows_rejected_drafts():
+    v = view([block(0, [2, 1, 4], accepted=1, bonus=5), block(1, [3, 3, 3], accepted=3, bonus=9)])
+    strip = render.draft_strip_html(v, text_of)
+    assert strip.count("chip-rejected") == 2 and strip.count("chip-accepted") == 4
+    assert "&lt;b&gt;&amp;amp;" in strip and "⏎" in strip  # escaped, and newlines made visible
+    assert "#0 2/4" in strip and "#1 4/4" in strip
+
+
+def test_charts_follow_the_blocks():
+    v = view([block(0, [2, 3, 4], 3, 5), block(1, [2, 3, 4], 0, 5), block(2, [2, 3, 4], 1, 5)])
+    acc = charts.acceptance_figure(v)
+    assert list(acc.data[0].y) == [4, 1, 2] and acc.data[1].y[-1] == pytest.approx(7 / 3)
+    assert list(charts.histogram_figure(v).data[0].y) == [1, 1, 0, 1]
+    assert list(charts.position_figure(v).data[0].y) == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    speed = charts.speed_figure(v, view([], name="plain"))
+    assert [trace.name for trace in speed.data] == ["DFlash", "plain"]
+    json.loads(acc.to_json())
+
+
+def test_legend_names_every_kind():
+    legend = render.legend_html()
+    for word in ("accepted draft", "bonus", "rejected", "block boundary", "plain"):
+        assert word in legend
+
+
+def _events(prefill_s, step_s, tokens_per_block, n_blocks, block_size):
+    def gen():
+        yield Prefill(3, 7, prefill_s)
+        out = [7]
+        blocks = []
+        for i in range(n_blocks):
+            ids = tuple(range(tokens_per_block))
+            b = Block(i, 3 + len(out) - 1, tuple(range(block_size - 1)), tokens_per_block - 1, 0, ids,
+                      step_s / 2, step_s / 2, 99.0)
+            out.extend(ids)
+            blocks.append(b)
+            yield b
+        yield Summary(tuple(out), 3, block_size, "max_new_tokens", Prefill(3, 7, prefill_s), tuple(blocks), 99.0)
+    return gen()
+
+
+def test_race_stamps_each_side_with_its_own_clock():
+    fake_now = [0.0]
+    frames = list(race(_events(0.1, 0.2, 4, 5, 4), _events(0.1, 0.1, 1, 20, 1), dflash_block_size=4,
+                       pace=False, frame_s=0.0, clock=lambda: fake_now[0], sleep=lambda s: None))
+    last = frames[-1]
+    assert last.done and last.dflash.done and last.plain.done
+    # Suspension time in the engine's wall clock (99 s) is replaced by each side's compute clock.
+    assert last.dflash.summary.total_s == pytest.approx(0.1 + 5 * 0.2)
+    assert last.plain.summary.total_s == pytest.approx(0.1 + 20 * 0.1)
+    assert last.dflash.blocks[-1].elapsed_s == pytest.approx(1.1)
+    # Frames never show one side ahead of the other in compute time.
+    for f in frames[:-1]:
+        for a, b in ((f.dflash, f.plain), (f.plain, f.dflash)):
+            if a.blocks and not b.done:
+                assert a.blocks[-1].elapsed_s <= b.elapsed_s + 0.2 + 1e-9
+    report = race_report(last.dflash.summary, last.plain.summary, 0.0, 4)
+    assert report["tau"] == 4 and report["speedup"] == pytest.approx(2.1 / 1.1, abs=1e-3)
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_token_pieces_from_ids_handle_split_characters():
+    class ByteTokenizer:  # one token per UTF-8 byte, like a byte-level BPE at its worst
+        def decode(self, ids, **_):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    ids = list("a€<b>".encode())
+    pieces = TokenPieces(ByteTokenizer()).extend(ids)
+    assert "".join(pieces) == "a€<b>" and len(pieces) == len(ids)
+    assert pieces[1:4] == ["", "", "€"]
+
+
+def test_pairs_file_and_availability(tmp_path):
+    pairs, default_id = load_pairs()
+    ids = {p.id for p in pairs}
+    assert default_id in ids and {"qwen3-4b", "qwen3-8b"} <= ids
+    qwen = next(p for p in pairs if p.id == "qwen3-8b")
+    assert "GPU" in availability(qwen, "cpu")
+    missing = PairSpec("x", "x", "default:smollm2", str(tmp_path / "nope"), train_hint="python -m dflash_core.train")
+    reason = availability(missing, "cpu")
+    assert "not there yet" in reason and "dflash_core.train" in reason

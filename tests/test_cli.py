@@ -1,0 +1,79 @@
+"""The `python -m dflash_core generate` command: traces, text prompts, and error exits."""
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from dflash_core.__main__ import main
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the CLI in-process (subprocesses would re-import torch for every case)."""
+
+    def invoke(*args):
+        code = main(["generate", *map(str, args)])
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+    return invoke
+
+
+def test_module_entry_point_runs(golden_dir):
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_core", "generate", "--target", str(golden_dir / "target"),
+         "--drafter", str(golden_dir / "drafter"), "--prompt-ids", "1,2,3", "--max-new-tokens", "5"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[dflash block=8] 5 tokens")
+
+
+def test_trace_json_matches_golden(cli, golden_dir, golden_expected, tmp_path):
+    prompt = golden_expected["prompts"][1]
+    ref = next(r for r in prompt["runs"] if r["block_size"] == 4)
+    trace_path = tmp_path / "trace.json"
+    done = cli(
+        "--target", golden_dir / "target", "--drafter", golden_dir / "drafter",
+        "--prompt-ids", ",".join(map(str, prompt["prompt_ids"])), "--max-new-tokens", 40,
+        "--block-size", 4, "--trace-json", trace_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tau" in done.stdout.splitlines()[-1]
+    trace = json.loads(trace_path.read_text())
+    assert trace["output_ids"] == ref["output_ids"]
+    assert trace["acceptance_lengths"] == ref["acceptance_lengths"]
+    assert [b["draft_ids"] for b in trace["blocks"]][:-1] == ref["draft_blocks"][:-1]
+    assert all(b["accepted"] + 1 == a for b, a in zip(trace["blocks"], trace["acceptance_lengths"]))
+    assert all("bonus_id" in b for b in trace["blocks"])
+
+
+def test_text_prompt_through_chat_template_and_plain_mode(cli, tiny_dirs, tmp_path):
+    target_dir, drafter_dir = tiny_dirs
+    outputs = []
+    for extra in (["--drafter", drafter_dir], ["--plain"]):
+        trace_path = tmp_path / f"t{len(outputs)}.json"
+        done = cli("--target", target_dir, *extra, "--prompt", "What is 2+3?", "--max-new-tokens", 12, "--trace-json", trace_path)
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(trace_path.read_text())["output_ids"])
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--drafter", "/nonexistent/drafter", "--prompt-ids", "1,2"], "model directory not found: /nonexistent/drafter"),
+        (["--drafter", "{drafter}", "--prompt", "hi"], "this target has no tokenizer"),
+        (["--drafter", "{drafter}", "--prompt-ids", "1,2", "--block-size", "12"], "block_size 12 must be between 1 and"),
+        (["--drafter", "{drafter}", "--prompt-ids", "1,2", "--temperature", "-3"], "temperature must be in"),
+        (["--prompt-ids", "1,2"], "--drafter is required unless --plain"),
+    ],
+)
+def test_errors_exit_nonzero_with_a_message(cli, golden_dir, args, message):
+    args = [a.replace("{drafter}", str(golden_dir / "drafter")) for a in args]
+    done = cli("--target", golden_dir / "target", *args)
+    assert done.returncode != 0
+    assert message in done.stderr

@@ -1,0 +1,133 @@
+"""Loading released-format drafters and targets, and every bad input the engine must name."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dflash_core import DFlashDrafter, Target, load_pair, run, validate_pair
+from dflash_core.config import default_target_layer_ids, parse_drafter_config
+from dflash_core.errors import CheckpointError, ConfigError, GenerationInputError, PairMismatchError
+from tiny import build_drafter
+
+
+def test_default_target_layer_ids_match_spec_examples():
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert default_target_layer_ids(32, 5) == [1, 8, 15, 22, 29]
+    assert default_target_layer_ids(30, 1) == [15]
+    # Python's round: halves go to even (1 + 1.5 = 2.5 -> 2).
+    assert default_target_layer_ids(7, 3) == [1, 2, 4]
+
+
+def test_dflash_keys_prefer_dflash_config_over_top_level(golden_dir):
+    raw = json.loads((golden_dir / "drafter" / "config.json").read_text())
+    raw["block_size"] = 4
+    raw["dflash_config"]["block_size"] = 16
+    config = parse_drafter_config(raw)
+    assert (config.block_size, config.mask_token_id, config.target_layer_ids) == (16, 511, [1, 3, 5])
+    del raw["dflash_config"]["target_layer_ids"]
+    assert parse_drafter_config(raw).target_layer_ids == default_target_layer_ids(8, 2)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: r["dflash_config"].pop("mask_token_id"), "mask_token_id"),
+        (lambda r: r.pop("block_size"), "block_size"),
+        (lambda r: r["dflash_config"].update(mask_token_id=10**6), "outside the vocabulary"),
+    ],
+)
+def test_bad_drafter_configs_are_named(golden_dir, edit, message):
+    raw = json.loads((golden_dir / "drafter" / "config.json").read_text())
+    edit(raw)
+    with pytest.raises(ConfigError, match=message):
+        parse_drafter_config(raw)
+
+
+def test_tiny_pair_uses_defaults_from_config(tiny_pair):
+    target, drafter = tiny_pair
+    assert drafter.block_size == 8  # read from dflash_config
+    assert drafter.target_layer_ids == default_target_layer_ids(target.num_layers, 2)
+    assert not target.model.config.tie_word_embeddings
+
+
+def test_save_and_reload_round_trip(tmp_path, golden_dir, golden_pair):
+    target, drafter = golden_pair
+    drafter.save_pretrained(tmp_path / "copy", dtype=torch.float32)
+    again = DFlashDrafter.from_pretrained(tmp_path / "copy")
+    prompt = [447, 130, 441]
+    assert run(target, prompt, again, max_new_tokens=16).output_ids == run(target, prompt, drafter, max_new_tokens=16).output_ids
+
+
+def copy_drafter(src, dst, mutate):
+    shutil.copytree(src, dst)
+    state = load_file(dst / "model.safetensors")
+    mutate(state)
+    save_file(state, dst / "model.safetensors")
+    return dst
+
+
+def test_missing_and_unexpected_keys_are_listed(tmp_path, golden_dir):
+    def mutate(state):
+        state.pop("layers.1.mlp.up_proj.weight")
+        state["model.extra.weight"] = torch.zeros(1)
+
+    bad = copy_drafter(golden_dir / "drafter", tmp_path / "bad", mutate)
+    with pytest.raises(CheckpointError, match=r"missing keys \['layers.1.mlp.up_proj.weight'\].*unexpected keys \['model.extra.weight'\]"):
+        DFlashDrafter.from_pretrained(bad)
+
+
+def test_wrong_shape_is_named(tmp_path, golden_dir):
+    def mutate(state):
+        state["fc.weight"] = torch.zeros(64, 128)
+
+    bad = copy_drafter(golden_dir / "drafter", tmp_path / "bad", mutate)
+    with pytest.raises(CheckpointError, match=r"fc.weight has shape \(64, 128\).*\(64, 192\)"):
+        DFlashDrafter.from_pretrained(bad)
+
+
+def test_missing_files_and_dirs(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        DFlashDrafter.from_pretrained(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="missing config.json, model.safetensors"):
+        DFlashDrafter.from_pretrained(tmp_path / "empty")
+    with pytest.raises(CheckpointError, match="not found"):
+        Target.from_pretrained(tmp_path / "nowhere")
+
+
+def test_mismatched_pairs_name_both_values(golden_pair, tiny_pair, tiny_dirs, tmp_path):
+    golden_target, golden_drafter = golden_pair
+    tiny_target, tiny_drafter = tiny_pair
+    with pytest.raises(PairMismatchError, match="hidden_size 64 does not match the target's hidden_size 32"):
+        validate_pair(tiny_target, golden_drafter)
+    with pytest.raises(PairMismatchError, match=r"block_size 9 must be between 1 and the drafter's trained block size 8"):
+        validate_pair(golden_target, golden_drafter, block_size=9)
+    target_dir, _ = tiny_dirs
+    deep = build_drafter(tmp_path / "deep", target_dir, dflash_config={"mask_token_id": 3, "block_size": 8, "target_layer_ids": [1, 6]})
+    with pytest.raises(PairMismatchError, match=r"target_layer_ids \[1, 6\] include \[6\], outside the target's 6 layers"):
+        load_pair(target_dir, deep, block_size=None)
+    other = build_drafter(tmp_path / "other", target_dir, num_target_layers=12)
+    with pytest.raises(PairMismatchError, match="trained on a target with 12 layers; this target has 6"):
+        load_pair(target_dir, other)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt=[]), "prompt is empty"),
+        (dict(prompt=[1, 99999]), r"outside the target vocabulary of size 512"),
+        (dict(max_new_tokens=0), "max_new_tokens must be at least 1"),
+        (dict(block_size=0), "block_size 0 must be between 1 and"),
+        (dict(block_size=9), "block_size 9 must be between 1 and the drafter's trained block size 8"),
+        (dict(prompt=[1] * 500), "exceeds the target's context of 512 positions"),
+        (dict(draft_mode="beam"), "draft_mode"),
+    ],
+)
+def test_bad_generation_inputs_are_named(golden_pair, kwargs, message):
+    target, drafter = golden_pair
+    prompt = kwargs.pop("prompt", [1, 2, 3])
+    with pytest.raises(GenerationInputError, match=message):
+        run(target, prompt, drafter, **{"max_new_tokens": 8, **kwargs})

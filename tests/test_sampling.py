@@ -1,0 +1,130 @@
+"""Exactness of sampling: acceptance rules against hand-computed probabilities, and the
+distribution of DFlash output against the target's exact distribution (chi-square)."""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+from dflash_core import DFlashDrafter, SamplingParams, Target, run
+from dflash_core.errors import GenerationInputError
+from dflash_core.sampling import probabilities
+from dflash_core.verify import greedy_accept, match_sampled_accept, rejection_accept
+from tiny import build_drafter, build_target
+
+
+def chi_square_ok(counts: torch.Tensor, probs: torch.Tensor, alpha=1e-3) -> bool:
+    n = counts.sum()
+    keep = probs > 0
+    assert counts[~keep].sum() == 0, "a token the target can never emit was emitted"
+    expected = probs[keep] * n
+    stat = ((counts[keep] - expected) ** 2 / expected).sum().item()
+    return stat < chi2.ppf(1 - alpha, int(keep.sum()) - 1)
+
+
+def test_greedy_accept_hand_case():
+    logits = torch.full((4, 10), -1.0)
+    for slot, token in enumerate([1, 2, 5, 7]):
+        logits[slot, token] = 3.0
+    assert greedy_accept(torch.tensor([1, 2, 3]), logits) == (2, 5)
+    assert greedy_accept(torch.tensor([1, 2, 5]), logits) == (3, 7)
+    assert greedy_accept(torch.tensor([4, 2, 5]), logits) == (0, 1)
+
+
+def test_probabilities_temperature_top_k_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.allclose(probabilities(logits, SamplingParams(1.0)), torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.allclose(probabilities(logits, SamplingParams(1.0, top_k=2)), torch.tensor([[0.625, 0.375, 0, 0]]))
+    # top_p 0.8: 0.5 + 0.3 reaches 0.8, so 0.15 and 0.05 go.
+    assert torch.allclose(probabilities(logits, SamplingParams(1.0, top_p=0.8)), torch.tensor([[0.625, 0.375, 0, 0]]))
+    assert torch.allclose(probabilities(logits, SamplingParams(1.0, top_p=0.81)), torch.tensor([[0.5, 0.3, 0.15, 0]]) / 0.95)
+    sharp = probabilities(logits, SamplingParams(0.5))
+    assert torch.allclose(sharp, torch.tensor([[0.25, 0.09, 0.0225, 0.0025]]) / 0.365)
+
+
+def test_rejection_rule_keeps_with_probability_min_1_p_over_q_and_outputs_p():
+    """One draft slot: p = [.5, .3, .2], q = [.2, .5, .3]. Token 1 is kept with probability .6,
+    token 2 with .2/.3, token 0 always; the emitted token must follow p exactly."""
+    p = torch.tensor([[0.5, 0.3, 0.2], [1.0, 0.0, 0.0]])
+    q = torch.tensor([[0.2, 0.5, 0.3]])
+    gen = torch.Generator().manual_seed(0)
+    n = 30000
+    kept = torch.zeros(3)
+    drawn = torch.zeros(3)
+    out = torch.zeros(3)
+    for _ in range(n):
+        x = torch.multinomial(q[0], 1, generator=gen)
+        accepted, bonus = rejection_accept(x, q, p, gen)
+        drawn[x] += 1
+        kept[x] += accepted
+        out[x.item() if accepted else bonus] += 1
+    assert torch.allclose(kept / drawn, torch.tensor([1.0, 0.6, 2 / 3]), atol=0.02)
+    assert chi_square_ok(out, p[0])
+
+
+def test_match_rule_outputs_target_distribution():
+    """Deterministic draft [1]: the first token must follow p[0] and, when the draft was kept,
+    the bonus must follow p[1]."""
+    p = torch.tensor([[0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])
+    gen = torch.Generator().manual_seed(1)
+    first = torch.zeros(3)
+    after_keep = torch.zeros(3)
+    for _ in range(20000):
+        accepted, bonus = match_sampled_accept(torch.tensor([1]), p, gen)
+        first[1 if accepted else bonus] += 1
+        if accepted:
+            after_keep[bonus] += 1
+    assert chi_square_ok(first, p[0])
+    assert chi_square_ok(after_keep, p[1])
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vocab4")
+    target_dir = build_target(root / "target", vocab_size=4, logit_scale=1.0, hidden=16, num_layers=2, seed=3)
+    drafter_dir = build_drafter(root / "drafter", target_dir, num_layers=1, block_size=4, seed=4)
+    return Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+
+
+def exact_joint(target: Target, prompt, length, params) -> torch.Tensor:
+    """P(first `length` generated tokens) under the target alone, by enumeration."""
+    vocab = target.vocab_size
+    joint = torch.zeros([vocab] * length)
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=length):
+            ids = torch.tensor([prompt + list(seq[:-1])])
+            logits = target.model(input_ids=ids).logits[0, len(prompt) - 1 :]
+            probs = probabilities(logits, params)
+            joint[seq] = torch.prod(torch.stack([probs[i, t] for i, t in enumerate(seq)]))
+    return joint
+
+
+@pytest.mark.parametrize("draft_mode", ["argmax", "sample"])
+def test_dflash_sampling_matches_exact_target_distribution(tiny_vocab_pair, draft_mode):
+    target, drafter = tiny_vocab_pair
+    prompt, length = [1, 2, 0], 3
+    params = SamplingParams(temperature=1.3, top_k=3)
+    exact = exact_joint(target, prompt, length, params).flatten()
+    assert abs(exact.sum().item() - 1) < 1e-5
+    counts = torch.zeros_like(exact)
+    accepted = 0
+    for seed in range(2500):
+        out = run(
+            target, prompt, drafter, max_new_tokens=length, block_size=4,
+            sampling=SamplingParams(1.3, top_k=3, seed=seed), draft_mode=draft_mode,
+        )
+        a, b, c = out.output_ids
+        counts[a * 16 + b * 4 + c] += 1
+        accepted += sum(blk.accepted for blk in out.blocks)
+    assert accepted > 500, "drafts were rarely accepted: the test would not exercise the acceptance rule"
+    assert chi_square_ok(counts, exact)
+
+
+def test_bad_sampling_parameters_are_named():
+    with pytest.raises(GenerationInputError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(GenerationInputError, match="top_p"):
+        SamplingParams(temperature=1, top_p=0)
+    with pytest.raises(GenerationInputError, match="top_k"):
+        SamplingParams(temperature=1, top_k=-2)
