@@ -1,0 +1,58 @@
+"""Launcher for the DFlash Studio web app: `python app.py [--host H] [--port P] [--share]`.
+
+Flags override the usual Gradio environment variables (GRADIO_SERVER_NAME, GRADIO_SERVER_PORT);
+`--target/--drafter` add a pair from the command line and select it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+# Before gradio is imported: no usage analytics, no telemetry calls home.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="DFlash Studio: DFlash vs plain decoding, live.")
+    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    parser.add_argument("--share", action="store_true", help="create a public gradio.live link")
+    parser.add_argument("--target", help="target model directory or Hub id (with --drafter)")
+    parser.add_argument("--drafter", help="DFlash drafter directory or Hub id (with --target)")
+    parser.add_argument("--dtype", default="float32", help="dtype for the --target/--drafter pair")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs.json)")
+    parser.add_argument(
+        "--threads", type=int, help="torch CPU threads (on a busy machine 1 is often faster than the default)"
+    )
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    if bool(args.target) != bool(args.drafter):
+        raise SystemExit("error: --target and --drafter go together")
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    from app.models import PairCache
+    from app.pairs import cli_pair, load_pairs
+    from app.ui import build_demo
+
+    pairs, default_id = load_pairs()
+    if args.target:
+        pair = cli_pair(args.target, args.drafter, args.dtype)
+        pairs, default_id = [pair, *pairs], pair.id
+    if args.pair:
+        default_id = args.pair
+    demo = build_demo(pairs, default_id, PairCache(args.device))
+    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share)
+
+
+if __name__ == "__main__":
+    main()

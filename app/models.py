@@ -1,0 +1,90 @@
+"""Loading model pairs once and keeping them: one cached `LoadedPair` per registry entry.
+
+The plain-decoding side gets its own `Target` wrapper around the same weights, so the two sides
+of a race keep separate KV caches while sharing memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dflash_core import DFlashDrafter, DFlashError, Target, load_pair
+from dflash_core.prompting import encode_prompt
+
+from .pairs import DEFAULT_TARGET, PairSpec, availability
+
+
+class PairUnavailable(DFlashError):
+    """The chosen pair cannot run here (no GPU, offline, drafter not trained yet)."""
+
+
+@dataclass
+class LoadedPair:
+    spec: PairSpec
+    target: Target
+    plain: Target  # same model object as `target`, separate cache
+    drafter: DFlashDrafter
+    load_s: float
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def trained_block_size(self) -> int:
+        return self.drafter.block_size
+
+    @property
+    def stop_ids(self) -> list[int]:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return [] if eos is None else [int(eos)]
+
+    def encode(self, prompt: str) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _target_location(spec: PairSpec) -> str:
+    if spec.target != DEFAULT_TARGET:
+        return spec.target
+    from dflash_core.default_pair import DefaultPairError, smollm2_target_dir
+
+    try:
+        return str(smollm2_target_dir())
+    except DefaultPairError as exc:  # a RuntimeError in the engine; the UI shows DFlashErrors
+        raise PairUnavailable(str(exc)) from exc
+
+
+class PairCache:
+    """Loads each pair on first use; later calls return the same objects."""
+
+    def __init__(self, device: str | None = None):
+        self.device = device or default_device()
+        self._pairs: dict[str, LoadedPair] = {}
+        self._lock = threading.Lock()
+
+    def is_loaded(self, spec: PairSpec) -> bool:
+        return spec.id in self._pairs
+
+    def get(self, spec: PairSpec) -> LoadedPair:
+        with self._lock:  # two sessions clicking at once must not load the weights twice
+            if spec.id in self._pairs:
+                return self._pairs[spec.id]
+            reason = availability(spec, self.device)
+            if reason:
+                raise PairUnavailable(reason)
+            t0 = time.perf_counter()
+            pair = load_pair(_target_location(spec), spec.drafter_location(), device=self.device, dtype=spec.dtype)
+            if pair.tokenizer is None:
+                raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
+            plain = Target(pair.target.model, pair.target.tokenizer)
+            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0)
+            self._pairs[spec.id] = loaded
+            return loaded

@@ -1,0 +1,94 @@
+"""The model-pair registry: which target/drafter pairs the app offers, read from `pairs.json`.
+
+Each pair says where its models come from and what it needs (a GPU, the Hub); `availability`
+explains in words why a pair cannot run here, so the UI can say so instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PAIRS_FILE = Path(__file__).resolve().with_name("pairs.json")
+DEFAULT_TARGET = "default:smollm2"
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    id: str
+    label: str
+    target: str
+    drafter: str
+    needs_gpu: bool = False
+    dtype: str = "float32"
+    train_hint: str = ""
+
+    @property
+    def is_hub(self) -> bool:
+        return _is_hub_id(self.target) or _is_hub_id(self.drafter)
+
+    def drafter_location(self) -> str:
+        """Drafter path as the engine should load it: repo-relative paths made absolute."""
+        if _is_hub_id(self.drafter):
+            return self.drafter
+        path = Path(self.drafter).expanduser()
+        return str(path if path.is_absolute() else REPO_ROOT / path)
+
+
+def _is_hub_id(name: str) -> bool:
+    # "owner/name" that is not an existing local path; repo-relative paths have more parts.
+    if name.startswith(("default:", ".", "/", "~")) or (REPO_ROOT / name).exists() or Path(name).exists():
+        return False
+    return name.count("/") == 1
+
+
+def load_pairs(path: Path = PAIRS_FILE) -> tuple[list[PairSpec], str]:
+    """(pairs, id of the default pair) from the data file."""
+    data = json.loads(Path(path).read_text())
+    pairs = [PairSpec(**entry) for entry in data["pairs"]]
+    return pairs, data.get("default", pairs[0].id)
+
+
+def cli_pair(target: str, drafter: str, dtype: str = "float32") -> PairSpec:
+    """A pair given on the command line (`app.py --target ... --drafter ...`)."""
+    return PairSpec(
+        id="cli",
+        label=f"{Path(target).name or target} + {Path(drafter).name or drafter} (command line)",
+        target=target,
+        drafter=drafter,
+        dtype=dtype,
+    )
+
+
+def availability(spec: PairSpec, device: str) -> str | None:
+    """None when the pair can be loaded here, else the reason in plain words."""
+    if spec.needs_gpu and not device.startswith("cuda"):
+        return (
+            f"{spec.label} needs a CUDA GPU (a 4B-8B target decodes only a few tokens per second on a CPU, "
+            "so the race would say nothing useful). Run the app on a GPU machine with internet access, "
+            "or choose the offline default pair."
+        )
+    if spec.is_hub and os.environ.get("HF_HUB_OFFLINE") == "1" and not _cached_on_hub(spec):
+        return (
+            f"{spec.label} must be downloaded from the Hugging Face Hub, but HF_HUB_OFFLINE=1 and the "
+            "models are not in the local cache. Unset HF_HUB_OFFLINE on a machine with internet access."
+        )
+    if not _is_hub_id(spec.drafter) and not Path(spec.drafter_location(), "config.json").is_file():
+        hint = f" Train it with `{spec.train_hint}`." if spec.train_hint else ""
+        return (
+            f"The DFlash drafter for this pair is not there yet: {spec.drafter_location()} has no config.json."
+            f"{hint} Or start the app with `python app.py --target PATH_OR_ID --drafter PATH_OR_ID`."
+        )
+    return None
+
+
+def _cached_on_hub(spec: PairSpec) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    ids = [name for name in (spec.target, spec.drafter) if _is_hub_id(name)]
+    return all(isinstance(try_to_load_from_cache(name, "config.json"), str) for name in ids)

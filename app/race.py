@@ -1,0 +1,185 @@
+"""The race: DFlash and plain decoding advanced in one worker, each on its own compute clock.
+
+Running both sides at once on a CPU would make them compete for the same cores, so the worker
+interleaves their steps instead, always advancing the side whose clock (prefill seconds plus the
+draft and verify seconds of its blocks) is behind. An event is released to the viewer once the
+display clock reaches its timestamp, so at every frame both panes show the same moment of
+compute time and the on-screen race matches the measured speeds. The snapshots it yields are
+plain data; rendering them is someone else's job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from dflash_core import Block, Prefill, Summary
+
+Event = Prefill | Block | Summary
+
+
+@dataclass(frozen=True)
+class SideView:
+    """What the viewer may see of one side at one moment."""
+
+    name: str
+    prefill: Prefill | None
+    blocks: tuple[Block, ...]
+    summary: Summary | None  # set once this side has finished on screen
+    elapsed_s: float  # this side's compute clock as shown on screen
+    block_size: int
+    # (compute seconds, tokens so far) after each released event, for the speed chart
+    timeline: tuple[tuple[float, int], ...] = ()
+
+    @property
+    def done(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def output_ids(self) -> list[int]:
+        if self.summary is not None:
+            return list(self.summary.output_ids)
+        ids = [self.prefill.token_id] if self.prefill else []
+        for block in self.blocks:
+            ids.extend(block.committed_ids)
+        return ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_summary(self) -> Summary | None:
+        """The engine's summary, or a provisional one over the blocks shown so far."""
+        if self.summary is not None:
+            return self.summary
+        if self.prefill is None:
+            return None
+        return Summary(
+            output_ids=tuple(self.output_ids),
+            prompt_len=self.prefill.prompt_len,
+            block_size=self.block_size,
+            stop_reason="running",
+            prefill=self.prefill,
+            blocks=self.blocks,
+            total_s=self.elapsed_s,
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    dflash: SideView
+    plain: SideView
+    wall_s: float  # since the race started
+    done: bool
+
+
+class _Runner:
+    """One side: pulls events from its generator and stamps them with its own compute clock."""
+
+    def __init__(self, name: str, events: Iterator[Event], block_size: int):
+        self.name = name
+        self.events = events
+        self.block_size = block_size
+        self.clock = 0.0
+        self.finished = False
+        self.pending: list[tuple[float, Event]] = []  # computed, not yet on screen
+        self.prefill: Prefill | None = None
+        self.blocks: list[Block] = []
+        self.summary: Summary | None = None
+        self.timeline: list[tuple[float, int]] = []
+        self.tokens = 0
+
+    def step(self) -> None:
+        event = next(self.events)
+        if isinstance(event, Prefill):
+            self.clock = event.seconds
+        elif isinstance(event, Block):
+            self.clock += event.draft_s + event.verify_s
+            # The engine's elapsed_s is wall time since its start, which includes the time this
+            # generator sat suspended while the other side ran; restate it on this side's clock.
+            event = replace(event, elapsed_s=self.clock)
+        else:
+            event = replace(event, total_s=self.clock)
+            self.finished = True
+        self.pending.append((self.clock, event))
+
+    def release(self, until: float) -> bool:
+        released = False
+        while self.pending and self.pending[0][0] <= until:
+            stamp, event = self.pending.pop(0)
+            released = True
+            if isinstance(event, Prefill):
+                self.prefill = event
+                self.tokens = 1
+            elif isinstance(event, Block):
+                self.blocks.append(event)
+                self.tokens += len(event.committed_ids)
+            else:
+                self.summary = event
+            if not isinstance(event, Summary):
+                self.timeline.append((stamp, self.tokens))
+        return released
+
+    def view(self, display_clock: float) -> SideView:
+        elapsed = self.summary.total_s if self.summary else min(display_clock, self.clock)
+        return SideView(
+            name=self.name,
+            prefill=self.prefill,
+            blocks=tuple(self.blocks),
+            summary=self.summary,
+            elapsed_s=max(elapsed, 0.0),
+            block_size=self.block_size,
+            timeline=tuple(self.timeline),
+        )
+
+
+def race(
+    dflash_events: Iterator[Event],
+    plain_events: Iterator[Event],
+    *,
+    dflash_block_size: int,
+    pace: bool = True,
+    frame_s: float = 0.08,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[Snapshot]:
+    """Yield snapshots of both sides until both have finished on screen.
+
+    pace: after the faster side finishes, only one side is left to compute, so its events would
+    arrive faster than during the shared phase; pacing keeps the on-screen clock running at the
+    rate measured while both sides ran, so that the race the viewer sees stays proportional.
+    """
+    runners = [_Runner("dflash", dflash_events, dflash_block_size), _Runner("plain", plain_events, 1)]
+    t0 = clock()
+    rate: float | None = None  # compute seconds shown per wall second, fixed once a side finishes
+    last_frame = float("-inf")
+    shown_any = False
+    dirty = False  # released events not yet in a frame
+    display = 0.0
+    while True:
+        active = [r for r in runners if not r.finished]
+        if active:
+            min(active, key=lambda r: r.clock).step()
+            active = [r for r in runners if not r.finished]
+        wall = clock() - t0
+        computed = min((r.clock for r in active), default=float("inf"))
+        if pace and rate is None and active and len(active) < len(runners) and wall > 0:
+            rate = computed / wall
+        display = computed if not (pace and rate) else min(computed, rate * wall)
+        dirty = any([r.release(display) for r in runners]) or dirty
+        finished = not active and not any(r.pending for r in runners)
+        # The first tokens go out at once (time to first visible token); later ones in frames.
+        if finished or (dirty and (not shown_any or wall - last_frame >= frame_s)):
+            shown_any, dirty, last_frame = True, False, wall
+            yield Snapshot(runners[0].view(display), runners[1].view(display), wall, finished)
+        if finished:
+            return
+        if not active:
+            # Everything is computed; wait for the on-screen clock to reach the next event.
+            next_stamp = min(r.pending[0][0] for r in runners if r.pending)
+            sleep(max(0.0, min(next_stamp / rate - wall if rate else 0.0, frame_s)))

@@ -1,0 +1,198 @@
+"""HTML for the race panes: colored tokens, the per-block draft strip, the legend and the stats.
+
+Token kinds come from the engine's events by position (a block's committed ids are its accepted
+draft tokens followed by the target's bonus token), never by searching decoded text. Every piece
+of model text is HTML-escaped here, the only place that turns text into markup.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .race import SideView
+
+COLORS = {
+    "accepted": "#b7ebc0",  # draft token the target kept
+    "bonus": "#ffd98a",  # the target's own token at the end of a block
+    "first": "#ffd98a",  # first token, from the prefill: also the target's own
+    "plain": "#d6e4ff",  # plain decoding: every token is the target's own
+    "rejected": "#f6b8b8",  # draft token the target threw away
+}
+BOUNDARY = "#5a6b8c"
+DIFF = "#d11a2a"
+
+_PANE = (
+    "font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:14px;line-height:1.9;"
+    "white-space:pre-wrap;word-break:break-word;min-height:7em;max-height:26em;overflow-y:auto;"
+    "padding:8px;border:1px solid #ccd;border-radius:6px;background:#fff;color:#111"
+)
+
+
+@dataclass(frozen=True)
+class TokenMark:
+    """How one output token is drawn."""
+
+    kind: str
+    block: int | None  # None for the prefill token
+    slot: int | None
+    block_start: bool
+    rejected: tuple[int, ...] = ()  # drafts this bonus token replaced (bonus tokens only)
+
+
+def dflash_marks(view: SideView) -> list[TokenMark]:
+    marks = [TokenMark("first", None, None, True)] if view.prefill else []
+    for block in view.blocks:
+        for i, _ in enumerate(block.committed_ids):
+            accepted = i < block.accepted
+            marks.append(
+                TokenMark(
+                    "accepted" if accepted else "bonus",
+                    block.index,
+                    i + 1,  # slot 0 is the previous bonus token; committed token i sits in slot i+1
+                    i == 0,
+                    () if accepted else tuple(block.draft_ids[block.accepted :]),
+                )
+            )
+    return marks
+
+
+def plain_marks(view: SideView) -> list[TokenMark]:
+    return [TokenMark("plain", i, None, False) for i in range(view.num_tokens)]
+
+
+def _title(mark: TokenMark, position: int, text_of: Callable[[int], str], diff: bool) -> str:
+    if mark.block is None:
+        parts = ["first token (from the prefill, the target's own)"]
+    elif mark.kind == "plain":
+        parts = [f"token {position}, decoded by the target alone"]
+    else:
+        what = "accepted draft token" if mark.kind == "accepted" else "bonus token (the target's own)"
+        parts = [f"block {mark.block}, slot {mark.slot}: {what}"]
+        if mark.rejected:
+            parts.append(f"drafter proposed {text_of(mark.rejected[0])!r} here (rejected)")
+    if diff:
+        parts.append("first position where DFlash and plain decoding differ")
+    return "; ".join(parts)
+
+
+def tokens_html(
+    marks: list[TokenMark], pieces: list[str], text_of: Callable[[int], str], diff_at: int | None = None
+) -> str:
+    """One span per token; `pieces[i]` is the decoded text of token i."""
+    if not marks:
+        return f'<div class="dflash-pane" style="{_PANE}"><span style="color:#889">waiting for tokens…</span></div>'
+    spans = []
+    for i, (mark, piece) in enumerate(zip(marks, pieces)):
+        style = f"background:{COLORS[mark.kind]};border-radius:3px;padding:1px 0"
+        if mark.block_start and mark.kind != "plain":
+            style += f";border-left:2px solid {BOUNDARY};padding-left:1px;margin-left:1px"
+        if i == diff_at:
+            style += f";outline:2px solid {DIFF}"
+        title = html.escape(_title(mark, i, text_of, i == diff_at), quote=True)
+        data = "" if mark.block is None else f' data-block="{mark.block}"' + (
+            "" if mark.slot is None else f' data-slot="{mark.slot}"'
+        )
+        spans.append(
+            f'<span class="tok tok-{mark.kind}"{data} title="{title}" style="{style}">{html.escape(piece)}</span>'
+        )
+    return f'<div class="dflash-pane" style="{_PANE}">{"".join(spans)}</div>'
+
+
+def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 40) -> str:
+    """Per block: what the drafter proposed, accepted in green, rejected in red, then the bonus."""
+    if not view.blocks or not view.blocks[0].draft_ids:
+        return ""
+    rows = []
+    shown = view.blocks[-last:]
+    for block in shown:
+        chips = []
+        for k, token in enumerate(block.draft_ids):
+            kind = "accepted" if k < block.accepted else "rejected"
+            deco = "" if kind == "accepted" else ";text-decoration:line-through;opacity:%s" % (
+                "1" if k == block.accepted else "0.55"
+            )
+            title = html.escape(f"block {block.index}, slot {k + 1}: {kind} draft token", quote=True)
+            chips.append(
+                f'<span class="chip chip-{kind}" title="{title}" style="background:{COLORS[kind]};'
+                f'border-radius:3px;padding:0 2px;margin-right:2px{deco}">{html.escape(_visible(text_of(token)))}</span>'
+            )
+        bonus_title = html.escape(f"block {block.index}, slot {block.accepted + 1}: bonus token", quote=True)
+        chips.append(
+            f'<span class="chip chip-bonus" title="{bonus_title}" style="background:{COLORS["bonus"]};'
+            f'border-radius:3px;padding:0 2px;margin-left:6px">{html.escape(_visible(text_of(block.bonus_id)))}</span>'
+        )
+        rows.append(
+            f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;width:4.5em">'
+            f"#{block.index} {block.acceptance_length}/{len(block.draft_ids) + 1}</span>{''.join(chips)}</div>"
+        )
+    skipped = len(view.blocks) - len(shown)
+    more = f'<div style="color:#889">… {skipped} earlier blocks in the trace download</div>' if skipped else ""
+    return (
+        '<details class="draft-strip" open><summary>Drafts per block (accepted / rejected / bonus)</summary>'
+        f'<div style="font-family:ui-monospace,monospace;font-size:12px;max-height:14em;overflow:auto">{more}'
+        f"{''.join(rows)}</div></details>"
+    )
+
+
+def _visible(text: str) -> str:
+    # Whitespace-only drafts would be invisible chips; show them as symbols.
+    return text.replace("\n", "⏎").replace(" ", "␣") if text.strip() == "" else text.replace("\n", "⏎")
+
+
+def legend_html() -> str:
+    items = [
+        ("accepted", "accepted draft token"),
+        ("bonus", "bonus token (the target's own)"),
+        ("rejected", "rejected draft token (in the strip)"),
+        ("plain", "plain decoding"),
+    ]
+    chips = "".join(
+        f'<span style="background:{COLORS[k]};border-radius:3px;padding:1px 6px;margin-right:10px">{label}</span>'
+        for k, label in items
+    )
+    return (
+        f'<div class="legend" style="font-size:13px">{chips}'
+        f'<span style="border-left:2px solid {BOUNDARY};padding-left:4px;margin-right:10px">block boundary</span>'
+        f'<span style="outline:2px solid {DIFF};padding:0 4px">first difference</span>'
+        " <span style=\"color:#667\">(hover a token for its block and slot)</span></div>"
+    )
+
+
+def side_stats_html(view: SideView, label: str) -> str:
+    state = "done" if view.done else ("running" if view.prefill else "waiting")
+    return (
+        f'<div class="side-stats" style="font-size:14px"><b>{html.escape(label)}</b> · {state} · '
+        f"<span class=\"elapsed\">{view.elapsed_s:.2f} s</span> · "
+        f"<span class=\"ntok\">{view.num_tokens} tokens</span> · "
+        f"<span class=\"toks\">{view.tokens_per_s:.1f} tok/s</span></div>"
+    )
+
+
+def summary_html(report: dict | None, note: str = "") -> str:
+    if report is None:
+        return f'<div class="race-summary" style="color:#667">{html.escape(note) or "Run a prompt to start the race."}</div>'
+    if report["identical"] is None:
+        lossless = "not checked (sampling: outputs may differ by design)"
+    elif report["identical"]:
+        lossless = '<span style="color:#127a2a">identical ✓</span>'
+    else:
+        lossless = (
+            f'<span style="color:{DIFF}">differ at token {report["first_difference"]}</span> (outlined in both panes)'
+        )
+    cells = [
+        ("speedup", f'{report["speedup"]:.2f}×'),
+        ("tau (mean acceptance length)", f'{report["tau"]:.2f}'),
+        ("DFlash tok/s", f'{report["dflash_tok_s"]:.1f}'),
+        ("plain tok/s", f'{report["plain_tok_s"]:.1f}'),
+        ("TTFT DFlash / plain", f'{report["dflash_ttft_s"] * 1000:.0f} / {report["plain_ttft_s"] * 1000:.0f} ms'),
+        ("lossless check (temperature 0)", lossless),
+    ]
+    body = "".join(
+        f'<div style="padding:4px 10px"><div style="color:#667;font-size:12px">{k}</div>'
+        f'<div style="font-size:18px">{v}</div></div>'
+        for k, v in cells
+    )
+    extra = f'<div style="color:#667;font-size:12px">{html.escape(note)}</div>' if note else ""
+    return f'<div class="race-summary" style="display:flex;flex-wrap:wrap;gap:6px">{body}</div>{extra}'

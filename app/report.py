@@ -1,0 +1,53 @@
+"""The numbers a finished race reports: speedup, tau, tokens/s, TTFT and the lossless check.
+
+Times are each side's own compute clock (see `race.py`), so the speedup is the one a benchmark
+running the two decoders separately would measure.
+"""
+
+from __future__ import annotations
+
+from dflash_core import Summary
+
+
+def first_difference(a, b) -> int | None:
+    """Index of the first position where the two outputs differ (None when identical)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def seconds_per_token(summary: Summary) -> float:
+    return summary.total_s / len(summary.output_ids) if summary.output_ids else 0.0
+
+
+def race_report(dflash: Summary, plain: Summary, temperature: float, block_size: int) -> dict:
+    """The JSON summary of a race (also the last update of the `compare` API)."""
+    d_spt, p_spt = seconds_per_token(dflash), seconds_per_token(plain)
+    greedy = temperature == 0.0
+    diff = first_difference(dflash.output_ids, plain.output_ids)
+    return {
+        "tau": round(dflash.tau, 4),
+        "speedup": round(p_spt / d_spt, 4) if d_spt > 0 else 0.0,
+        # Only greedy decoding must give the same tokens; sampled runs legitimately differ.
+        "identical": (diff is None) if greedy else None,
+        "first_difference": diff if greedy else None,
+        "dflash_tok_s": round(dflash.tokens_per_s, 3),
+        "plain_tok_s": round(plain.tokens_per_s, 3),
+        "dflash_ttft_s": round(dflash.ttft_s, 4),
+        "plain_ttft_s": round(plain.ttft_s, 4),
+        "dflash_tokens": len(dflash.output_ids),
+        "plain_tokens": len(plain.output_ids),
+        "dflash_s": round(dflash.total_s, 4),
+        "plain_s": round(plain.total_s, 4),
+        "cycles": len(dflash.blocks),
+        "block_size": block_size,
+        "temperature": temperature,
+        "acceptance_histogram": dflash.acceptance_histogram,
+        "per_position_acceptance": [round(x, 4) for x in dflash.per_position_acceptance],
+    }
+
+
+def trace(dflash: Summary, plain: Summary, report: dict, settings: dict) -> dict:
+    """Download format: the engine's trace of each side plus the race report."""
+    return {"settings": settings, "report": report, "dflash": dflash.to_trace(), "plain": plain.to_trace()}

@@ -1,0 +1,229 @@
+"""The Gradio Blocks: controls, the two race panes, live charts, summary and trace download.
+
+Handlers here only wire inputs to the engine's `generate`, feed its events to `race`, and pass
+the snapshots to the renderers; they translate every `DFlashError` into a message for the user.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from dflash_core import DFlashError, SamplingParams, generate
+
+from . import charts, render
+from .examples import EXAMPLES
+from .models import PairCache
+from .pairs import PairSpec, availability
+from .race import Snapshot, race
+from .report import race_report, trace
+from .tokens import TokenPieces
+
+MAX_PROMPT_CHARS = 16_000
+MAX_NEW_TOKENS = 2048
+CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
+
+INTRO = """# ⚡ DFlash Studio
+Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
+in one pass, the target verifies it in one pass and keeps the longest agreeing prefix plus one token of
+its own. Both panes decode the same prompt with the same target; the race is paced on each side's own
+compute time, so what you see matches the measured speeds."""
+
+
+class App:
+    """Holds the pair registry and the model cache; its methods are the event handlers."""
+
+    def __init__(self, pairs: list[PairSpec], default_id: str, cache: PairCache):
+        self.pairs = {p.id: p for p in pairs}
+        self.default_id = default_id if default_id in self.pairs else pairs[0].id
+        self.cache = cache
+
+    # --- pair selection and loading -----------------------------------------------------------
+    def load_selected(self, pair_id: str):
+        """Generator for the status line: a loading state first, then ready or why not."""
+        spec = self.pairs.get(pair_id)
+        if spec is None:
+            yield f"⚠️ Unknown pair {pair_id!r}.", gr.skip()
+            return
+        reason = availability(spec, self.cache.device)
+        if reason:
+            yield f"⚠️ **Unavailable:** {reason}", gr.skip()
+            return
+        if not self.cache.is_loaded(spec):
+            yield f"⏳ Loading **{spec.label}** on {self.cache.device} (first time only)…", gr.skip()
+        try:
+            pair = self.cache.get(spec)
+        except (DFlashError, OSError) as exc:
+            yield f"⚠️ **Could not load {spec.label}:** {exc}", gr.skip()
+            return
+        trained = pair.trained_block_size
+        yield (
+            f"✅ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
+            f"drafter trained with block size {trained}.",
+            gr.update(maximum=trained, value=trained),
+        )
+
+    # --- the race --------------------------------------------------------------------------------
+    def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_id=None):
+        """Stream a DFlash vs plain race; the last update carries the JSON summary and the trace."""
+        spec = self.pairs.get(pair_id or self.default_id)
+        if spec is None:
+            raise gr.Error(f"Unknown model pair {pair_id!r}.")
+        prompt = "" if prompt is None else str(prompt)
+        if not prompt.strip():
+            raise gr.Error("The prompt is empty: type a message or pick an example.")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise gr.Error(f"The prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}.")
+        try:
+            max_new_tokens, block_size = _as_int(max_new_tokens, "max_new_tokens"), _as_int(block_size, "block_size")
+            seed = None if seed in (None, "") else _as_int(seed, "seed")
+            if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+                raise ValueError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {max_new_tokens}")
+            sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed)
+        except (TypeError, ValueError) as exc:  # DFlashError is a ValueError too
+            raise gr.Error(str(exc)) from None
+
+        if not self.cache.is_loaded(spec):
+            yield self._frame_status(f"⏳ Loading {spec.label}… (first time only)")
+        try:
+            pair = self.cache.get(spec)
+            prompt_ids = pair.encode(prompt)
+            common = dict(max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=pair.stop_ids)
+            dflash_events = generate(pair.target, prompt_ids, pair.drafter, block_size=block_size, **common)
+            plain_events = generate(pair.plain, prompt_ids, None, **common)
+            pieces = {"dflash": TokenPieces(pair.tokenizer), "plain": TokenPieces(pair.tokenizer)}
+            text_of = _single_token_text(pair.tokenizer)
+            last_chart = float("-inf")
+            snapshot = None
+            for snapshot in race(dflash_events, plain_events, dflash_block_size=block_size):
+                now = time.perf_counter()
+                with_charts = snapshot.done or now - last_chart >= CHART_EVERY_S
+                if with_charts:
+                    last_chart = now
+                if not snapshot.done:
+                    yield self._frame(snapshot, pieces, text_of, None, with_charts)
+        except DFlashError as exc:
+            raise gr.Error(str(exc)) from None
+
+        report = race_report(snapshot.dflash.summary, snapshot.plain.summary, sampling.temperature, block_size)
+        settings = {
+            "pair": spec.id, "target": spec.target, "drafter": spec.drafter, "prompt": prompt,
+            "max_new_tokens": max_new_tokens, "block_size": block_size, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "seed": seed, "device": self.cache.device,
+        }
+        path = Path(tempfile.mkdtemp(prefix="dflash-trace-")) / "dflash_trace.json"
+        path.write_text(json.dumps(trace(snapshot.dflash.summary, snapshot.plain.summary, report, settings), indent=1))
+        yield self._frame(snapshot, pieces, text_of, report, True, str(path))
+
+    # --- frames ----------------------------------------------------------------------------------
+    OUTPUTS = 12
+
+    def _frame_status(self, text: str):
+        return (render.summary_html(None, text),) + (gr.skip(),) * (self.OUTPUTS - 1)
+
+    def _frame(self, snap: Snapshot, pieces, text_of, report, with_charts: bool, trace_path=None):
+        diff = None if report is None else report["first_difference"]
+        d, p = snap.dflash, snap.plain
+        d_html = render.tokens_html(render.dflash_marks(d), pieces["dflash"].extend(d.output_ids), text_of, diff)
+        p_html = render.tokens_html(render.plain_marks(p), pieces["plain"].extend(p.output_ids), text_of, diff)
+        note = "" if report is None else (
+            "Times are each side's own compute time: the two runs were interleaved in one worker, "
+            "so neither slowed the other down."
+        )
+        figures = (
+            (charts.acceptance_figure(d), charts.speed_figure(d, p), charts.histogram_figure(d), charts.position_figure(d))
+            if with_charts
+            else (gr.skip(),) * 4
+        )
+        return (
+            render.summary_html(report, note) if report else render.summary_html(None, "Racing…"),
+            render.side_stats_html(d, f"DFlash (block {d.block_size})"),
+            d_html,
+            render.draft_strip_html(d, text_of),
+            render.side_stats_html(p, "Plain decoding"),
+            p_html,
+            *figures,
+            report if report is not None else gr.skip(),
+            trace_path if trace_path is not None else gr.skip(),
+        )
+
+
+def _as_int(value, name: str) -> int:
+    number = float(value)
+    if number != int(number):
+        raise ValueError(f"{name} must be a whole number, got {value}")
+    return int(number)
+
+
+def _single_token_text(tokenizer):
+    """Text of one token on its own (for draft tokens, which are not part of the output text)."""
+    memo: dict[int, str] = {}
+
+    def text_of(token_id: int) -> str:
+        if token_id not in memo:
+            memo[token_id] = tokenizer.decode([token_id], skip_special_tokens=False)
+        return memo[token_id]
+
+    return text_of
+
+
+def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None = None) -> gr.Blocks:
+    app = App(pairs, default_id, cache or PairCache())
+    with gr.Blocks(title="DFlash Studio", analytics_enabled=False) as demo:
+        gr.Markdown(INTRO)
+        pair_state = gr.State(app.default_id)
+        with gr.Row():
+            pair_choice = gr.Dropdown(
+                choices=[(p.label, p.id) for p in pairs], value=app.default_id, label="Model pair", scale=2
+            )
+            status = gr.Markdown("⏳ Loading models…", elem_id="pair-status")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Ask something…", elem_id="prompt")
+                gr.Examples(EXAMPLES, inputs=[prompt], label="Examples: math, code, chat, story")
+            with gr.Column(scale=2):
+                max_new_tokens = gr.Slider(1, 512, value=128, step=1, label="Max new tokens")
+                block_size = gr.Slider(1, 16, value=16, step=1, label="Block size (1 = no drafting)")
+                with gr.Row():
+                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+                seed = gr.Number(value=0, precision=0, label="Seed (sampling only)")
+                run_button = gr.Button("Race ▶", variant="primary", elem_id="run")
+        gr.HTML(render.legend_html())
+        summary = gr.HTML(render.summary_html(None), elem_id="summary")
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                d_stats = gr.HTML(elem_id="dflash-stats")
+                d_tokens = gr.HTML(elem_id="dflash-tokens")
+                d_strip = gr.HTML(elem_id="dflash-strip")
+            with gr.Column():
+                p_stats = gr.HTML(elem_id="plain-stats")
+                p_tokens = gr.HTML(elem_id="plain-tokens")
+        with gr.Row():
+            acc_plot = gr.Plot(label="Acceptance length", elem_id="chart-acceptance")
+            speed_plot = gr.Plot(label="Tokens/s", elem_id="chart-speed")
+        with gr.Row():
+            hist_plot = gr.Plot(label="Histogram", elem_id="chart-histogram")
+            pos_plot = gr.Plot(label="Per-position acceptance", elem_id="chart-positions")
+        with gr.Row():
+            report_json = gr.JSON(label="Summary (JSON)", elem_id="report")
+            trace_file = gr.File(label="Trace download (JSON)", elem_id="trace")
+
+        outputs = [summary, d_stats, d_tokens, d_strip, p_stats, p_tokens,
+                   acc_plot, speed_plot, hist_plot, pos_plot, report_json, trace_file]
+        assert len(outputs) == App.OUTPUTS
+        demo.load(app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private")
+        pair_choice.change(lambda pid: pid, inputs=[pair_choice], outputs=[pair_state], api_visibility="private").then(
+            app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private"
+        )
+        run_button.click(
+            app.compare,
+            inputs=[prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_state],
+            outputs=outputs,
+            api_name="compare",
+        )
+    return demo
