@@ -1,0 +1,184 @@
+"""Benchmark: DFlash against plain decoding and the peers a user would try, side by side in one run.
+
+For every prompt, in turn: plain greedy decoding, DFlash at each block size, transformers'
+prompt-lookup decoding, and transformers' plain `generate` (a sanity check that our plain path is
+not slow). All share one target with one dtype, so speedups compare like with like. Prints a table
+and, as the last line of stdout, one JSON object with the headline figures.
+
+    python -m dflash_core.bench --target default:smollm2 --drafter assets/drafters/smollm2-135m-instruct-dflash \\
+        --dtype float32 --max-new-tokens 128 --num-prompts 20
+
+`--synthetic SHAPE` instead times one cycle of random-weight models in released shapes (see
+`bench_synthetic.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .decoding import run
+from .pair import DEFAULT_TARGET, DTYPES, load_pair
+from .prompting import encode_prompt
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "heldout.jsonl"
+BUILTIN_PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "A shop sells pens at 3 dollars each. How much do 7 pens cost?",
+    "Tell me a short story about a robot who learns to paint.",
+]
+
+
+def load_prompts(path: str | None, limit: int) -> list[str]:
+    if path is None and not DEFAULT_PROMPTS.is_file():
+        return BUILTIN_PROMPTS[:limit]
+    lines = Path(path or DEFAULT_PROMPTS).read_text().splitlines()
+    prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
+    # Spread the selection over the whole file so every category is represented.
+    step = max(1, len(prompts) // limit)
+    return prompts[::step][:limit]
+
+
+def timed_hf_generate(model, prompt_ids, max_new_tokens, eos_id, **kwargs):
+    """Wall time and new ids of transformers' own `generate` (greedy)."""
+    ids = torch.tensor([prompt_ids], device=model.device)
+    start = time.perf_counter()
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=eos_id, pad_token_id=eos_id, **kwargs,
+    )
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out[0, len(prompt_ids) :].tolist()
+
+
+def benchmark(args) -> dict:
+    pair = load_pair(
+        args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype
+    )
+    target, drafter, tokenizer = pair.target, pair.drafter, pair.tokenizer
+    block_sizes = args.block_sizes or [drafter.block_size]
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    stop_ids = [eos] if eos is not None else []
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+
+    def decode(prompt_ids, block_size=None, use_drafter=True):
+        return run(
+            target, prompt_ids, drafter if use_drafter else None,
+            max_new_tokens=args.max_new_tokens, block_size=block_size, stop_ids=stop_ids,
+        )
+
+    decode(encoded[0][:8], use_drafter=False)  # warm up kernels and allocator outside the clock
+    decode(encoded[0][:8], block_sizes[0])
+
+    rows = {"plain": [], "hf_generate": [], "prompt_lookup": [], **{f"dflash_b{b}": [] for b in block_sizes}}
+    summaries = {b: [] for b in block_sizes}
+    identical = {b: 0 for b in block_sizes}
+    for i, prompt_ids in enumerate(encoded):
+        plain = decode(prompt_ids, use_drafter=False)
+        rows["plain"].append((plain.total_s, len(plain.output_ids)))
+        for b in block_sizes:
+            s = decode(prompt_ids, b)
+            summaries[b].append(s)
+            rows[f"dflash_b{b}"].append((s.total_s, len(s.output_ids)))
+            identical[b] += s.output_ids == plain.output_ids
+        for name, kwargs in (("hf_generate", {}), ("prompt_lookup", {"prompt_lookup_num_tokens": 10})):
+            seconds, ids = timed_hf_generate(target.model, prompt_ids, args.max_new_tokens, eos, **kwargs)
+            rows[name].append((seconds, len(ids)))
+        print(f"  prompt {i + 1}/{len(encoded)}: tau " + ", ".join(
+            f"b{b}={summaries[b][-1].tau:.2f}" for b in block_sizes), file=sys.stderr, flush=True)
+
+    def tok_s(name):
+        seconds = sum(t for t, _ in rows[name])
+        return sum(n for _, n in rows[name]) / seconds
+
+    plain_tok_s = tok_s("plain")
+    per_block = {}
+    for b in block_sizes:
+        lengths = [length for s in summaries[b] for length in s.acceptance_lengths]
+        cycles = sum(len(s.blocks) for s in summaries[b])
+        per_block[b] = {
+            "tau": statistics.fmean(lengths),
+            "tok_s": tok_s(f"dflash_b{b}"),
+            "speedup": tok_s(f"dflash_b{b}") / plain_tok_s,
+            "identical": identical[b] / len(encoded),
+            "per_position_acceptance": [
+                sum(blk.accepted >= k for s in summaries[b] for blk in s.blocks) / cycles for k in range(1, b)
+            ],
+            "draft_ms_per_cycle": 1000 * sum(s.draft_s for s in summaries[b]) / cycles,
+            "verify_ms_per_cycle": 1000 * sum(s.verify_s for s in summaries[b]) / cycles,
+        }
+    head = per_block[block_sizes[0]]
+    return {
+        "target": str(args.target),
+        "drafter": str(args.drafter),
+        "device": args.device,
+        "dtype": args.dtype,
+        "drafter_dtype": args.drafter_dtype or args.dtype,
+        "threads": torch.get_num_threads(),
+        "num_prompts": len(encoded),
+        "max_new_tokens": args.max_new_tokens,
+        "block_size": block_sizes[0],
+        "tau": head["tau"],
+        "speedup": head["speedup"],
+        "identical": head["identical"],
+        "dflash_tok_s": head["tok_s"],
+        "plain_tok_s": plain_tok_s,
+        "per_position_acceptance": head["per_position_acceptance"],
+        "speedup_prompt_lookup": tok_s("prompt_lookup") / plain_tok_s,
+        "speedup_hf_generate": tok_s("hf_generate") / plain_tok_s,
+        "speedup_assisted": None,  # no smaller model shares the default target's tokenizer offline
+        "per_block_size": per_block,
+    }
+
+
+def print_table(result: dict) -> None:
+    plain = result["plain_tok_s"]
+    print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
+          f"on {result['device']} ({result['threads']} threads)")
+    print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
+    print(f"{'plain (ours)':<22}{plain:>9.1f}{1.0:>9.2f}")
+    for b, r in result["per_block_size"].items():
+        print(f"{f'DFlash block {b}':<22}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}{r['tau']:>7.2f}{r['identical']:>11.2f}")
+    for name, label in (("hf_generate", "HF generate"), ("prompt_lookup", "HF prompt lookup")):
+        speedup = result[f"speedup_{name}"]
+        print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
+    print(f"{'HF assisted':<22}{'n/a: no same-tokenizer assistant available offline':>36}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dflash_core.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--drafter", default="assets/drafters/smollm2-135m-instruct-dflash")
+    parser.add_argument("--prompts", help="JSON lines with a 'prompt' field (default: the held-out prompts)")
+    parser.add_argument("--num-prompts", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
+    parser.add_argument("--drafter-dtype", choices=list(DTYPES))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--synthetic", metavar="SHAPE", help="time one cycle of random-weight models (qwen3-8b, qwen3-4b, tiny)")
+    args = parser.parse_args(argv)
+    if args.synthetic:
+        from .bench_synthetic import print_table as print_synthetic, run_synthetic
+
+        dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[args.dtype]
+        result = run_synthetic(args.synthetic, args.device, dtype)
+        print_synthetic(result)
+    else:
+        result = benchmark(args)
+        print_table(result)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
