@@ -71,9 +71,44 @@ def test_kernels_in_fresh_process():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+def test_kernels_compile_for_hopper(monkeypatch):
+    """Without a GPU: the compiled (not interpreted) path must at least build for sm_90 (H100/H200).
+
+    The interpreter accepts things the compiler rejects (non-constexpr globals, loop-carried
+    type changes); this compiles both kernels to a cubin with Triton's bundled ptxas.
+    """
+    if DEVICE == "cuda" or not SUBPROCESS:
+        pytest.skip("needs triton imported in compiler mode; on CUDA the other tests compile the kernels")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the autouse fixture set it
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dflash_core.kernels import kv_injection, verify
+
+    strides = ["sk_b", "sk_n", "sk_h", "sv_b", "sv_n", "sv_h", "sc_b", "sc_n", "ss_b", "ss_n",
+               "sck_b", "sck_h", "sck_p", "scv_b", "scv_h", "scv_p"]
+    kv_sig = {name: "*bf16" for name in ["k_ptr", "v_ptr", "w_ptr", "cos_ptr", "sin_ptr", "ck_ptr", "cv_ptr"]}
+    kv_sig.update(n="i32", offset="i32", eps="fp32", **{name: "i32" for name in strides}, HALF="constexpr", BLOCK="constexpr")
+    verify_sig = {
+        "logits_ptr": "*bf16", "draft_ptr": "*i64", "u_ptr": "*fp32", "cutoff_ptr": "*fp32", "choice_ptr": "*i32",
+        "ws_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32", "n_rows": "i32", "stride_l": "i32", "stride_u": "i32",
+        "temperature": "fp32", "SAMPLED": "constexpr", "HAS_CUTOFF": "constexpr", "NO_MISMATCH": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    builds = [
+        (kv_injection._kv_injection_kernel, kv_sig, {"HALF": 64, "BLOCK": 64}),
+        (verify._verify_kernel, verify_sig, {"SAMPLED": True, "HAS_CUTOFF": True, "NO_MISMATCH": 2**31 - 1, "BLOCK": 2048}),
+    ]
+    for fn, signature, constexprs in builds:
+        compiled = triton.compile(ASTSource(fn=triton.jit(fn), signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"]
+
+
 @pytest.fixture(autouse=True)
 def triton_backend(request, monkeypatch):
-    if SUBPROCESS and request.node.name != "test_kernels_in_fresh_process":
+    if SUBPROCESS and request.node.name not in ("test_kernels_in_fresh_process", "test_kernels_compile_for_hopper"):
         pytest.skip("run in a fresh process by test_kernels_in_fresh_process")
     if DEVICE == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -101,8 +136,11 @@ def kv_inputs(batch, n, kv_heads, dim, start, dtype, gen):
 HEADS = [(8, 2), (8, 1), (4, 4)]
 
 
-@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}q{h[1]}kv")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(
+    "heads,head_dim",
+    [(HEADS[0], 128), (HEADS[1], 64), (HEADS[2], 64), (HEADS[2], 128)],
+    ids=lambda x: f"{x[0]}q{x[1]}kv" if isinstance(x, tuple) else f"d{x}",
+)
 @pytest.mark.parametrize("block", [1, 8, 16])
 def test_kv_injection_fp32_matches_reference_after_crop(heads, head_dim, block):
     """Two cycles through a DrafterCache, the second written after cropping the cache back."""

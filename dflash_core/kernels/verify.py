@@ -47,6 +47,7 @@ if triton is not None:
         vocab, n_rows, stride_l, stride_u, temperature,
         SAMPLED: tl.constexpr,
         HAS_CUTOFF: tl.constexpr,
+        NO_MISMATCH: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0)
@@ -83,7 +84,7 @@ if triton is not None:
         # so the program that sees the final count sees everybody's results.
         finished = tl.atomic_add(ws_ptr, 1)
         is_last = finished == n_rows - 1
-        first_mismatch = tl.atomic_xchg(ws_ptr + 1, _NO_MISMATCH, mask=is_last)
+        first_mismatch = tl.atomic_xchg(ws_ptr + 1, NO_MISMATCH, mask=is_last)
         accepted = tl.minimum(first_mismatch, n_rows - 1)
         # Read through an atomic so the value comes from L2, not a stale L1 line.
         bonus = tl.atomic_add(choice_ptr + accepted, 0, mask=is_last)
@@ -139,6 +140,7 @@ def verify_triton(draft_ids, logits, *, temperature=None, cutoff=None, uniforms=
         float(temperature) if sampled else 1.0,
         SAMPLED=sampled,
         HAS_CUTOFF=sampled and cutoff is not None,
+        NO_MISMATCH=_NO_MISMATCH,  # compiled kernels may only read constexpr globals: pass it in
         BLOCK=min(BLOCK_V, triton.next_power_of_2(vocab)),
     )
     return out
