@@ -19,6 +19,12 @@ PY="${PYTHON:-}"
 [ -z "$PY" ] && PY=python3
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET DFLASH_KERNELS
+# The golden traces live outside the repo (../shared/golden here); on the device machine they are
+# found when the checkout has shared/golden (copy or link them there before the run).
+if [ -z "${DFLASH_GOLDEN:-}" ]; then
+  for g in shared/golden ../shared/golden; do [ -d "$g/zlab-tiny-a" ] && export DFLASH_GOLDEN="$PWD/$g" && break; done
+fi
+echo "golden traces: ${DFLASH_GOLDEN:-NOT FOUND (golden steps will fail)}" | tee -a "$LOG"
 status=0
 
 step() {  # step NAME SECONDS CMD...: run with a time limit, log it, remember failures
@@ -42,7 +48,7 @@ import json, os, sys
 from pathlib import Path
 import torch
 from dflash_core import DFlashDrafter, Target, run
-root = Path(os.environ.get("DFLASH_GOLDEN", "shared/golden" if Path("shared/golden").is_dir() else "../shared/golden"))
+root = Path(os.environ.get("DFLASH_GOLDEN", "shared/golden"))
 d = root / "zlab-tiny-a"
 exp = json.loads((d / "expected.json").read_text())
 target = Target.from_pretrained(d / "target", device="cuda")
