@@ -112,8 +112,9 @@ class DrafterAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         kv_in = torch.cat([context, x], dim=1)
         n = kv_in.shape[1]
-        k = self.k_proj(kv_in).view(b, n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(kv_in).view(b, n, self.num_kv_heads, self.head_dim)
+        k, v = kernels.project_kv(self.k_proj, self.v_proj, kv_in)  # one GEMM on CUDA at inference
+        k = k.view(b, n, self.num_kv_heads, self.head_dim)
+        v = v.view(b, n, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:])
         if cache is not None:
             # k_norm + RoPE + cache write: one fused launch per layer on CUDA (kernels/kv_injection.py).

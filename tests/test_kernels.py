@@ -178,6 +178,19 @@ def test_kv_injection_bf16_against_fp32_reference(head_dim, batch, n, kv_heads):
     torch.testing.assert_close(out_v.float(), ref_v, atol=0, rtol=0)  # values are copied, not computed
 
 
+def test_fused_kv_projection_matches_two_linears_and_tracks_weight_updates():
+    gen = torch.Generator().manual_seed(5)
+    k_proj, v_proj = torch.nn.Linear(64, 32, bias=True), torch.nn.Linear(64, 32, bias=True)
+    x = torch.randn(1, 11, 64, generator=gen)
+    with torch.no_grad():
+        for _ in range(2):
+            k, v = kernels.fused_kv_projection(k_proj, v_proj, x)
+            torch.testing.assert_close(k, k_proj(x), **FP32_TOL)
+            torch.testing.assert_close(v, v_proj(x), **FP32_TOL)
+            assert k.view(1, 11, 4, 8).shape == (1, 11, 4, 8)  # splits into heads without a copy
+            v_proj.weight.add_(1.0)  # an optimizer step: the cached concatenation must be rebuilt
+
+
 def drafts_from(choice: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor]:
     """Draft ids accepting everything, nothing, and a random prefix of the target's choices."""
     n = choice.shape[0] - 1

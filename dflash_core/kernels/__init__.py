@@ -119,3 +119,38 @@ def sampled_verify(draft_ids, logits, temperature: float, cutoff, uniforms) -> t
     from ..verify import match_sampled_verify_reference
 
     return match_sampled_verify_reference(draft_ids, logits, temperature, cutoff, uniforms)
+
+
+def project_kv(k_proj: torch.nn.Linear, v_proj: torch.nn.Linear, x: torch.Tensor):
+    """`(k_proj(x), v_proj(x))`, as one matmul on a concatenated weight where that is safe and helps.
+
+    On CUDA without autograd (decoding) the two projections read the same input, so one GEMM on
+    [W_k; W_v] saves a launch per layer and reads `x` once. Elsewhere (CPU, where the golden
+    traces are defined, and training) it is the two plain Linear calls.
+    """
+    if x.is_cuda and not torch.is_grad_enabled() and mode() != "torch":
+        fused = fused_kv_projection(k_proj, v_proj, x)
+        if fused is not None:
+            return fused
+    return k_proj(x), v_proj(x)
+
+
+def fused_kv_projection(k_proj: torch.nn.Linear, v_proj: torch.nn.Linear, x: torch.Tensor):
+    """One GEMM for both projections, or None when the weights' versions cannot be tracked.
+
+    The concatenated weight is cached on `k_proj` and rebuilt whenever either weight changes
+    (same storage and version counter, or it is stale).
+    """
+    try:
+        key = (k_proj.weight.data_ptr(), k_proj.weight._version, v_proj.weight.data_ptr(), v_proj.weight._version)
+    except RuntimeError:  # parameters created in inference mode carry no version counter
+        return None
+    cached = getattr(k_proj, "_dflash_fused_kv", None)
+    if cached is None or cached[0] != key:
+        weight = torch.cat([k_proj.weight, v_proj.weight])
+        bias = None if k_proj.bias is None else torch.cat([k_proj.bias, v_proj.bias])
+        cached = (key, weight, bias)
+        k_proj._dflash_fused_kv = cached
+    kv = torch.nn.functional.linear(x, cached[1], cached[2])
+    split = k_proj.out_features
+    return kv[..., :split], kv[..., split:]
