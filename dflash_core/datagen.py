@@ -154,7 +154,7 @@ def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: 
     import torch
     from tqdm import tqdm
 
-    from .default_pair import apply_chat_template
+    from .prompting import encode_prompt
     from .prompts import load_prompts
 
     if threads:
@@ -187,7 +187,7 @@ def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: 
 
     for c in range(0, len(todo), shard_size):
         chunk = todo[c:c + shard_size]
-        enc = [(p, apply_chat_template(tok, p.text)) for p in chunk]
+        enc = [(p, encode_prompt(tok, p.text)) for p in chunk]
         # Length buckets: similar prompt lengths waste little compute on padding.
         enc.sort(key=lambda x: len(x[1]))
         samples = []
@@ -213,7 +213,7 @@ def bench(batch_sizes: list[int], dtypes: list[str], n_prompts: int, max_new_tok
     """Measure generated tokens/s per (dtype, batch size) on held-out prompts."""
     import torch
 
-    from .default_pair import apply_chat_template
+    from .prompting import encode_prompt
     from .prompts import load_prompts
 
     if threads:
@@ -223,7 +223,7 @@ def bench(batch_sizes: list[int], dtypes: list[str], n_prompts: int, max_new_tok
     for dt in dtypes:
         model, tok, _ = load_target(model_dir, dt)
         eos, pad = _eos_pad(tok)
-        enc = sorted((apply_chat_template(tok, p.text) for p in ps), key=len)
+        enc = sorted((encode_prompt(tok, p.text) for p in ps), key=len)
         for bs in batch_sizes:
             t0, n, outs = time.perf_counter(), 0, []
             for b in range(0, len(enc), bs):

