@@ -151,12 +151,15 @@ def race(
     """Yield snapshots of both sides until both have finished on screen.
 
     pace: after the faster side finishes, only one side is left to compute, so its events would
-    arrive faster than during the shared phase; pacing keeps the on-screen clock running at the
-    rate measured while both sides ran, so that the race the viewer sees stays proportional.
+    arrive twice as fast as during the shared phase; pacing keeps the on-screen clock running at
+    the rate of the shared phase (compute seconds shown per second spent computing), so that the
+    race the viewer sees stays proportional to the measured times.
     """
     runners = [_Runner("dflash", dflash_events, dflash_block_size), _Runner("plain", plain_events, 1)]
     t0 = clock()
+    busy = 0.0  # wall seconds spent computing (not waiting for the consumer of the frames)
     rate: float | None = None  # compute seconds shown per wall second, fixed once a side finishes
+    anchor = (0.0, 0.0)  # (wall, display clock) when the rate was fixed
     last_frame = float("-inf")
     shown_any = False
     dirty = False  # released events not yet in a frame
@@ -164,13 +167,15 @@ def race(
     while True:
         active = [r for r in runners if not r.finished]
         if active:
+            started = clock()
             min(active, key=lambda r: r.clock).step()
+            busy += clock() - started
             active = [r for r in runners if not r.finished]
         wall = clock() - t0
         computed = min((r.clock for r in active), default=float("inf"))
-        if pace and rate is None and active and len(active) < len(runners) and wall > 0:
-            rate = computed / wall
-        display = computed if not (pace and rate) else min(computed, rate * wall)
+        if pace and rate is None and active and len(active) < len(runners) and busy > 0:
+            rate, anchor = computed / busy, (wall, computed)
+        display = computed if not (pace and rate) else min(computed, anchor[1] + rate * (wall - anchor[0]))
         dirty = any([r.release(display) for r in runners]) or dirty
         finished = not active and not any(r.pending for r in runners)
         # The first tokens go out at once (time to first visible token); later ones in frames.
@@ -182,4 +187,5 @@ def race(
         if not active:
             # Everything is computed; wait for the on-screen clock to reach the next event.
             next_stamp = min(r.pending[0][0] for r in runners if r.pending)
-            sleep(max(0.0, min(next_stamp / rate - wall if rate else 0.0, frame_s)))
+            due = anchor[0] + (next_stamp - anchor[1]) / rate if rate else wall
+            sleep(max(0.0, min(due - wall, frame_s)))

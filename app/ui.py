@@ -19,7 +19,7 @@ from . import charts, render
 from .examples import EXAMPLES
 from .models import PairCache
 from .pairs import PairSpec, availability
-from .race import Snapshot, race
+from .race import SideView, Snapshot, race
 from .report import race_report, trace
 from .tokens import TokenPieces
 
@@ -97,7 +97,8 @@ class App:
             plain_events = generate(pair.plain, prompt_ids, None, **common)
             pieces = {"dflash": TokenPieces(pair.tokenizer), "plain": TokenPieces(pair.tokenizer)}
             text_of = _single_token_text(pair.tokenizer)
-            last_chart = float("-inf")
+            # The first frames carry text only, so the first tokens are not held up by figures.
+            last_chart = time.perf_counter()
             snapshot = None
             for snapshot in race(dflash_events, plain_events, dflash_block_size=block_size):
                 now = time.perf_counter()
@@ -203,12 +204,14 @@ def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None =
             with gr.Column():
                 p_stats = gr.HTML(elem_id="plain-stats")
                 p_tokens = gr.HTML(elem_id="plain-tokens")
+        # Empty figures at page load also make the browser fetch plotly before the first race.
+        empty = SideView("", None, (), None, 0.0, 16)
         with gr.Row():
-            acc_plot = gr.Plot(label="Acceptance length", elem_id="chart-acceptance")
-            speed_plot = gr.Plot(label="Tokens/s", elem_id="chart-speed")
+            acc_plot = gr.Plot(charts.acceptance_figure(empty), label="Acceptance length", elem_id="chart-acceptance")
+            speed_plot = gr.Plot(charts.speed_figure(empty, empty), label="Tokens/s", elem_id="chart-speed")
         with gr.Row():
-            hist_plot = gr.Plot(label="Histogram", elem_id="chart-histogram")
-            pos_plot = gr.Plot(label="Per-position acceptance", elem_id="chart-positions")
+            hist_plot = gr.Plot(charts.histogram_figure(empty), label="Histogram", elem_id="chart-histogram")
+            pos_plot = gr.Plot(charts.position_figure(empty), label="Per-position acceptance", elem_id="chart-positions")
         with gr.Row():
             report_json = gr.JSON(label="Summary (JSON)", elem_id="report")
             trace_file = gr.File(label="Trace download (JSON)", elem_id="trace")
