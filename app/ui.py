@@ -47,22 +47,22 @@ class App:
         """Generator for the status line: a loading state first, then ready or why not."""
         spec = self.pairs.get(pair_id)
         if spec is None:
-            yield f"⚠️ Unknown pair {pair_id!r}.", gr.skip()
+            yield f"⚠ Unknown pair {pair_id!r}.", gr.skip()
             return
         reason = availability(spec, self.cache.device)
         if reason:
-            yield f"⚠️ **Unavailable:** {reason}", gr.skip()
+            yield f"⚠ **Unavailable:** {reason}", gr.skip()
             return
         if not self.cache.is_loaded(spec):
-            yield f"⏳ Loading **{spec.label}** on {self.cache.device} (first time only)…", gr.skip()
+            yield f"Loading **{spec.label}** on {self.cache.device} (first time only)…", gr.skip()
         try:
             pair = self.cache.get(spec)
         except (DFlashError, OSError) as exc:
-            yield f"⚠️ **Could not load {spec.label}:** {exc}", gr.skip()
+            yield f"⚠ **Could not load {spec.label}:** {exc}", gr.skip()
             return
         trained = pair.trained_block_size
         yield (
-            f"✅ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
+            f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
             f"drafter trained with block size {trained}.",
             gr.update(maximum=trained, value=trained),
         )
@@ -88,7 +88,7 @@ class App:
             raise gr.Error(str(exc)) from None
 
         if not self.cache.is_loaded(spec):
-            yield self._frame_status(f"⏳ Loading {spec.label}… (first time only)")
+            yield self._frame_status(f"Loading {spec.label}… (first time only)")
         try:
             pair = self.cache.get(spec)
             prompt_ids = pair.encode(prompt)
@@ -181,7 +181,7 @@ def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None =
             pair_choice = gr.Dropdown(
                 choices=[(p.label, p.id) for p in pairs], value=app.default_id, label="Model pair", scale=2
             )
-            status = gr.Markdown("⏳ Loading models…", elem_id="pair-status")
+            status = gr.Markdown("Loading models…", elem_id="pair-status")
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Ask something…", elem_id="prompt")
@@ -228,5 +228,6 @@ def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None =
             inputs=[prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_state],
             outputs=outputs,
             api_name="compare",
+            show_progress="hidden",  # the panes show their own state; an overlay would hide the tokens
         )
     return demo

@@ -8,7 +8,6 @@ import plotly.graph_objects as go
 import pytest
 
 from app import charts, render
-from app.pairs import PairSpec, availability, load_pairs
 from app.race import SideView, race
 from app.report import first_difference, race_report
 from app.tokens import TokenPieces
@@ -146,14 +145,3 @@ def test_token_pieces_from_ids_handle_split_characters():
     pieces = TokenPieces(ByteTokenizer()).extend(ids)
     assert "".join(pieces) == "a€<b>" and len(pieces) == len(ids)
     assert pieces[1:4] == ["", "", "€"]
-
-
-def test_pairs_file_and_availability(tmp_path):
-    pairs, default_id = load_pairs()
-    ids = {p.id for p in pairs}
-    assert default_id in ids and {"qwen3-4b", "qwen3-8b"} <= ids
-    qwen = next(p for p in pairs if p.id == "qwen3-8b")
-    assert "GPU" in availability(qwen, "cpu")
-    missing = PairSpec("x", "x", "default:smollm2", str(tmp_path / "nope"), train_hint="python -m dflash_core.train")
-    reason = availability(missing, "cpu")
-    assert "not there yet" in reason and "dflash_core.train" in reason

@@ -1,0 +1,58 @@
+"""The pair registry and the app's answers for pairs that cannot run here (no models are loaded)."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from app.models import PairCache
+from app.pairs import PairSpec, availability, cli_pair, load_pairs
+from app.ui import App
+
+
+def test_pairs_file_lists_the_offline_default_and_the_hub_pairs():
+    pairs, default_id = load_pairs()
+    by_id = {p.id: p for p in pairs}
+    assert default_id in by_id and by_id[default_id].target == "default:smollm2"
+    assert by_id["qwen3-8b"].drafter == "z-lab/Qwen3-8B-DFlash-b16" and by_id["qwen3-8b"].is_hub
+    assert by_id["qwen3-4b"].drafter == "z-lab/Qwen3-4B-DFlash-b16"
+    assert not by_id[default_id].is_hub
+
+
+def test_hub_pairs_explain_that_they_need_a_gpu():
+    pairs, _ = load_pairs()
+    qwen = next(p for p in pairs if p.id == "qwen3-4b")
+    assert "needs a CUDA GPU" in availability(qwen, "cpu")
+
+
+def test_missing_drafter_says_how_to_train_it(tmp_path):
+    spec = PairSpec("x", "x", "default:smollm2", str(tmp_path / "nope"), train_hint="python -m dflash_core.train")
+    reason = availability(spec, "cpu")
+    assert "not there yet" in reason and "python -m dflash_core.train" in reason
+
+
+def test_unavailable_pair_shows_a_status_and_refuses_to_race(tmp_path):
+    pairs, _ = load_pairs()
+    app = App(pairs, "qwen3-8b", PairCache("cpu"))
+    status = list(app.load_selected("qwen3-8b"))
+    assert len(status) == 1 and "Unavailable" in status[0][0] and "GPU" in status[0][0]
+    with pytest.raises(gr.Error, match="needs a CUDA GPU"):
+        list(app.compare("hello", 8, 4, 0.0, 1.0, 0, "qwen3-8b"))
+
+
+def test_mismatched_pair_is_a_clear_error(tiny_dirs, tmp_path):
+    from tiny import build_target
+
+    other = build_target(tmp_path / "other", hidden=48)  # hidden size differs from the drafter's
+    spec = cli_pair(str(other), str(tiny_dirs[1]))
+    app = App([spec], spec.id, PairCache("cpu"))
+    assert "Could not load" in list(app.load_selected(spec.id))[-1][0]
+    with pytest.raises(gr.Error, match="hidden_size"):
+        list(app.compare("hello", 8, 4, 0.0, 1.0, 0))
+
+
+def test_missing_target_files_are_a_clear_error(tiny_dirs, tmp_path):
+    spec = cli_pair(str(tmp_path / "no-such-target"), str(tiny_dirs[1]))
+    app = App([spec], spec.id, PairCache("cpu"))
+    with pytest.raises(gr.Error, match="not found"):
+        list(app.compare("hello", 8, 4, 0.0, 1.0, 0))
