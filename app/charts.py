@@ -46,14 +46,35 @@ def acceptance_figure(view: SideView) -> go.Figure:
     lengths = [b.acceptance_length for b in view.blocks]
     running = [sum(lengths[: i + 1]) / (i + 1) for i in range(len(lengths))]
     x = list(range(len(lengths)))
-    traces = [
-        {"type": "bar", "x": x, "y": lengths, "name": "acceptance length", "marker": {"color": DFLASH_COLOR},
-         "opacity": 0.7},
-        {"type": "scatter", "x": x, "y": running, "mode": "lines", "line": {"color": "#222"},
-         "name": f"tau (running mean) = {running[-1]:.2f}" if running else "tau"},
-    ] if lengths else []
-    return _figure("Acceptance length per block", "block", "tokens accepted (incl. bonus)", traces,
-                   yaxis={"range": [0, view.block_size + 0.5]})
+    traces = (
+        [
+            {
+                "type": "bar",
+                "x": x,
+                "y": lengths,
+                "name": "acceptance length",
+                "marker": {"color": DFLASH_COLOR},
+                "opacity": 0.7,
+            },
+            {
+                "type": "scatter",
+                "x": x,
+                "y": running,
+                "mode": "lines",
+                "line": {"color": "#222"},
+                "name": f"tau (running mean) = {running[-1]:.2f}" if running else "tau",
+            },
+        ]
+        if lengths
+        else []
+    )
+    return _figure(
+        "Acceptance length per block",
+        "block",
+        "tokens accepted (incl. bonus)",
+        traces,
+        yaxis={"range": [0, view.block_size + 0.5]},
+    )
 
 
 def speed_figure(dflash: SideView, plain: SideView) -> go.Figure:
@@ -61,8 +82,16 @@ def speed_figure(dflash: SideView, plain: SideView) -> go.Figure:
     for view, name, color in ((dflash, "DFlash", DFLASH_COLOR), (plain, "plain", PLAIN_COLOR)):
         points = [(t, n / t) for t, n in view.timeline if t > 0]
         if points:
-            traces.append({"type": "scatter", "mode": "lines", "name": name, "line": {"color": color},
-                           "x": [p[0] for p in points], "y": [p[1] for p in points]})
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": name,
+                    "line": {"color": color},
+                    "x": [p[0] for p in points],
+                    "y": [p[1] for p in points],
+                }
+            )
     return _figure("Tokens per second over time", "compute time (s)", "tokens/s", traces)
 
 
@@ -71,8 +100,15 @@ def histogram_figure(view: SideView) -> go.Figure:
     traces = []
     if summary is not None and summary.blocks:
         counts = summary.acceptance_histogram
-        traces.append({"type": "bar", "x": list(range(1, len(counts))), "y": counts[1:], "name": "blocks",
-                       "marker": {"color": DFLASH_COLOR}})
+        traces.append(
+            {
+                "type": "bar",
+                "x": list(range(1, len(counts))),
+                "y": counts[1:],
+                "name": "blocks",
+                "marker": {"color": DFLASH_COLOR},
+            }
+        )
     return _figure("Histogram of acceptance lengths", "acceptance length", "blocks", traces, xaxis={"dtick": 1})
 
 
@@ -81,7 +117,20 @@ def position_figure(view: SideView) -> go.Figure:
     traces = []
     if summary is not None and summary.blocks and summary.block_size > 1:
         rates = summary.per_position_acceptance
-        traces.append({"type": "bar", "x": list(range(1, len(rates) + 1)), "y": rates, "name": "accepted",
-                       "marker": {"color": DFLASH_COLOR}})
-    return _figure("Acceptance rate per draft position", "slot in block", "accepted fraction", traces,
-                   xaxis={"dtick": 1}, yaxis={"range": [0, 1.05]})
+        traces.append(
+            {
+                "type": "bar",
+                "x": list(range(1, len(rates) + 1)),
+                "y": rates,
+                "name": "accepted",
+                "marker": {"color": DFLASH_COLOR},
+            }
+        )
+    return _figure(
+        "Acceptance rate per draft position",
+        "slot in block",
+        "accepted fraction",
+        traces,
+        xaxis={"dtick": 1},
+        yaxis={"range": [0, 1.05]},
+    )

@@ -176,7 +176,8 @@ def race(
         if pace and rate is None and active and len(active) < len(runners) and busy > 0:
             rate, anchor = computed / busy, (wall, computed)
         display = computed if not (pace and rate) else min(computed, anchor[1] + rate * (wall - anchor[0]))
-        dirty = any([r.release(display) for r in runners]) or dirty
+        released = [r.release(display) for r in runners]  # every side, no short-circuit
+        dirty = any(released) or dirty
         finished = not active and not any(r.pending for r in runners)
         # The first tokens go out at once (time to first visible token); later ones in frames.
         if finished or (dirty and (not shown_any or wall - last_frame >= frame_s)):

@@ -91,8 +91,10 @@ def tokens_html(
         if i == diff_at:
             style += f";outline:2px solid {DIFF}"
         title = html.escape(_title(mark, i, text_of, i == diff_at), quote=True)
-        data = "" if mark.block is None else f' data-block="{mark.block}"' + (
-            "" if mark.slot is None else f' data-slot="{mark.slot}"'
+        data = (
+            ""
+            if mark.block is None
+            else f' data-block="{mark.block}"' + ("" if mark.slot is None else f' data-slot="{mark.slot}"')
         )
         spans.append(
             f'<span class="tok tok-{mark.kind}"{data} title="{title}" style="{style}">{html.escape(piece)}</span>'
@@ -110,8 +112,10 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
         chips = []
         for k, token in enumerate(block.draft_ids):
             kind = "accepted" if k < block.accepted else "rejected"
-            deco = "" if kind == "accepted" else ";text-decoration:line-through;opacity:%s" % (
-                "1" if k == block.accepted else "0.55"
+            deco = (
+                ""
+                if kind == "accepted"
+                else ";text-decoration:line-through;opacity:%s" % ("1" if k == block.accepted else "0.55")
             )
             title = html.escape(f"block {block.index}, slot {k + 1}: {kind} draft token", quote=True)
             chips.append(
@@ -156,7 +160,7 @@ def legend_html() -> str:
         f'<div class="legend" style="font-size:13px">{chips}'
         f'<span style="border-left:2px solid {BOUNDARY};padding-left:4px;margin-right:10px">block boundary</span>'
         f'<span style="outline:2px solid {DIFF};padding:0 4px">first difference</span>'
-        " <span style=\"color:#667\">(hover a token for its block and slot)</span></div>"
+        ' <span style="color:#667">(hover a token for its block and slot)</span></div>'
     )
 
 
@@ -164,9 +168,9 @@ def side_stats_html(view: SideView, label: str) -> str:
     state = "done" if view.done else ("running" if view.prefill else "waiting")
     return (
         f'<div class="side-stats" style="font-size:14px"><b>{html.escape(label)}</b> · {state} · '
-        f"<span class=\"elapsed\">{view.elapsed_s:.2f} s</span> · "
-        f"<span class=\"ntok\">{view.num_tokens} tokens</span> · "
-        f"<span class=\"toks\">{view.tokens_per_s:.1f} tok/s</span></div>"
+        f'<span class="elapsed">{view.elapsed_s:.2f} s</span> · '
+        f'<span class="ntok">{view.num_tokens} tokens</span> · '
+        f'<span class="toks">{view.tokens_per_s:.1f} tok/s</span></div>'
     )
 
 
@@ -182,11 +186,11 @@ def summary_html(report: dict | None, note: str = "") -> str:
             f'<span style="color:{DIFF}">differ at token {report["first_difference"]}</span> (outlined in both panes)'
         )
     cells = [
-        ("speedup", f'{report["speedup"]:.2f}×'),
-        ("tau (mean acceptance length)", f'{report["tau"]:.2f}'),
-        ("DFlash tok/s", f'{report["dflash_tok_s"]:.1f}'),
-        ("plain tok/s", f'{report["plain_tok_s"]:.1f}'),
-        ("TTFT DFlash / plain", f'{report["dflash_ttft_s"] * 1000:.0f} / {report["plain_ttft_s"] * 1000:.0f} ms'),
+        ("speedup", f"{report['speedup']:.2f}×"),
+        ("tau (mean acceptance length)", f"{report['tau']:.2f}"),
+        ("DFlash tok/s", f"{report['dflash_tok_s']:.1f}"),
+        ("plain tok/s", f"{report['plain_tok_s']:.1f}"),
+        ("TTFT DFlash / plain", f"{report['dflash_ttft_s'] * 1000:.0f} / {report['plain_ttft_s'] * 1000:.0f} ms"),
         ("lossless check (temperature 0)", lossless),
     ]
     body = "".join(

@@ -18,8 +18,13 @@ from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--headless", "--disable-background-networking",
-    "--disable-component-update", "--no-first-run", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--headless",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
 ]
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that returns True when n is a prime number."
 
@@ -28,8 +33,9 @@ def chromium_path() -> str | None:
     return CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
 
 
-def run_race_in_browser(url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None,
-                        timeout_s: float = 120.0) -> dict:
+def run_race_in_browser(
+    url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0
+) -> dict:
     """Open the page, wait for the models, race `prompt`, and save a full-page screenshot.
 
     Returns what the page showed, plus `first_token_s`: seconds from the click to the first

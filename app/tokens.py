@@ -38,7 +38,7 @@ class TokenPieces:
                 while pending < i and self.pieces[i - 1 - pending] == "" and i - 1 - pending >= start:
                     pending += 1
                 base = self._decode(ids[start : i - pending]) if i - pending > start else ""
-                piece = after[len(base):] if after.startswith(base) else after[len(before):]
+                piece = after[len(base) :] if after.startswith(base) else after[len(before) :]
             self.ids.append(ids[i])
             self.pieces.append(piece)
         return list(self.pieces[: len(ids)])

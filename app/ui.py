@@ -61,11 +61,11 @@ class App:
             yield f"⚠ **Could not load {spec.label}:** {exc}", gr.skip()
             return
         trained = pair.trained_block_size
-        yield (
+        status = (
             f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
-            f"drafter trained with block size {trained}.",
-            gr.update(maximum=trained, value=trained),
+            f"drafter trained with block size {trained}."
         )
+        yield status, gr.update(maximum=trained, value=trained)
 
     # --- the race --------------------------------------------------------------------------------
     def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_id=None):
@@ -92,7 +92,7 @@ class App:
         try:
             pair = self.cache.get(spec)
             prompt_ids = pair.encode(prompt)
-            common = dict(max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=pair.stop_ids)
+            common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids}
             dflash_events = generate(pair.target, prompt_ids, pair.drafter, block_size=block_size, **common)
             plain_events = generate(pair.plain, prompt_ids, None, **common)
             pieces = {"dflash": TokenPieces(pair.tokenizer), "plain": TokenPieces(pair.tokenizer)}
@@ -112,9 +112,16 @@ class App:
 
         report = race_report(snapshot.dflash.summary, snapshot.plain.summary, sampling.temperature, block_size)
         settings = {
-            "pair": spec.id, "target": spec.target, "drafter": spec.drafter, "prompt": prompt,
-            "max_new_tokens": max_new_tokens, "block_size": block_size, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "seed": seed, "device": self.cache.device,
+            "pair": spec.id,
+            "target": spec.target,
+            "drafter": spec.drafter,
+            "prompt": prompt,
+            "max_new_tokens": max_new_tokens,
+            "block_size": block_size,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": seed,
+            "device": self.cache.device,
         }
         path = Path(tempfile.mkdtemp(prefix="dflash-trace-")) / "dflash_trace.json"
         path.write_text(json.dumps(trace(snapshot.dflash.summary, snapshot.plain.summary, report, settings), indent=1))
@@ -131,12 +138,21 @@ class App:
         d, p = snap.dflash, snap.plain
         d_html = render.tokens_html(render.dflash_marks(d), pieces["dflash"].extend(d.output_ids), text_of, diff)
         p_html = render.tokens_html(render.plain_marks(p), pieces["plain"].extend(p.output_ids), text_of, diff)
-        note = "" if report is None else (
-            "Times are each side's own compute time: the two runs were interleaved in one worker, "
-            "so neither slowed the other down."
+        note = (
+            ""
+            if report is None
+            else (
+                "Times are each side's own compute time: the two runs were interleaved in one worker, "
+                "so neither slowed the other down."
+            )
         )
         figures = (
-            (charts.acceptance_figure(d), charts.speed_figure(d, p), charts.histogram_figure(d), charts.position_figure(d))
+            (
+                charts.acceptance_figure(d),
+                charts.speed_figure(d, p),
+                charts.histogram_figure(d),
+                charts.position_figure(d),
+            )
             if with_charts
             else (gr.skip(),) * 4
         )
@@ -211,13 +227,27 @@ def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None =
             speed_plot = gr.Plot(charts.speed_figure(empty, empty), label="Tokens/s", elem_id="chart-speed")
         with gr.Row():
             hist_plot = gr.Plot(charts.histogram_figure(empty), label="Histogram", elem_id="chart-histogram")
-            pos_plot = gr.Plot(charts.position_figure(empty), label="Per-position acceptance", elem_id="chart-positions")
+            pos_plot = gr.Plot(
+                charts.position_figure(empty), label="Per-position acceptance", elem_id="chart-positions"
+            )
         with gr.Row():
             report_json = gr.JSON(label="Summary (JSON)", elem_id="report")
             trace_file = gr.File(label="Trace download (JSON)", elem_id="trace")
 
-        outputs = [summary, d_stats, d_tokens, d_strip, p_stats, p_tokens,
-                   acc_plot, speed_plot, hist_plot, pos_plot, report_json, trace_file]
+        outputs = [
+            summary,
+            d_stats,
+            d_tokens,
+            d_strip,
+            p_stats,
+            p_tokens,
+            acc_plot,
+            speed_plot,
+            hist_plot,
+            pos_plot,
+            report_json,
+            trace_file,
+        ]
         assert len(outputs) == App.OUTPUTS
         demo.load(app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private")
         pair_choice.change(lambda pid: pid, inputs=[pair_choice], outputs=[pair_state], api_visibility="private").then(

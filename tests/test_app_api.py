@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -11,9 +13,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 gradio_client = pytest.importorskip("gradio_client")
 
-from app.models import PairCache  # noqa: E402
-from app.pairs import cli_pair, load_pairs  # noqa: E402
-from app.ui import build_demo  # noqa: E402
+from app.models import PairCache
+from app.pairs import cli_pair, load_pairs
+from app.ui import build_demo
 
 
 def free_port() -> int:
@@ -73,9 +75,7 @@ def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
     # Token panes carry colored spans; the trace file is the engine's trace of both sides.
     assert 'class="tok tok-' in result[2] and "tok-plain" in result[5]
     trace_path = result[-1]
-    import json
-
-    trace = json.loads(open(trace_path).read())
+    trace = json.loads(Path(trace_path).read_text())
     assert trace["dflash"]["output_ids"] == trace["plain"]["output_ids"]
     assert trace["report"]["tau"] == summary["tau"]
 

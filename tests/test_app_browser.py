@@ -17,11 +17,12 @@ if chromium_path() is None:
     pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="Python playwright is not installed (pip install playwright)")
 
-from test_app_api import launch_app, one_thread  # noqa: E402,F401
+from test_app_api import launch_app, one_thread  # noqa: F401  (fixture used by name)
 
 
 @pytest.fixture(scope="module")
-def app_url(tiny_dirs, one_thread):
+def app_url(tiny_dirs, request):
+    request.getfixturevalue("one_thread")
     demo, url = launch_app(*tiny_dirs)
     yield url
     demo.close()

@@ -26,8 +26,15 @@ def block(index, draft, accepted, bonus, committed=None, position=0):
 
 
 def view(blocks=(), prefill=True, block_size=4, name="dflash"):
-    return SideView(name, Prefill(5, 1, 0.05) if prefill else None, tuple(blocks), None, 0.5, block_size,
-                    ((0.05, 1), (0.5, 4)) if prefill else ())
+    return SideView(
+        name,
+        Prefill(5, 1, 0.05) if prefill else None,
+        tuple(blocks),
+        None,
+        0.5,
+        block_size,
+        ((0.05, 1), (0.5, 4)) if prefill else (),
+    )
 
 
 def pieces_for(v: SideView) -> list[str]:
@@ -56,8 +63,13 @@ def test_empty_and_one_token_runs():
     one = view([])
     out = render.tokens_html(render.dflash_marks(one), pieces_for(one), text_of)
     assert out.count('class="tok ') == 1 and "tok-first" in out
-    for fig in (charts.acceptance_figure(empty), charts.histogram_figure(empty), charts.position_figure(empty),
-                charts.speed_figure(empty, empty), charts.acceptance_figure(one)):
+    for fig in (
+        charts.acceptance_figure(empty),
+        charts.histogram_figure(empty),
+        charts.position_figure(empty),
+        charts.speed_figure(empty, empty),
+        charts.acceptance_figure(one),
+    ):
         assert isinstance(fig, go.Figure) and not fig.data and fig.layout.annotations
 
 
@@ -102,19 +114,38 @@ def _events(prefill_s, step_s, tokens_per_block, n_blocks, block_size):
         blocks = []
         for i in range(n_blocks):
             ids = tuple(range(tokens_per_block))
-            b = Block(i, 3 + len(out) - 1, tuple(range(block_size - 1)), tokens_per_block - 1, 0, ids,
-                      step_s / 2, step_s / 2, 99.0)
+            b = Block(
+                i,
+                3 + len(out) - 1,
+                tuple(range(block_size - 1)),
+                tokens_per_block - 1,
+                0,
+                ids,
+                step_s / 2,
+                step_s / 2,
+                99.0,
+            )
             out.extend(ids)
             blocks.append(b)
             yield b
         yield Summary(tuple(out), 3, block_size, "max_new_tokens", Prefill(3, 7, prefill_s), tuple(blocks), 99.0)
+
     return gen()
 
 
 def test_race_stamps_each_side_with_its_own_clock():
     fake_now = [0.0]
-    frames = list(race(_events(0.1, 0.2, 4, 5, 4), _events(0.1, 0.1, 1, 20, 1), dflash_block_size=4,
-                       pace=False, frame_s=0.0, clock=lambda: fake_now[0], sleep=lambda s: None))
+    frames = list(
+        race(
+            _events(0.1, 0.2, 4, 5, 4),
+            _events(0.1, 0.1, 1, 20, 1),
+            dflash_block_size=4,
+            pace=False,
+            frame_s=0.0,
+            clock=lambda: fake_now[0],
+            sleep=lambda s: None,
+        )
+    )
     last = frames[-1]
     assert last.done and last.dflash.done and last.plain.done
     # Suspension time in the engine's wall clock (99 s) is replaced by each side's compute clock.
