@@ -91,14 +91,15 @@ def test_kernels_compile_for_hopper(monkeypatch):
     kv_sig = {name: "*bf16" for name in ["k_ptr", "v_ptr", "w_ptr", "cos_ptr", "sin_ptr", "ck_ptr", "cv_ptr"]}
     kv_sig.update(n="i32", offset="i32", eps="fp32", **{name: "i32" for name in strides}, HALF="constexpr", BLOCK="constexpr")
     verify_sig = {
-        "logits_ptr": "*bf16", "draft_ptr": "*i64", "u_ptr": "*fp32", "cutoff_ptr": "*fp32", "choice_ptr": "*i32",
-        "ws_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32", "n_rows": "i32", "stride_l": "i32", "stride_u": "i32",
-        "temperature": "fp32", "SAMPLED": "constexpr", "HAS_CUTOFF": "constexpr", "NO_MISMATCH": "constexpr",
-        "BLOCK": "constexpr",
+        "logits_ptr": "*bf16", "draft_ptr": "*i64", "u_ptr": "*fp32", "cutoff_ptr": "*fp32", "part_val_ptr": "*fp32",
+        "part_idx_ptr": "*i32", "ws_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32", "n_rows": "i32",
+        "n_splits": "i32", "split_size": "i32", "stride_l": "i32", "stride_u": "i32", "temperature": "fp32",
+        "SAMPLED": "constexpr", "HAS_CUTOFF": "constexpr", "NO_INDEX": "constexpr", "BLOCK": "constexpr",
+        "ROWS": "constexpr", "SPLITS": "constexpr",
     }
     builds = [
         (kv_injection._kv_injection_kernel, kv_sig, {"HALF": 64, "BLOCK": 64}),
-        (verify._verify_kernel, verify_sig, {"SAMPLED": True, "HAS_CUTOFF": True, "NO_MISMATCH": 2**31 - 1, "BLOCK": 2048}),
+        (verify._verify_kernel, verify_sig, {"SAMPLED": True, "HAS_CUTOFF": True, "NO_INDEX": 2**31 - 1, "BLOCK": 2048, "ROWS": 16, "SPLITS": 16}),
     ]
     for fn, signature, constexprs in builds:
         compiled = triton.compile(ASTSource(fn=triton.jit(fn), signature=signature, constexprs=constexprs),
@@ -210,9 +211,11 @@ def drafts_from(choice: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor
 def test_greedy_verify_exact(vocab, block, dtype):
     gen = torch.Generator().manual_seed(vocab + block)
     logits = torch.randn(block, vocab, generator=gen).to(DEVICE, dtype)
-    for draft in drafts_from(logits.argmax(-1), gen):
-        expected = greedy_verify_reference(draft, logits)
-        assert verify_triton(draft, logits).tolist() == expected.tolist()
+    for i, draft in enumerate(drafts_from(logits.argmax(-1), gen)):
+        expected = greedy_verify_reference(draft, logits).tolist()
+        assert verify_triton(draft, logits).tolist() == expected
+        if i == 0:  # small chunks and slices: several chunks per slice, ragged last chunk and slice
+            assert verify_triton(draft, logits, block=256, split_size=768).tolist() == expected
 
 
 @pytest.mark.parametrize("vocab", [1000, 4099])
@@ -224,15 +227,17 @@ def test_greedy_verify_ties_take_the_first_index(vocab):
     logits[2, [vocab - 1, 2049 % vocab, 7]] = 9.0  # tied maxima in different chunks
     choice = logits.argmax(-1)
     assert choice[1] == 0 and choice[2] == 7
-    for draft in drafts_from(choice, gen):
-        assert verify_triton(draft, logits).tolist() == greedy_verify_reference(draft, logits).tolist()
+    for i, draft in enumerate(drafts_from(choice, gen)):
+        expected = greedy_verify_reference(draft, logits).tolist()
+        assert verify_triton(draft, logits).tolist() == expected
+        if i == 0:
+            assert verify_triton(draft, logits, block=256, split_size=512).tolist() == expected
     bf16 = logits.bfloat16()
     draft = choice[:-1]
     assert verify_triton(draft, bf16).tolist() == greedy_verify_reference(draft, bf16).tolist() == [15, int(choice[15])]
 
 
-@pytest.mark.parametrize("vocab", [1000, 4099])
-@pytest.mark.parametrize("block", [1, 8, 16])
+@pytest.mark.parametrize("vocab,block", [(1000, 1), (4099, 8), (4099, 16)])
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=50), SamplingParams(temperature=0.6, top_p=0.9, top_k=200)],
@@ -248,10 +253,11 @@ def test_sampled_verify_exact(vocab, block, params):
     if cutoff is not None:
         scores = scores.masked_fill(scores < cutoff[:, None], -float("inf"))
     samples = (scores - torch.log(-torch.log(uniforms))).argmax(-1)
-    for draft in drafts_from(samples, gen):
+    for i, draft in enumerate(drafts_from(samples, gen)):
         ref = match_sampled_verify_reference(draft, logits, params.temperature, cutoff, uniforms)
-        got = verify_triton(draft, logits, temperature=params.temperature, cutoff=cutoff, uniforms=uniforms)
-        assert got.tolist() == ref.tolist()
+        for tiling in ({}, {"block": 256, "split_size": 768})[: 2 if i == 0 else 1]:
+            got = verify_triton(draft, logits, temperature=params.temperature, cutoff=cutoff, uniforms=uniforms, **tiling)
+            assert got.tolist() == ref.tolist()
 
 
 def test_truncation_cutoff_keeps_the_support_of_probabilities():

@@ -1,11 +1,12 @@
 """Block verification in one launch: the target's choice at every block slot, accepted count, bonus.
 
-Given the target's logits at the B block slots ([B, V]) and the B-1 draft ids, every program
-takes one slot, finds the target's choice there and, for slots 0..B-2, whether the draft token
-after it matches. The last program to finish (an atomic counter) reduces those into the
-accepted count `a` (longest matching prefix) and the bonus token (the choice at slot `a`) and
-writes them to a 2-element int64 device tensor. Nothing is copied to the host, so the caller
-decides when to synchronise (one `.tolist()` per cycle in the engine).
+Given the target's logits at the B block slots ([B, V]) and the B-1 draft ids, program
+(row, split) finds the best candidate of one vocabulary slice of one slot and stores it as a
+partial result. The last program to finish (an atomic counter) reduces the partials into the
+target's choice at every slot, the accepted count `a` (longest prefix of drafts equal to the
+choice at the previous slot) and the bonus token (the choice at slot `a`), and writes them to a
+2-element int64 device tensor. Nothing is copied to the host, so the caller decides when to
+synchronise (one `.tolist()` per cycle in the engine).
 
 Two choice rules (SPEC §4):
   - greedy: row-wise argmax; ties go to the first index, exactly like `torch.argmax`;
@@ -22,9 +23,9 @@ bit for bit; sampled outputs equal `verify.match_sampled_verify_reference` unles
 differ by less than one float32 ulp after the log (the kernel's and PyTorch's `log` may round
 differently in the last bit).
 
-The reduction uses a small per-device workspace [counter, min mismatch] that the last program
-resets, so consecutive calls (and CUDA-graph replays) need no memset; it assumes one
-verification in flight per device at a time, which is how the batch-1 engine runs.
+The only state kept between calls is a per-device counter that the last program resets, so
+consecutive calls (and CUDA-graph replays) need no memset; it assumes one verification in flight
+per device at a time, which is how the batch-1 engine runs.
 """
 
 import functools
@@ -37,28 +38,35 @@ try:
 except ImportError:
     triton = tl = None
 
-_NO_MISMATCH = 2**31 - 1
+_NO_INDEX = 2**31 - 1  # larger than any vocabulary index
 BLOCK_V = 2048
 
 if triton is not None:
 
     def _verify_kernel(
-        logits_ptr, draft_ptr, u_ptr, cutoff_ptr, choice_ptr, ws_ptr, out_ptr,
-        vocab, n_rows, stride_l, stride_u, temperature,
+        logits_ptr, draft_ptr, u_ptr, cutoff_ptr, part_val_ptr, part_idx_ptr, ws_ptr, out_ptr,
+        vocab, n_rows, n_splits, split_size, stride_l, stride_u, temperature,
         SAMPLED: tl.constexpr,
         HAS_CUTOFF: tl.constexpr,
-        NO_MISMATCH: tl.constexpr,
+        NO_INDEX: tl.constexpr,
         BLOCK: tl.constexpr,
+        ROWS: tl.constexpr,
+        SPLITS: tl.constexpr,
     ):
+        # Program (row, split) scans one slice of one row: a 150k vocabulary over 16 rows would
+        # leave most SMs idle with one program per row.
         row = tl.program_id(0)
+        split = tl.program_id(1)
+        lo = split * split_size
+        hi = tl.minimum(lo + split_size, vocab)
         offs0 = tl.arange(0, BLOCK)
         best_val = -float("inf")
-        best_idx = 0
+        best_idx = lo
         if HAS_CUTOFF:
             cutoff = tl.load(cutoff_ptr + row)
-        for start in range(0, vocab, BLOCK):
+        for start in range(lo, hi, BLOCK):
             offs = start + offs0
-            mask = offs < vocab
+            mask = offs < hi
             x = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=-float("inf")).to(tl.float32)
             if SAMPLED:
                 # Divide (not multiply by 1/T) so the tempered scores round like the reference's.
@@ -69,25 +77,34 @@ if triton is not None:
                 x = x + -tl.log(-tl.log(u))
                 x = tl.where(mask, x, -float("inf"))
             chunk_max = tl.max(x, axis=0)
-            # First index holding the chunk's max; a later chunk only wins if strictly greater,
-            # which together reproduce torch.argmax's first-occurrence tie rule.
-            chunk_idx = tl.min(tl.where(x == chunk_max, offs, vocab), axis=0)
+            # First index holding the chunk's max; a later chunk only wins if strictly greater.
+            # With the same rule across splits below, this is torch.argmax's first-occurrence rule.
+            chunk_idx = tl.min(tl.where(x == chunk_max, offs, NO_INDEX), axis=0)
             better = chunk_max > best_val
             best_idx = tl.where(better, chunk_idx, best_idx)
             best_val = tl.where(better, chunk_max, best_val)
-        tl.store(choice_ptr + row, best_idx)
+        tl.store(part_val_ptr + row * n_splits + split, best_val)
+        tl.store(part_idx_ptr + row * n_splits + split, best_idx)
 
-        has_draft = row < n_rows - 1
-        draft = tl.load(draft_ptr + row, mask=has_draft, other=0).to(tl.int32)
-        tl.atomic_min(ws_ptr + 1, row, mask=has_draft & (draft != best_idx))
-        # acq_rel atomics order this program's choice store and mismatch before the count,
-        # so the program that sees the final count sees everybody's results.
+        # acq_rel: this program's partial result is visible to whoever sees its increment, so the
+        # program that sees the final count can reduce everybody's partials.
         finished = tl.atomic_add(ws_ptr, 1)
-        is_last = finished == n_rows - 1
-        first_mismatch = tl.atomic_xchg(ws_ptr + 1, NO_MISMATCH, mask=is_last)
-        accepted = tl.minimum(first_mismatch, n_rows - 1)
-        # Read through an atomic so the value comes from L2, not a stale L1 line.
-        bonus = tl.atomic_add(choice_ptr + accepted, 0, mask=is_last)
+        is_last = finished == n_rows * n_splits - 1
+        r = tl.arange(0, ROWS)
+        c = tl.arange(0, SPLITS)
+        # is_last broadcast by hand: the interpreter rejects a 2-D mask built from a scalar bool.
+        last = (tl.zeros([ROWS, SPLITS], dtype=tl.int32) + is_last.to(tl.int32)) != 0
+        valid = (r[:, None] < n_rows) & (c[None, :] < n_splits) & last
+        part = r[:, None] * n_splits + c[None, :]
+        # volatile: read from L2, where the other programs' stores landed, not from a stale L1.
+        vals = tl.load(part_val_ptr + part, mask=valid, other=-float("inf"), volatile=True)
+        idxs = tl.load(part_idx_ptr + part, mask=valid, other=NO_INDEX, volatile=True)
+        row_max = tl.max(vals, axis=1)
+        choice = tl.min(tl.where(vals == row_max[:, None], idxs, NO_INDEX), axis=1)
+        has_draft = r < n_rows - 1
+        draft = tl.load(draft_ptr + r, mask=has_draft & (tl.max(last.to(tl.int32), axis=1) != 0), other=0).to(tl.int32)
+        accepted = tl.min(tl.where(has_draft & (draft != choice), r, n_rows - 1), axis=0)
+        bonus = tl.sum(tl.where(r == accepted, choice, 0), axis=0)
         tl.store(out_ptr, accepted.to(tl.int64), mask=is_last)
         tl.store(out_ptr + 1, bonus.to(tl.int64), mask=is_last)
         tl.atomic_xchg(ws_ptr, 0, mask=is_last)
@@ -100,23 +117,28 @@ def _compiled(interpret: bool):
 
 
 _workspaces: dict[torch.device, torch.Tensor] = {}
+_PROGRAMS = 264  # enough (row, split) programs to cover an H100/H200's 132 SMs twice
 
 
 def _workspace(device: torch.device) -> torch.Tensor:
     ws = _workspaces.get(device)
     if ws is None:
-        ws = _workspaces[device] = torch.tensor([0, _NO_MISMATCH], dtype=torch.int32, device=device)
+        ws = _workspaces[device] = torch.zeros(1, dtype=torch.int32, device=device)
     return ws
 
 
-def verify_triton(draft_ids, logits, *, temperature=None, cutoff=None, uniforms=None) -> torch.Tensor:
-    """[accepted, bonus] (int64 device tensor). Greedy when `uniforms` is None, else sampled."""
+def verify_triton(draft_ids, logits, *, temperature=None, cutoff=None, uniforms=None, block=None, split_size=None):
+    """[accepted, bonus] (int64 device tensor). Greedy when `uniforms` is None, else sampled.
+
+    `block` (chunk width) and `split_size` (vocabulary slice per program, a multiple of `block`)
+    are tuning knobs; the defaults spread the vocabulary over about two programs per SM.
+    """
     from . import interpreting
 
     n_rows, vocab = logits.shape
     if draft_ids.shape[0] != n_rows - 1:
         raise ValueError(f"{n_rows} block slots need {n_rows - 1} draft ids, got {draft_ids.shape[0]}")
-    if vocab >= _NO_MISMATCH:
+    if vocab >= _NO_INDEX:
         raise ValueError("vocabulary too large for int32 indices")
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     sampled = uniforms is not None
@@ -128,19 +150,31 @@ def verify_triton(draft_ids, logits, *, temperature=None, cutoff=None, uniforms=
             raise ValueError(f"uniforms {tuple(uniforms.shape)} must match logits {tuple(logits.shape)}")
     if cutoff is not None:
         cutoff = cutoff.to(torch.float32).contiguous()
+    block = block or min(BLOCK_V, triton.next_power_of_2(vocab))
+    if split_size is None:
+        chunks = triton.cdiv(vocab, block)
+        # The interpreter runs programs one after another: there, fewer and longer is faster.
+        programs = 1 if interpreting() else _PROGRAMS
+        split_size = block * triton.cdiv(chunks, max(1, programs // n_rows))
+    if split_size % block:
+        raise ValueError(f"split_size {split_size} must be a multiple of block {block}")
+    n_splits = triton.cdiv(vocab, split_size)
     draft = draft_ids.contiguous()
     if draft.numel() == 0:
         draft = torch.zeros(1, dtype=torch.long, device=logits.device)  # never read; needs a valid pointer
-    choices = torch.empty(n_rows, dtype=torch.int32, device=logits.device)
+    part_val = torch.empty(n_rows * n_splits, dtype=torch.float32, device=logits.device)
+    part_idx = torch.empty(n_rows * n_splits, dtype=torch.int32, device=logits.device)
     out = torch.empty(2, dtype=torch.int64, device=logits.device)
-    _compiled(interpreting())[(n_rows,)](
+    _compiled(interpreting())[(n_rows, n_splits)](
         logits, draft, uniforms if sampled else logits, cutoff if cutoff is not None else logits,
-        choices, _workspace(logits.device), out,
-        vocab, n_rows, logits.stride(0), uniforms.stride(0) if sampled else 0,
+        part_val, part_idx, _workspace(logits.device), out,
+        vocab, n_rows, n_splits, split_size, logits.stride(0), uniforms.stride(0) if sampled else 0,
         float(temperature) if sampled else 1.0,
         SAMPLED=sampled,
         HAS_CUTOFF=sampled and cutoff is not None,
-        NO_MISMATCH=_NO_MISMATCH,  # compiled kernels may only read constexpr globals: pass it in
-        BLOCK=min(BLOCK_V, triton.next_power_of_2(vocab)),
+        NO_INDEX=_NO_INDEX,  # compiled kernels may only read constexpr globals: pass it in
+        BLOCK=block,
+        ROWS=triton.next_power_of_2(n_rows),
+        SPLITS=triton.next_power_of_2(n_splits),
     )
     return out
