@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_core import DFlashDrafter, DFlashError, Target, load_pair
+from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
 from dflash_core.prompting import encode_prompt
 
 from .pairs import DEFAULT_TARGET, PairSpec, availability
@@ -62,6 +62,14 @@ def _target_location(spec: PairSpec) -> str:
         raise PairUnavailable(str(exc)) from exc
 
 
+def _warm_up(pair: LoadedPair) -> None:
+    """One tiny run per side: the first forward pays one-off costs (kernel selection, allocator
+    growth) that would otherwise land on the user's first click and delay the first tokens."""
+    prompt_ids = pair.encode("Hi")
+    run(pair.target, prompt_ids, pair.drafter, max_new_tokens=2)
+    run(pair.plain, prompt_ids, None, max_new_tokens=2)
+
+
 class PairCache:
     """Loads each pair on first use; later calls return the same objects."""
 
@@ -86,5 +94,6 @@ class PairCache:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
             loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0)
+            _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded

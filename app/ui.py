@@ -24,7 +24,7 @@ from .report import race_report, trace
 from .tokens import TokenPieces
 
 MAX_PROMPT_CHARS = 16_000
-MAX_NEW_TOKENS = 2048
+MAX_NEW_TOKENS = 512
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
 
 INTRO = """# ⚡ DFlash Studio
@@ -87,6 +87,8 @@ class App:
         except (TypeError, ValueError) as exc:  # DFlashError is a ValueError too
             raise gr.Error(str(exc)) from None
 
+        if block_size == 1:
+            gr.Warning("Block size 1 means no drafting: both sides decode plainly, one token per step.")
         if not self.cache.is_loaded(spec):
             yield self._frame_status(f"Loading {spec.label}… (first time only)")
         try:
@@ -203,7 +205,7 @@ def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None =
                 prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Ask something…", elem_id="prompt")
                 gr.Examples(EXAMPLES, inputs=[prompt], label="Examples: math, code, chat, story")
             with gr.Column(scale=2):
-                max_new_tokens = gr.Slider(1, 512, value=128, step=1, label="Max new tokens")
+                max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
                 block_size = gr.Slider(1, 16, value=16, step=1, label="Block size (1 = no drafting)")
                 with gr.Row():
                     temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
