@@ -89,8 +89,9 @@ class App:
 
         if block_size == 1:
             gr.Warning("Block size 1 means no drafting: both sides decode plainly, one token per step.")
-        if not self.cache.is_loaded(spec):
-            yield self._frame_status(f"Loading {spec.label}… (first time only)")
+        # Clear the previous race at once, so old tokens and numbers never mix with new ones.
+        loading = not self.cache.is_loaded(spec)
+        yield self._frame_start(f"Loading {spec.label}… (first time only)" if loading else "Racing…")
         try:
             pair = self.cache.get(spec)
             prompt_ids = pair.encode(prompt)
@@ -132,8 +133,10 @@ class App:
     # --- frames ----------------------------------------------------------------------------------
     OUTPUTS = 12
 
-    def _frame_status(self, text: str):
-        return (render.summary_html(None, text),) + (gr.skip(),) * (self.OUTPUTS - 1)
+    def _frame_start(self, text: str):
+        waiting = render.tokens_html([], [], str)
+        charts_kept = (gr.skip(),) * 4  # replaced by the first chart frame; rebuilding them now would cost time
+        return (render.summary_html(None, text), "", waiting, "", "", waiting, *charts_kept, None, None)
 
     def _frame(self, snap: Snapshot, pieces, text_of, report, with_charts: bool, trace_path=None):
         diff = None if report is None else report["first_difference"]

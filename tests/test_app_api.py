@@ -66,7 +66,10 @@ def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
     job = client.submit("What is the capital of France?", 24, 4, 0.0, 1.0, 0, api_name="/compare")
     result = job.result(timeout=60)
     updates = job.outputs()
-    assert len(updates) >= 2, "the race should stream intermediate frames"
+    assert len(updates) >= 3, "the race should stream intermediate frames"
+    # Intermediate frames: tokens growing in the panes before the summary exists.
+    counts = [u[2].count('class="tok ') for u in updates[:-1] if isinstance(u[2], str)]
+    assert counts[0] == 0 and max(counts) >= 1 and counts == sorted(counts)
     summary = result[-2]
     assert summary["identical"] is True and summary["first_difference"] is None
     assert summary["tau"] >= 1.0 and summary["speedup"] > 0
