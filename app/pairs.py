@@ -77,7 +77,7 @@ def availability(spec: PairSpec, device: str) -> str | None:
             "models are not in the local cache. Unset HF_HUB_OFFLINE on a machine with internet access."
         )
     if not _is_hub_id(spec.drafter) and not Path(spec.drafter_location(), "config.json").is_file():
-        hint = f" Train it with `{spec.train_hint}`." if spec.train_hint else ""
+        hint = f" To make it, {spec.train_hint}." if spec.train_hint else ""
         return (
             f"The DFlash drafter for this pair is not there yet: {spec.drafter_location()} has no config.json."
             f"{hint} Or start the app with `python app.py --target PATH_OR_ID --drafter PATH_OR_ID`."
