@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dflash_core import Block, Prefill, Summary
 
@@ -96,15 +96,14 @@ class _Runner:
 
     def step(self) -> None:
         event = next(self.events)
+        # The engine's clocks count compute time only, so time this generator sits suspended
+        # while the other side runs does not leak into either side.
         if isinstance(event, Prefill):
             self.clock = event.seconds
         elif isinstance(event, Block):
-            self.clock += event.draft_s + event.verify_s
-            # The engine's elapsed_s is wall time since its start, which includes the time this
-            # generator sat suspended while the other side ran; restate it on this side's clock.
-            event = replace(event, elapsed_s=self.clock)
+            self.clock = event.elapsed_s
         else:
-            event = replace(event, total_s=self.clock)
+            self.clock = event.total_s
             self.finished = True
         self.pending.append((self.clock, event))
 

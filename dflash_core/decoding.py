@@ -93,6 +93,9 @@ def generate(
     logits, context = target.forward(torch.tensor([prompt_ids], device=device), last_logits_only=True)
     bonus = choose(logits[-1])
     prefill = Prefill(prompt_len=len(prompt_ids), token_id=bonus, seconds=_clock(device) - t_start)
+    # Compute time only: a consumer may hold this generator suspended (the app interleaves two
+    # runs), and that wait must not count against either side.
+    compute_s = prefill.seconds
     yield prefill
 
     output = [bonus]
@@ -136,6 +139,7 @@ def generate(
                 new_ids, stop_reason = new_ids[: i + 1], "stop_token"
                 break
         output.extend(new_ids)
+        compute_s += time.perf_counter() - t0
         event = Block(
             index=len(blocks),
             position=start - accepted - 1,
@@ -145,7 +149,7 @@ def generate(
             committed_ids=tuple(new_ids),
             draft_s=t1 - t0,
             verify_s=t2 - t1,
-            elapsed_s=t2 - t_start,
+            elapsed_s=compute_s,
         )
         blocks.append(event)
         yield event
@@ -157,7 +161,7 @@ def generate(
         stop_reason=stop_reason,
         prefill=prefill,
         blocks=tuple(blocks),
-        total_s=_clock(device) - t_start,
+        total_s=compute_s,
     )
 
 

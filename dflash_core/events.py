@@ -26,7 +26,7 @@ class Block:
     committed_ids: tuple[int, ...]  # tokens this cycle adds to the output (cut at a stop or the limit)
     draft_s: float
     verify_s: float
-    elapsed_s: float  # since the run started, at the end of this cycle
+    elapsed_s: float  # compute seconds since the run started (prefill included), at the end of this cycle
 
     @property
     def acceptance_length(self) -> int:
@@ -41,7 +41,7 @@ class Summary:
     stop_reason: str  # "max_new_tokens" or "stop_token"
     prefill: Prefill
     blocks: tuple[Block, ...] = field(repr=False)
-    total_s: float = 0.0
+    total_s: float = 0.0  # compute seconds of the whole run, prefill included
 
     @property
     def acceptance_lengths(self) -> list[int]:

@@ -49,6 +49,7 @@ class Target:
         self.layers = model.get_decoder().layers
         self.cache = DynamicCache(config=model.config)
         self._taps: dict[int, torch.Tensor] = {}
+        self._recording = False
         self._hooks = []
         self.feature_layers: tuple[int, ...] = ()
         # transformers renamed `past_key_values` to `cache` during 5.x; accept either release.
@@ -105,7 +106,9 @@ class Target:
 
     def _recorder(self, layer_id: int):
         def record(_module, _inputs, output):
-            self._taps[layer_id] = output[0] if isinstance(output, tuple) else output
+            # Another Target may wrap the same model (the app's plain side): only record our own passes.
+            if self._recording:
+                self._taps[layer_id] = output[0] if isinstance(output, tuple) else output
 
         return record
 
@@ -130,13 +133,17 @@ class Target:
         start = self.cache_length
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
         self._taps.clear()
-        out = self.model(
-            input_ids=ids,
-            position_ids=positions,
-            **{self._cache_kwarg: self.cache},
-            use_cache=True,
-            logits_to_keep=1 if last_logits_only else 0,
-        )
+        self._recording = True
+        try:
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                **{self._cache_kwarg: self.cache},
+                use_cache=True,
+                logits_to_keep=1 if last_logits_only else 0,
+            )
+        finally:
+            self._recording = False
         features = torch.cat([self._taps[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
         self._taps.clear()
         return out.logits[0], features

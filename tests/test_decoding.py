@@ -111,3 +111,16 @@ def test_plain_decoding_yields_one_token_blocks(tiny_pair):
     blocks = [e for e in events if isinstance(e, Block)]
     assert len(blocks) == 5 and all(b.draft_ids == () and len(b.committed_ids) == 1 for b in blocks)
     assert events[-1].tau == 1.0 and events[-1].block_size == 1
+
+
+def test_clocks_count_compute_not_time_suspended(golden_pair):
+    """A consumer that pauses between events (the app's race) must not slow the run down on paper."""
+    import time
+
+    target, drafter = golden_pair
+    events = generate(target, [1, 2, 3], drafter, max_new_tokens=6)
+    for event in events:
+        if not hasattr(event, "output_ids"):
+            time.sleep(0.05)
+    assert event.total_s < 0.05 * len(event.blocks)
+    assert event.blocks[-1].elapsed_s <= event.total_s
