@@ -19,7 +19,9 @@ from dflash_core import DFlashDrafter, Target  # noqa: E402
 # Tiny models gain nothing from threads, and the tests then do not fight other jobs for cores.
 torch.set_num_threads(1)
 
-GOLDEN = Path(os.environ.get("DFLASH_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+REPO = Path(__file__).resolve().parents[1]
+# The golden traces live in the shared folder beside the checkout (CI lays a copy there).
+GOLDEN = Path(os.environ.get("DFLASH_GOLDEN", REPO.parent / "shared" / "golden"))
 
 
 @pytest.fixture(scope="session")
