@@ -35,6 +35,12 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
 
     config = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("dflash_config", "auto_map")})
     config.dflash_config = dict(nested)
+    # Qwen3Config drops sliding_window unless use_sliding_window is set; SPEC §2 goes by layer_types.
+    if raw.get("layer_types"):
+        config.layer_types = list(raw["layer_types"])
+        config.sliding_window = raw.get("sliding_window")
+        if "sliding_attention" in config.layer_types and not config.sliding_window:
+            raise ConfigError("drafter config marks sliding_attention layers but gives no sliding_window")
 
     block_size = lookup("block_size")
     mask_token_id = lookup("mask_token_id")

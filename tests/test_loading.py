@@ -131,3 +131,20 @@ def test_bad_generation_inputs_are_named(golden_pair, kwargs, message):
     prompt = kwargs.pop("prompt", [1, 2, 3])
     with pytest.raises(GenerationInputError, match=message):
         run(target, prompt, drafter, **{"max_new_tokens": 8, **kwargs})
+
+
+def test_sliding_window_layers_limit_what_the_block_sees(tmp_path, tiny_dirs):
+    """A `sliding_attention` layer sees only the last `sliding_window` positions; a window wider
+    than the context changes nothing."""
+    target_dir, _ = tiny_dirs
+    target = Target.from_pretrained(target_dir)
+    prompt = list(range(5, 45))
+    drafts = {}
+    for name, window in (("full", None), ("wide", 4096), ("narrow", 4)):
+        extra = {} if window is None else {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": window}
+        path = build_drafter(tmp_path / name, target_dir, seed=7, **extra)
+        drafter = DFlashDrafter.from_pretrained(path)
+        assert drafter.layers[0].self_attn.sliding_window == window
+        drafts[name] = [b.draft_ids for b in run(target, prompt, drafter, max_new_tokens=6).blocks]
+    assert drafts["wide"] == drafts["full"]
+    assert drafts["narrow"] != drafts["full"]
