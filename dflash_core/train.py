@@ -480,6 +480,7 @@ def parse_args(argv=None):
     p.add_argument("--grad-accum", type=int, default=4, help="sequences per optimizer step")
     p.add_argument("--mask-token-id", type=int, default=None)
     p.add_argument("--init-from-target", action="store_true")
+    p.add_argument("--init-from", default=None, help="warm start from a released-format drafter directory")
     p.add_argument("--target-layer-ids", default=None, help="comma-separated 0-based target layers")
     p.add_argument("--heldout-frac", type=float, default=0.05)
     p.add_argument("--eval-every", type=int, default=100, help="optimizer steps between evaluations")
@@ -551,6 +552,12 @@ def main(argv=None) -> dict:
         resume_state = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=False)
         config = parse_drafter_config(json.loads((ckpt_dir / "config.json").read_text()))
         log(f"resuming from step {resume_state['state']['step']}")
+    elif args.init_from:
+        # Warm start from a released-format drafter (e.g. the one a previous session shipped):
+        # its shape, mask token and target layers carry over; optimizer and schedule start anew.
+        warm = DFlashDrafter.from_pretrained(args.init_from, dtype=torch.float32)
+        config = warm.config
+        log(f"warm start from {args.init_from}")
     else:
         if args.mask_token_id is not None:
             mask_id, why = args.mask_token_id, "given"
@@ -565,7 +572,9 @@ def main(argv=None) -> dict:
             layer_ids = default_target_layer_ids(target.num_layers, args.layers)
         config = build_drafter_config(target, args.layers, args.block_size, mask_id, layer_ids)
     drafter = DFlashDrafter(config).to(device)
-    if resume_state is None and args.init_from_target:
+    if resume_state is None and args.init_from:
+        drafter.load_state_dict(warm.state_dict())
+    elif resume_state is None and args.init_from_target:
         init_from_target(drafter, target)
         log(f"drafter layers initialised from target layers {target.num_layers - args.layers}..{target.num_layers - 1}")
     if resume_state is not None:

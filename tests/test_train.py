@@ -120,6 +120,14 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     resumed = [r["step"] for r in log if r["kind"] == "train"][len(losses):]
     assert resumed[0] == 41
 
+    # A warm start from the shipped drafter begins where it ended, not from scratch.
+    warm_out = tmp_path / "warm"
+    warm_args = [a for a in common if a != "--init-from-target"]
+    warm_args[warm_args.index(str(out))] = str(warm_out)
+    main([*warm_args, "--init-from", str(out), "--max-steps", "2"])
+    warm_log = [json.loads(line) for line in (warm_out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in warm_log if r["kind"] == "train"][0] < 0.5 * losses[0]
+
 
 @pytest.mark.filterwarnings("ignore")
 def test_flex_block_mask_equals_dense(tiny_dirs, one_thread):
