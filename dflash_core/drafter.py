@@ -197,10 +197,12 @@ class DFlashDrafter(nn.Module):
         """
         context = self.hidden_norm(self.fc(target_features))
         cos, sin = self.rotary(block_embeds, position_ids)
-        key_positions = position_ids[0]
-        if cache is not None and cache.length:
-            past = torch.arange(cache.length, device=position_ids.device, dtype=position_ids.dtype)
-            key_positions = torch.cat([past, key_positions])
+        key_positions = None  # only sliding-window layers need them; skip the work otherwise
+        if any(layer.self_attn.sliding_window is not None for layer in self.layers):
+            key_positions = position_ids[0]
+            if cache is not None and cache.length:
+                past = torch.arange(cache.length, device=position_ids.device, dtype=position_ids.dtype)
+                key_positions = torch.cat([past, key_positions])
         x = block_embeds
         for layer in self.layers:
             x = layer(x, context, cos, sin, cache=cache, attn_mask=attn_mask, key_positions=key_positions)
