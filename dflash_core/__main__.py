@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int)
     gen.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
-    gen.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: same as --dtype")
+    gen.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
     gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     gen.add_argument("--plain", action="store_true", help="plain decoding with the target alone")
     gen.add_argument("--no-chat-template", action="store_true", help="tokenize --prompt as raw text")

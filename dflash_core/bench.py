@@ -122,7 +122,7 @@ def benchmark(args) -> dict:
         "drafter": str(args.drafter),
         "device": args.device,
         "dtype": args.dtype,
-        "drafter_dtype": args.drafter_dtype or args.dtype,
+        "drafter_dtype": str(drafter.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "num_prompts": len(encoded),
         "max_new_tokens": args.max_new_tokens,
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     parser.add_argument("--num-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
-    parser.add_argument("--drafter-dtype", choices=list(DTYPES))
+    parser.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--synthetic", metavar="SHAPE", help="time one cycle of random-weight models (qwen3-8b, qwen3-4b, tiny)")

@@ -141,7 +141,7 @@ def run_synthetic(shape: str = "tiny", device: str = "cpu", dtype: str = "fp32",
     def draft_step():
         cache.crop(base)
         hidden = drafter(target.embed(draft_block).to(drafter.dtype), new_context, positions, cache=cache)
-        state["draft"] = target.lm_head(hidden[0, 1:].to(target.dtype)).argmax(dim=-1)
+        state["draft"] = drafter.to_target_ids(drafter.draft_logits(hidden[0, 1:], target.head).argmax(dim=-1))
 
     t_draft = timed(draft_step)
     t_draft_graph, graph_error = None, None

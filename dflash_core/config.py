@@ -25,8 +25,10 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 def parse_drafter_config(raw: dict) -> Qwen3Config:
     """Build the drafter config from a released `config.json` dict.
 
-    The returned config carries `block_size`, `mask_token_id`, `target_layer_ids` and
-    `num_target_layers` as plain attributes.
+    The returned config carries `block_size`, `mask_token_id`, `target_layer_ids`,
+    `num_target_layers` and `draft_vocab_size` as plain attributes. `draft_vocab_size` (this
+    project's extension; None in released checkpoints) says the drafter proposes only from a
+    stored subset of the vocabulary, so its share of the LM head costs a fraction of the full one.
     """
     nested = raw.get("dflash_config") or {}
 
@@ -64,14 +66,25 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
     config.mask_token_id = int(mask_token_id)
     config.target_layer_ids = [int(i) for i in layer_ids]
     config.num_target_layers = None if num_target_layers is None else int(num_target_layers)
+    draft_vocab_size = lookup("draft_vocab_size")
+    if draft_vocab_size is not None and not 1 <= int(draft_vocab_size) <= config.vocab_size:
+        raise ConfigError(f"draft_vocab_size {draft_vocab_size} must be between 1 and the vocabulary size {config.vocab_size}")
+    config.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
     return config
 
 
 def drafter_config_dict(config: Qwen3Config) -> dict:
     """The released-format dict for `config` (what `parse_drafter_config` reads back)."""
     raw = config.to_dict()
-    for key in (*DFLASH_KEYS, "dflash_config", "num_target_layers"):
+    for key in (*DFLASH_KEYS, "dflash_config", "num_target_layers", "draft_vocab_size"):
         raw.pop(key, None)
+    dflash = {
+        "mask_token_id": config.mask_token_id,
+        "target_layer_ids": list(config.target_layer_ids),
+        "block_size": config.block_size,
+    }
+    if getattr(config, "draft_vocab_size", None):
+        dflash["draft_vocab_size"] = config.draft_vocab_size
     raw.update(
         architectures=["DFlashDraftModel"],
         model_type="qwen3",
@@ -79,10 +92,6 @@ def drafter_config_dict(config: Qwen3Config) -> dict:
         rope_theta=config.rope_parameters["rope_theta"],
         block_size=config.block_size,
         num_target_layers=config.num_target_layers,
-        dflash_config={
-            "mask_token_id": config.mask_token_id,
-            "target_layer_ids": list(config.target_layer_ids),
-            "block_size": config.block_size,
-        },
+        dflash_config=dflash,
     )
     return raw

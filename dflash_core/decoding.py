@@ -116,12 +116,12 @@ def generate(
             hidden = drafter(
                 target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions, cache=draft_cache
             )
-            draft_logits = target.lm_head(hidden[0, 1:].to(target.dtype))
+            draft_logits = drafter.draft_logits(hidden[0, 1:], target.head)
             if sample_drafts:
-                draft_probs = probabilities(draft_logits, sampling)
+                draft_probs = probabilities(drafter.full_logits(draft_logits, target.vocab_size), sampling)
                 draft = sample(draft_probs, generator)
             else:
-                draft = draft_logits.argmax(dim=-1)
+                draft = drafter.to_target_ids(draft_logits.argmax(dim=-1))
         t1 = _clock(device)
 
         block_ids = torch.cat([torch.tensor([bonus], device=device), draft])[None]

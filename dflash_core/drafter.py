@@ -166,6 +166,12 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(n_features * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(config)
+        if getattr(config, "draft_vocab_size", None):
+            # Target ids the drafter may propose, most frequent first; stored in the checkpoint.
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)
+        else:
+            self.draft_vocab = None
+        self._head: tuple | None = None
 
     @property
     def block_size(self) -> int:
@@ -182,6 +188,40 @@ class DFlashDrafter(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
+
+    def head_weight(self, lm_head: nn.Module) -> torch.Tensor:
+        """The target's LM head rows for the draft vocabulary, in the drafter's dtype.
+
+        Built once per target head and kept: casting or slicing a 49k x 576 matrix every cycle
+        would cost more than the drafter's layers.
+        """
+        weight = lm_head.weight
+        key = (weight.data_ptr(), weight.shape, weight.dtype, weight.device, self.dtype)
+        if self._head is None or self._head[0] != key:
+            w = weight.detach()
+            if self.draft_vocab is not None:
+                w = w[self.draft_vocab.to(w.device)]
+            self._head = (key, w.to(self.dtype).contiguous())
+        return self._head[1]
+
+    def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Logits over the draft vocabulary (the full vocabulary when there is none)."""
+        return torch.nn.functional.linear(hidden.to(self.dtype), self.head_weight(lm_head))
+
+    def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Map indices into the draft vocabulary to target token ids."""
+        return index if self.draft_vocab is None else self.draft_vocab[index]
+
+    def full_logits(self, draft_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Scatter draft-vocabulary logits into the target vocabulary (-inf elsewhere), in float32.
+
+        Sampled drafts need the proposal distribution over the target's vocabulary for the
+        rejection test; ids outside the draft vocabulary simply have probability 0.
+        """
+        if self.draft_vocab is None:
+            return draft_logits.float()
+        full = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), float("-inf"), dtype=torch.float32)
+        return full.index_copy_(-1, self.draft_vocab, draft_logits.float())
 
     def new_cache(self) -> DrafterCache:
         return DrafterCache(len(self.layers))
@@ -231,7 +271,8 @@ class DFlashDrafter(nn.Module):
                     f"{name} has shape {tuple(state[name].shape)} in the checkpoint but the config "
                     f"implies {tuple(param.shape)}"
                 )
-        model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        model.load_state_dict(state, strict=True, assign=True)
         # Rotary frequencies are not stored; rebuild them in float32 whatever the weight dtype.
         model.rotary = Qwen3RotaryEmbedding(config)
         return model.to(device).eval()
@@ -241,6 +282,9 @@ class DFlashDrafter(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.config.dtype = str(dtype).removeprefix("torch.")
-        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        state = {
+            k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+            for k, v in self.state_dict().items()
+        }
         save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
         (directory / "config.json").write_text(json.dumps(drafter_config_dict(self.config), indent=2) + "\n")

@@ -93,8 +93,13 @@ class Target:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids)
 
+    @property
+    def head(self) -> torch.nn.Module:
+        """The LM head module (drafters borrow its weight)."""
+        return self.model.get_output_embeddings()
+
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.get_output_embeddings()(hidden)
+        return self.head(hidden)
 
     # --- feature taps ---------------------------------------------------------------------------
     def tap_layers(self, layer_ids) -> None:

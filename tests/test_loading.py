@@ -148,3 +148,30 @@ def test_sliding_window_layers_limit_what_the_block_sees(tmp_path, tiny_dirs):
         drafts[name] = [b.draft_ids for b in run(target, prompt, drafter, max_new_tokens=6).blocks]
     assert drafts["wide"] == drafts["full"]
     assert drafts["narrow"] != drafts["full"]
+
+
+def test_draft_vocabulary_round_trips_and_stays_lossless(tmp_path, tiny_dirs, tiny_pair):
+    """A drafter restricted to a few ids keeps them through a bf16 save, drafts only them, and
+    decoding stays token-identical to plain decoding."""
+    target_dir, _ = tiny_dirs
+    target, _ = tiny_pair
+    vocab = list(range(target.vocab_size - 2, 3, -7))
+    src = build_drafter(tmp_path / "src", target_dir, draft_vocab=vocab)
+    DFlashDrafter.from_pretrained(src).save_pretrained(tmp_path / "bf16")  # the shipped dtype
+    drafter = DFlashDrafter.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
+    assert drafter.draft_vocab.dtype == torch.int64 and drafter.draft_vocab.tolist() == vocab
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dflash_config"]["draft_vocab_size"] == len(vocab)
+    for prompt in ([5, 9, 11], [40, 2]):
+        fast = run(target, prompt, drafter, max_new_tokens=24)
+        assert fast.output_ids == run(target, prompt, max_new_tokens=24).output_ids
+        assert {t for b in fast.blocks for t in b.draft_ids} <= set(vocab)
+
+
+def test_draft_vocabulary_larger_than_the_vocabulary_is_named(tmp_path, tiny_dirs):
+    target_dir, _ = tiny_dirs
+    d = build_drafter(tmp_path / "d", target_dir, draft_vocab=[1, 2])
+    raw = json.loads((d / "config.json").read_text())
+    raw["dflash_config"]["draft_vocab_size"] = raw["vocab_size"] + 1
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
+        DFlashDrafter.from_pretrained(d)

@@ -79,11 +79,12 @@ def test_match_rule_outputs_target_distribution():
     assert chi_square_ok(after_keep, p[1])
 
 
-@pytest.fixture(scope="module")
-def tiny_vocab_pair(tmp_path_factory):
+@pytest.fixture(scope="module", params=[None, [3, 1]], ids=["full-vocab", "draft-vocab"])
+def tiny_vocab_pair(tmp_path_factory, request):
+    """A 4-token target; the second drafter may only propose ids 3 and 1 (zero draft mass on 0, 2)."""
     root = tmp_path_factory.mktemp("vocab4")
     target_dir = build_target(root / "target", vocab_size=4, logit_scale=1.0, hidden=16, num_layers=2, seed=3)
-    drafter_dir = build_drafter(root / "drafter", target_dir, num_layers=1, block_size=4, seed=4)
+    drafter_dir = build_drafter(root / "drafter", target_dir, num_layers=1, block_size=4, seed=4, draft_vocab=request.param)
     return Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
 
 
@@ -117,6 +118,8 @@ def test_dflash_sampling_matches_exact_target_distribution(tiny_vocab_pair, draf
         a, b, c = out.output_ids
         counts[a * 16 + b * 4 + c] += 1
         accepted += sum(blk.accepted for blk in out.blocks)
+        if drafter.draft_vocab is not None:
+            assert {t for blk in out.blocks for t in blk.draft_ids} <= set(drafter.draft_vocab.tolist())
     assert accepted > 500, "drafts were rarely accepted: the test would not exercise the acceptance rule"
     assert chi_square_ok(counts, exact)
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from dflash_core import DFlashDrafter, Target, run
-from dflash_core.train import DrafterTrainer, default_gamma, dense_block_mask, evaluate, main, slot_weights
+from dflash_core.train import (
+    DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, main, slot_weights,
+)
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
 
@@ -127,6 +129,27 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     main([*warm_args, "--init-from", str(out), "--max-steps", "2"])
     warm_log = [json.loads(line) for line in (warm_out / "train_log.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in warm_log if r["kind"] == "train"][0] < 0.5 * losses[0]
+
+    # The same warm start restricted to the 24 most frequent response tokens: the drafter ships
+    # them, drafts only them, and stays lossless.
+    small_out = tmp_path / "small-vocab"
+    warm_args[warm_args.index(str(warm_out))] = str(small_out)
+    main([*warm_args, "--init-from", str(out), "--max-steps", "2", "--draft-vocab", "24"])
+    small = DFlashDrafter.from_pretrained(small_out)
+    seqs = [(torch.tensor(ids), plen, "x") for ids, plen in samples]
+    expected = frequent_tokens(seqs, 24, target.vocab_size, always=[target.tokenizer.eos_token_id])
+    assert small.draft_vocab.tolist() == expected.tolist()
+    result = run(target, prompt, small, max_new_tokens=40)
+    assert list(result.output_ids) == samples[0][0][plen:]
+    assert {t for b in result.blocks for t in b.draft_ids} <= set(small.draft_vocab.tolist())
+
+
+def test_frequent_tokens_ranks_response_tokens_only():
+    seqs = [(torch.tensor([9, 9, 9, 5, 5, 7]), 3, "a"), (torch.tensor([8, 7, 5]), 1, "b")]
+    # responses: [5, 5, 7] and [7, 5]: 5 x3, 7 x2; 9 and 8 are prompt tokens only.
+    assert frequent_tokens(seqs, 2, 10).tolist() == [5, 7]
+    assert frequent_tokens(seqs, 3, 10, always=[9]).tolist() == [9, 5, 7]
+    assert frequent_tokens(seqs, 4, 10).tolist() == [5, 7, 0, 1]  # zero counts in id order
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -72,9 +72,13 @@ def build_target(
 
 
 def build_drafter(
-    directory: Path, target_dir: Path, *, num_layers: int = 2, block_size: int = 8, seed: int = 1, **overrides
+    directory: Path, target_dir: Path, *, num_layers: int = 2, block_size: int = 8, seed: int = 1,
+    draft_vocab: list[int] | None = None, **overrides
 ) -> Path:
-    """A random drafter in the released format for the target in `target_dir`."""
+    """A random drafter in the released format for the target in `target_dir`.
+
+    `draft_vocab`: the target ids the drafter may propose (this project's extension), else all.
+    """
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
     mask_id = target_config["vocab_size"] - 1
     raw = Qwen3Config(
@@ -87,9 +91,14 @@ def build_drafter(
         head_dim=target_config["hidden_size"] // 4,
         max_position_embeddings=512,
     ).to_dict()
-    raw.update(num_target_layers=target_config["num_hidden_layers"], dflash_config={"mask_token_id": mask_id, "block_size": block_size})
+    dflash = {"mask_token_id": mask_id, "block_size": block_size}
+    if draft_vocab is not None:
+        dflash["draft_vocab_size"] = len(draft_vocab)
+    raw.update(num_target_layers=target_config["num_hidden_layers"], dflash_config=dflash)
     raw.update(overrides)
     torch.manual_seed(seed)
     drafter = DFlashDrafter(parse_drafter_config(raw))
+    if draft_vocab is not None:
+        drafter.draft_vocab.copy_(torch.tensor(draft_vocab))
     drafter.save_pretrained(directory, dtype=torch.float32)
     return Path(directory)
