@@ -247,27 +247,63 @@ def build_drafter_config(target: Target, layers: int, block_size: int, mask_toke
 
 
 @torch.no_grad()
-def init_from_target(drafter: DFlashDrafter, target: Target) -> None:
+def query_key_scales(target: Target, layer_ids: list[int], samples: list[torch.Tensor]) -> dict[int, tuple[float, float]]:
+    """Root-mean-square norm per head of the target's queries and keys at `layer_ids`, on real text.
+
+    Targets without q/k norms (Llama-style) leave the magnitude of q.k, and so how sharply a head
+    can attend, to the projections; a drafter that normalises q and k needs these as norm gains.
+    """
+    heads_dim = target.model.config.head_dim if getattr(target.model.config, "head_dim", None) else (
+        target.hidden_size // target.model.config.num_attention_heads)
+    sums = {i: [0.0, 0.0, 0] for i in layer_ids}
+    hooks = []
+    for i in layer_ids:
+        attn = target.layers[i].self_attn
+
+        def record(slot, i=i):
+            def hook(_module, _inputs, out):
+                vectors = out.float().reshape(-1, heads_dim)
+                sums[i][slot] += float(vectors.pow(2).sum(-1).mean() / heads_dim)
+                if slot == 0:
+                    sums[i][2] += 1
+            return hook
+
+        hooks += [attn.q_proj.register_forward_hook(record(0)), attn.k_proj.register_forward_hook(record(1))]
+    try:
+        for ids in samples:
+            target.model(input_ids=ids[None].to(target.device), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {i: (math.sqrt(q / max(n, 1)), math.sqrt(k / max(n, 1))) for i, (q, k, n) in sums.items()}
+
+
+@torch.no_grad()
+def init_from_target(drafter: DFlashDrafter, target: Target, samples: list[torch.Tensor] = ()) -> None:
     """Start from the target's own top layers: they already map features of this width to tokens.
 
-    Drafter layer i takes target layer L-n+i (attention, MLP, layer norms); q_norm/k_norm, which
-    the target lacks, start as identity-scaled ones. `fc` starts by passing the last selected
-    layer's features through, and `norm` is the target's final norm, so the initial drafter is a
-    shortened copy of the target's upper stack.
+    Drafter layer i takes target layer L-n+i (attention, MLP, layer norms). `fc` starts by passing
+    the last selected layer's features through, `hidden_norm` scales them as the first copied
+    layer's input norm would, and `norm` is the target's final norm, so the initial drafter is a
+    shortened copy of the target's upper stack. q_norm/k_norm come from the target when it has
+    them; otherwise their gains are the target's measured q/k norms on `samples` (with gains of 1
+    the attention logits stay within a few units and every head attends almost uniformly, which
+    left a first drafter unable to focus on the recent context).
     """
     n, big = len(drafter.layers), target.layers
     start = len(big) - n
+    needs_scales = any(getattr(big[start + i].self_attn, "q_norm", None) is None for i in range(n))
+    scales = query_key_scales(target, list(range(start, len(big))), list(samples)) if needs_scales and samples else {}
     for i, layer in enumerate(drafter.layers):
         src = big[start + i]
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             getattr(layer.self_attn, name).load_state_dict(getattr(src.self_attn, name).state_dict())
-        for norm in ("q_norm", "k_norm"):
-            # Qwen3-style targets have per-head norms to copy; Llama-style ones start from ones.
+        for j, norm in enumerate(("q_norm", "k_norm")):
             src_norm = getattr(src.self_attn, norm, None)
             if src_norm is not None:
                 getattr(layer.self_attn, norm).weight.copy_(src_norm.weight)
             else:
-                getattr(layer.self_attn, norm).weight.fill_(1.0)
+                getattr(layer.self_attn, norm).weight.fill_(scales[start + i][j] if scales else 1.0)
         layer.mlp.load_state_dict(src.mlp.state_dict())
         layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
         layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
@@ -275,7 +311,7 @@ def init_from_target(drafter: DFlashDrafter, target: Target) -> None:
     drafter.fc.weight.zero_()
     drafter.fc.weight[:, -h:] = torch.eye(h)
     drafter.fc.weight.add_(torch.randn_like(drafter.fc.weight) * 0.01)
-    drafter.hidden_norm.weight.fill_(1.0)
+    drafter.hidden_norm.weight.copy_(big[start].input_layernorm.weight)
     drafter.norm.weight.copy_(target.model.get_decoder().norm.weight)
 
 
@@ -362,6 +398,9 @@ class DrafterTrainer:
         feats = self.feature_cache.get(key) if key is not None else None
         if feats is None:
             feats = self.features(ids[None])
+            if self.amp_dtype is not None:
+                # Autocast feeds `fc` in this dtype anyway; caching it halves the memory.
+                feats = feats.to(self.amp_dtype)
             size = feats.numel() * feats.element_size()
             if key is not None and size <= self.feature_cache_left:
                 self.feature_cache[key] = feats
@@ -609,7 +648,7 @@ def main(argv=None) -> dict:
             warm_state["draft_vocab"] = vocab
         drafter.load_state_dict(warm_state)
     elif resume_state is None and args.init_from_target:
-        init_from_target(drafter, target)
+        init_from_target(drafter, target, [s[0] for s in train[:16]])
         log(f"drafter layers initialised from target layers {target.num_layers - args.layers}..{target.num_layers - 1}")
     if resume_state is not None:
         drafter.load_state_dict(resume_state["drafter"])

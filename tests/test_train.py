@@ -10,7 +10,8 @@ import torch
 
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.train import (
-    DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, main, slot_weights,
+    DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, init_from_target, main,
+    slot_weights,
 )
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
@@ -165,3 +166,28 @@ def test_flex_block_mask_equals_dense(tiny_dirs, one_thread):
         dense = trainer.forward(ids, anchors, dense=True).logits
         flex = trainer.forward(ids, anchors, dense=False).logits
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_init_from_target_copies_layers_and_calibrates_qk_gains(tiny_dirs, one_thread):
+    """A Llama target has no q/k norms: the drafter's gains must be the target's measured q/k RMS,
+    so the copied heads keep their attention logit scale instead of attending almost uniformly."""
+    target_dir, drafter_dir = tiny_dirs
+    target = Target.from_pretrained(target_dir)
+    drafter = DFlashDrafter.from_pretrained(drafter_dir)
+    samples = [torch.randint(4, target.vocab_size - 1, (30,)) for _ in range(3)]
+    init_from_target(drafter, target, samples)
+    n, first = len(drafter.layers), target.num_layers - len(drafter.layers)
+    src = target.layers[first + n - 1].self_attn
+    assert torch.equal(drafter.layers[-1].self_attn.k_proj.weight, src.k_proj.weight)
+    assert torch.equal(drafter.hidden_norm.weight, target.layers[first].input_layernorm.weight)
+    # The expected gain, computed independently: per-element RMS of the last layer's queries.
+    captured = []
+    hook = src.q_proj.register_forward_hook(lambda _m, _i, out: captured.append(out.flatten()))
+    with torch.no_grad():
+        for ids in samples:
+            target.model(input_ids=ids[None])
+    hook.remove()
+    expected = torch.cat(captured).pow(2).mean().sqrt()
+    gain = drafter.layers[-1].self_attn.q_norm.weight
+    torch.testing.assert_close(gain, expected.expand_as(gain), rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(gain, torch.ones_like(gain), rtol=0.05)  # the test would not tell otherwise
