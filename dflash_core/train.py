@@ -9,13 +9,14 @@ positions strictly before its anchor and its own block (both directions), nothin
 is the position-weighted cross-entropy of slots 1..B-1. The result is written in the released
 format (`config.json` + `model.safetensors`), loadable by `DFlashDrafter.from_pretrained`.
 
-Single process (CPU or one GPU); the default SmolLM2 drafter on a 2-core CPU, ~50 min wall::
+Single process (CPU or one GPU); the default SmolLM2 drafter (v1) on a 2-core CPU, 85 min::
 
     python -m dflash_core.train --target default:smollm2 \\
-        --data assets/data/smollm2-135m-instruct --out runs/drafter-smollm2-l3-b16 \\
-        --layers 3 --block-size 16 --anchors-per-seq 32 --max-len 512 --grad-accum 2 \\
-        --init-from-target --heldout-frac 0.05 --eval-every 25 --eval-seqs 16 --patience 4 \\
-        --save-every 25 --time-budget 42 --threads 2
+        --data assets/data/smollm2-135m-instruct --out runs/drafter-v1 \\
+        --init-from-target --layers 3 --block-size 8 --draft-vocab 8192 \\
+        --anchors-per-seq 64 --max-len 512 --grad-accum 4 --lr 6e-4 --warmup 0.03 \\
+        --heldout-frac 0.03 --eval-every 100 --eval-seqs 48 --patience 8 --save-every 50 \\
+        --feature-cache-gb 10 --time-budget 85 --threads 2
 
 `--time-budget` is training time (evaluations excluded) and the cosine schedule follows it, so a
 budgeted run always finishes its decay. `--amp auto` picks bf16 autocast where the hardware runs
