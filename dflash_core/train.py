@@ -304,7 +304,8 @@ def init_from_target(drafter: DFlashDrafter, target: Target, samples: list[torch
             if src_norm is not None:
                 getattr(layer.self_attn, norm).weight.copy_(src_norm.weight)
             else:
-                getattr(layer.self_attn, norm).weight.fill_(scales[start + i][j] if scales else 1.0)
+                # Never below 1: smaller gains would only flatten attention further (random targets).
+                getattr(layer.self_attn, norm).weight.fill_(max(scales[start + i][j], 1.0) if scales else 1.0)
         layer.mlp.load_state_dict(src.mlp.state_dict())
         layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
         layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
