@@ -254,8 +254,8 @@ def query_key_scales(target: Target, layer_ids: list[int], samples: list[torch.T
     Targets without q/k norms (Llama-style) leave the magnitude of q.k, and so how sharply a head
     can attend, to the projections; a drafter that normalises q and k needs these as norm gains.
     """
-    heads_dim = target.model.config.head_dim if getattr(target.model.config, "head_dim", None) else (
-        target.hidden_size // target.model.config.num_attention_heads)
+    config = target.model.config
+    head_dim = getattr(config, "head_dim", None) or target.hidden_size // config.num_attention_heads
     sums = {i: [0.0, 0.0, 0] for i in layer_ids}
     hooks = []
     for i in layer_ids:
@@ -263,8 +263,8 @@ def query_key_scales(target: Target, layer_ids: list[int], samples: list[torch.T
 
         def record(slot, i=i):
             def hook(_module, _inputs, out):
-                vectors = out.float().reshape(-1, heads_dim)
-                sums[i][slot] += float(vectors.pow(2).sum(-1).mean() / heads_dim)
+                vectors = out.float().reshape(-1, head_dim)
+                sums[i][slot] += float(vectors.pow(2).sum(-1).mean() / head_dim)
                 if slot == 0:
                     sums[i][2] += 1
             return hook
