@@ -429,7 +429,7 @@ class DrafterTrainer:
             n = anchors.numel()
             # Slot 0 holds the anchor's own token; its output is never used.
             hidden = hidden.view(n, B, -1)[:, 1:]
-            logits = F.linear(hidden, self.core.head_weight(self.target.head))
+            logits = self.core.draft_logits(hidden, self.target.head)
         logits = logits.float()
         if self.label_index is not None:
             labels = torch.where(valid, self.label_index[labels.clamp(min=0)], labels)
