@@ -182,13 +182,20 @@ class FeatureExtractor:
         return record
 
     @torch.no_grad()
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        """Concatenated features [1, T, k*h] of `ids` [1, T] (no KV cache, positions 0..T-1)."""
+    def __call__(self, ids: torch.Tensor, top_k: int = 0):
+        """Concatenated features [1, T, k*h] of `ids` [1, T] (no KV cache, positions 0..T-1).
+
+        With `top_k`, also the target's next-token distribution at every position, kept as its
+        `top_k` most likely ids [T, top_k] and their probabilities [T, top_k]: the soft labels.
+        """
         last = max(self.layer_ids)
-        hooks = [self.target.layers[i].register_forward_hook(self._hook(i, i == last)) for i in set(self.layer_ids)]
+        stop_early = top_k == 0
+        hooks = [self.target.layers[i].register_forward_hook(self._hook(i, stop_early and i == last))
+                 for i in set(self.layer_ids)]
         self._out.clear()
+        hidden = None
         try:
-            self.decoder(input_ids=ids, use_cache=False)
+            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state
         except _StopForward:
             pass
         finally:
@@ -196,7 +203,11 @@ class FeatureExtractor:
                 hook.remove()
         feats = torch.cat([self._out[i] for i in self.layer_ids], dim=-1)
         self._out.clear()
-        return feats
+        if stop_early:
+            return feats
+        probs = self.target.head(hidden[0]).float().softmax(-1)
+        top_p, top_ids = probs.topk(top_k, dim=-1)
+        return feats, top_ids, top_p
 
 
 def pick_mask_token_id(tokenizer, vocab_size: int, seen: set[int]) -> tuple[int, str]:
@@ -361,6 +372,7 @@ def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2):
 @dataclass
 class StepOut:
     loss: torch.Tensor
+    ce: torch.Tensor  # weighted cross-entropy against the greedy labels alone (= loss without soft labels)
     logits: torch.Tensor  # [nA, B-1, V] over the draft vocabulary
     labels: torch.Tensor  # draft-vocabulary indices, -100 where there is nothing to predict
     valid: torch.Tensor
@@ -370,7 +382,8 @@ class StepOut:
 class DrafterTrainer:
     """The training forward shared by the optimisation loop, evaluation and the tests."""
 
-    def __init__(self, target: Target, drafter, block_size: int, gamma: float, amp_dtype=None, feature_cache_bytes: int = 0):
+    def __init__(self, target: Target, drafter, block_size: int, gamma: float, amp_dtype=None, feature_cache_bytes: int = 0,
+                 soft_top_k: int = 0, soft_weight: float = 0.0):
         self.target = target
         self.drafter = drafter  # possibly DDP-wrapped
         core = drafter.module if hasattr(drafter, "module") else drafter
@@ -381,6 +394,11 @@ class DrafterTrainer:
         self.features = FeatureExtractor(target, core.target_layer_ids)
         self.amp_dtype = amp_dtype
         self.device = target.device
+        # Soft labels: the target's own top-k distribution mixed into the one-hot greedy label.
+        # A greedy token says only which id won; the distribution also says by how much and what
+        # came second, which is more signal per position when the data is what limits the drafter.
+        self.soft_top_k = soft_top_k if soft_weight > 0 else 0
+        self.soft_weight = soft_weight
         # On a CPU the frozen target's forward costs more than the drafter's whole step, so with
         # several epochs over a small data set its features are kept rather than recomputed.
         self.feature_cache: dict[str, torch.Tensor] = {}
@@ -396,18 +414,36 @@ class DrafterTrainer:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def target_features(self, ids: torch.Tensor, key: str | None) -> torch.Tensor:
-        feats = self.feature_cache.get(key) if key is not None else None
-        if feats is None:
-            feats = self.features(ids[None])
+    def target_features(self, ids: torch.Tensor, key: str | None):
+        """Features of `ids`, plus (top ids, top probabilities) per position when soft labels are on."""
+        cached = self.feature_cache.get(key) if key is not None else None
+        if cached is None:
+            out = self.features(ids[None], self.soft_top_k)
+            feats, soft = (out[0], out[1:]) if self.soft_top_k else (out, None)
             if self.amp_dtype is not None:
                 # Autocast feeds `fc` in this dtype anyway; caching it halves the memory.
                 feats = feats.to(self.amp_dtype)
-            size = feats.numel() * feats.element_size()
+            cached = (feats, soft)
+            size = sum(t.numel() * t.element_size() for t in (feats, *(soft or ())))
             if key is not None and size <= self.feature_cache_left:
-                self.feature_cache[key] = feats
+                self.feature_cache[key] = cached
                 self.feature_cache_left -= size
-        return feats
+        return cached
+
+    def soft_cross_entropy(self, logp: torch.Tensor, anchors: torch.Tensor, soft) -> torch.Tensor:
+        """-sum_j p_target(j) log q(j) per slot over the target's top-k ids the drafter can propose.
+
+        The label of block slot k is the token at anchor+k, which the target predicted at anchor+k-1.
+        """
+        top_ids, top_p = soft
+        T = top_ids.shape[0]
+        src = (anchors.to(self.device)[:, None] + torch.arange(self.block_size - 1, device=self.device)).clamp(max=T - 1)
+        ids, p = top_ids[src], top_p[src]  # [nA, B-1, k]
+        if self.label_index is not None:
+            ids = self.label_index[ids]
+            p = p * (ids >= 0)
+        p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
+        return -(p * logp.gather(-1, ids.clamp(min=0))).sum(-1)
 
     def forward(self, ids: torch.Tensor, anchors: torch.Tensor, dense: bool | None = None, unwrapped: bool = False,
                 key: str | None = None) -> StepOut:
@@ -420,7 +456,7 @@ class DrafterTrainer:
         use_flex = (self.device.type == "cuda" and not sliding) if dense is None else not dense
         mask = (flex_block_mask if use_flex else dense_block_mask)(anchors, T, B, self.device)
         with self._autocast():
-            feats = self.target_features(ids, key)
+            feats, soft = self.target_features(ids, key)
             with torch.no_grad():
                 embeds = self.target.embed(block_ids[None])
             # Rank-0-only evaluation must bypass DDP, whose forward would wait for the other ranks.
@@ -433,10 +469,16 @@ class DrafterTrainer:
         logits = logits.float()
         if self.label_index is not None:
             labels = torch.where(valid, self.label_index[labels.clamp(min=0)], labels)
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none")
+        logp = logits.log_softmax(-1)
+        hard = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
         w = self.weights[None, :].expand_as(labels) * (labels >= 0)
-        loss = (ce.view_as(w) * w).sum() / w.sum().clamp(min=1e-9)
-        return StepOut(loss, logits, labels, valid, int(n * B))
+        w = w / w.sum().clamp(min=1e-9)
+        ce = (hard * w).sum()
+        loss = ce
+        if soft is not None:
+            mixed = (1 - self.soft_weight) * hard + self.soft_weight * self.soft_cross_entropy(logp, anchors, soft)
+            loss = (mixed * w).sum()
+        return StepOut(loss, ce, logits, labels, valid, int(n * B))
 
 
 def acceptance_lengths(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -455,7 +497,7 @@ def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 12
     was_training = trainer.core.training
     trainer.core.eval()
     gen = torch.Generator().manual_seed(seed)
-    tot_loss = tot_w = 0.0
+    tot_loss = tot_ce = tot_w = 0.0
     acc = []
     per_slot_hits = torch.zeros(trainer.block_size - 1)
     for ids, plen, key in seqs:
@@ -467,6 +509,7 @@ def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 12
         acc.append(lengths)
         per_slot_hits += torch.bincount(lengths - 1, minlength=trainer.block_size)[1:].flip(0).cumsum(0).flip(0).float()
         tot_loss += float(out.loss) * anchors.numel()
+        tot_ce += float(out.ce) * anchors.numel()
         tot_w += anchors.numel()
     trainer.core.train(was_training)
     if not acc:
@@ -474,6 +517,7 @@ def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 12
     lengths = torch.cat(acc).float()
     return {
         "val_loss": tot_loss / tot_w,
+        "val_ce": tot_ce / tot_w,
         "val_tau": float(lengths.mean()),
         "val_blocks": int(lengths.numel()),
         # Fraction of blocks whose draft got at least k tokens accepted, k = 1..B-1.
@@ -538,6 +582,10 @@ def parse_args(argv=None):
     p.add_argument("--mask-token-id", type=int, default=None)
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="propose only the N most frequent response tokens (0: the whole vocabulary)")
+    p.add_argument("--soft-labels", type=int, default=0, metavar="K",
+                   help="also learn the target's top-K next-token distribution (0: greedy labels only)")
+    p.add_argument("--soft-weight", type=float, default=0.5,
+                   help="weight of the soft labels against the greedy one-hot label (with --soft-labels)")
     p.add_argument("--init-from-target", action="store_true")
     p.add_argument("--init-from", default=None, help="warm start from a released-format drafter directory")
     p.add_argument("--target-layer-ids", default=None, help="comma-separated 0-based target layers")
@@ -667,8 +715,12 @@ def main(argv=None) -> dict:
     block_size = config.block_size
     gamma = args.gamma or default_gamma(block_size)
     amp = choose_amp(args.amp, device)
-    trainer = DrafterTrainer(target, model, block_size, gamma, amp, int(args.feature_cache_gb * 2**30))
-    log(f"gamma {gamma}, autocast {amp}, device {device}")
+    if args.soft_labels and not 0 < args.soft_weight <= 1:
+        raise SystemExit(f"--soft-weight must be in (0, 1], got {args.soft_weight}")
+    trainer = DrafterTrainer(target, model, block_size, gamma, amp, int(args.feature_cache_gb * 2**30),
+                             soft_top_k=args.soft_labels, soft_weight=args.soft_weight if args.soft_labels else 0.0)
+    log(f"gamma {gamma}, autocast {amp}, device {device}"
+        + (f", soft labels top-{args.soft_labels} weight {args.soft_weight}" if args.soft_labels else ""))
 
     grad_accum = args.grad_accum
     if args.batch_tokens:
@@ -684,7 +736,7 @@ def main(argv=None) -> dict:
 
     opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     anchor_gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "best_val": float("inf"), "bad_evals": 0,
+    state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "best_tau": 0.0, "bad_evals": 0,
              "block_tokens": 0, "seen_seqs": 0}
     if resume_state is not None:
         opt.load_state_dict(resume_state["optimizer"])
@@ -725,9 +777,11 @@ def main(argv=None) -> dict:
             return None
         metrics = evaluate(trainer, val[: args.eval_seqs], args.anchors_per_seq)
         metrics.update(step=state["step"], elapsed_s=round(state["elapsed"], 1), kind="eval")
-        improved = metrics["val_loss"] < state["best_val"]
+        # Held-out tau, not loss, decides: with soft labels the loss also rewards matching the
+        # target's runners-up, which acceptance never sees.
+        improved = metrics["val_tau"] > state.get("best_tau", 0.0)
         if improved:
-            state["best_val"], state["bad_evals"] = metrics["val_loss"], 0
+            state["best_tau"], state["bad_evals"] = metrics["val_tau"], 0
             drafter.save_pretrained(out_dir)  # the best drafter so far is always the shipped one
         else:
             state["bad_evals"] += 1
@@ -813,7 +867,7 @@ def main(argv=None) -> dict:
         drafter.save_pretrained(out_dir)  # without a held-out split the last drafter is the result
     summary = {"kind": "done", "stop_reason": stop_reason, "step": state["step"], "epoch": state["epoch"],
                "elapsed_s": round(state["elapsed"], 1), "block_tokens": state["block_tokens"] * world,
-               "best_val_loss": state["best_val"], "last_eval": last_eval}
+               "best_val_tau": state["best_tau"], "last_eval": last_eval}
     write_log(summary)
     log(f"done ({stop_reason}) after {state['step']} steps, {state['elapsed'] / 60:.1f} min; drafter in {out_dir}")
     if log_fh:

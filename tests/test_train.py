@@ -86,6 +86,30 @@ def test_training_forward_equals_inference(tiny_dirs, one_thread):
     assert out.labels[0].tolist() == ids[11 : 10 + B].tolist()
 
 
+def test_soft_labels_are_the_targets_own_distribution(tiny_dirs, one_thread):
+    target_dir, drafter_dir = tiny_dirs
+    target = Target.from_pretrained(target_dir)
+    drafter = DFlashDrafter.from_pretrained(drafter_dir)
+    B, V = drafter.block_size, target.vocab_size
+    torch.manual_seed(1)
+    ids = torch.randint(4, V - 1, (30,))
+    anchors = torch.tensor([5, 12, 26])  # the last block runs past the end
+    hard = DrafterTrainer(target, drafter, B, 2.0)
+    # Top-V soft labels are the full distribution, so the soft term is exactly -sum p log q.
+    soft = DrafterTrainer(target, drafter, B, 2.0, soft_top_k=V, soft_weight=0.25)
+    with torch.no_grad():
+        h, s = hard.forward(ids, anchors, dense=True), soft.forward(ids, anchors, dense=True)
+        p_target = target.model(input_ids=ids[None]).logits[0].float().softmax(-1)
+    logq = s.logits.log_softmax(-1)
+    src = (anchors[:, None] + torch.arange(B - 1)).clamp(max=len(ids) - 1)
+    soft_ce = -(p_target[src] * logq).sum(-1)
+    w = slot_weights(B, 2.0)[None].expand_as(s.labels) * (s.labels >= 0)
+    expected = ((0.75 * -logq.gather(-1, s.labels.clamp(min=0)[..., None])[..., 0] + 0.25 * soft_ce) * w).sum() / w.sum()
+    torch.testing.assert_close(s.loss, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s.ce, h.loss)  # the greedy-label term alone is the plain loss
+    assert not torch.allclose(s.loss, h.loss)
+
+
 def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     target_dir, _ = tiny_dirs
     target = Target.from_pretrained(target_dir)
@@ -131,11 +155,11 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     warm_log = [json.loads(line) for line in (warm_out / "train_log.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in warm_log if r["kind"] == "train"][0] < 0.5 * losses[0]
 
-    # The same warm start restricted to the 24 most frequent response tokens: the drafter ships
-    # them, drafts only them, and stays lossless.
+    # The same warm start restricted to the 24 most frequent response tokens, learning the
+    # target's top-8 distribution as well: the drafter ships them, drafts only them, and stays lossless.
     small_out = tmp_path / "small-vocab"
     warm_args[warm_args.index(str(warm_out))] = str(small_out)
-    main([*warm_args, "--init-from", str(out), "--max-steps", "2", "--draft-vocab", "24"])
+    main([*warm_args, "--init-from", str(out), "--max-steps", "2", "--draft-vocab", "24", "--soft-labels", "8"])
     small = DFlashDrafter.from_pretrained(small_out)
     seqs = [(torch.tensor(ids), plen, "x") for ids, plen in samples]
     expected = frequent_tokens(seqs, 24, target.vocab_size, always=[target.tokenizer.eos_token_id])
