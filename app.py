@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs.json)")
     parser.add_argument(
-        "--threads", type=int, help="torch CPU threads (on a busy machine 1 is often faster than the default)"
+        "--threads", type=int,
+        help="torch CPU threads (default: all cores but one when serving on this machine's loopback, "
+        "where the browser shares the CPU; all cores otherwise)",
     )
     return parser
 
@@ -35,12 +37,15 @@ def main(argv=None) -> None:
     if bool(args.target) != bool(args.drafter):
         raise SystemExit("error: --target and --drafter go together")
 
-    if args.threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(args.threads)
+    from app.models import PairCache, default_threads
 
-    from app.models import PairCache
+    threads = args.threads or default_threads(args.host, torch.get_num_threads())
+    if threads:
+        torch.set_num_threads(threads)
+    print(f"DFlash Studio: {torch.get_num_threads()} torch CPU threads", flush=True)
+
     from app.pairs import cli_pair, load_pairs
     from app.ui import build_demo
 

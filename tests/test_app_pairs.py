@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from app.models import PairCache
+from app.models import PairCache, default_threads
 from app.pairs import PairSpec, availability, cli_pair, load_pairs
 from app.ui import App
 
@@ -56,3 +56,10 @@ def test_missing_target_files_are_a_clear_error(tiny_dirs, tmp_path):
     app = App([spec], spec.id, PairCache("cpu"))
     with pytest.raises(gr.Error, match="not found"):
         list(app.compare("hello", 8, 4, 0.0, 1.0, 0))
+
+
+def test_thread_default_leaves_a_core_to_a_local_browser():
+    assert default_threads("127.0.0.1", 2) == 1  # the browser repaints on the same two cores
+    assert default_threads("localhost", 8) == 7
+    assert default_threads("127.0.0.1", 1) is None  # nothing to leave
+    assert default_threads("0.0.0.0", 2) is None  # viewers elsewhere (a Space): every core decodes
