@@ -6,10 +6,12 @@ anchors are drawn inside the response; each anchor makes a block `[token at anch
 at positions `anchor .. anchor+B-1`, and all blocks of a sequence go through the drafter in one
 forward under a block-sparse mask that reproduces inference exactly: a block sees the context
 positions strictly before its anchor and its own block (both directions), nothing else. The loss
-is the position-weighted cross-entropy of slots 1..B-1. The result is written in the released
-format (`config.json` + `model.safetensors`), loadable by `DFlashDrafter.from_pretrained`.
+is the position-weighted cross-entropy of slots 1..B-1, against the target's greedy token and,
+with `--soft-labels K`, also its top-K next-token distribution. The result is written in the
+released format (`config.json` + `model.safetensors`), loadable by `DFlashDrafter.from_pretrained`.
 
-Single process (CPU or one GPU); the default SmolLM2 drafter (v1) on a 2-core CPU, 85 min::
+Single process (CPU or one GPU); the default SmolLM2 drafter on a 2-core CPU: v1 from the target's
+own top layers (85 min), then v2 warm-started from v1 on more data with soft labels (95 min)::
 
     python -m dflash_core.train --target default:smollm2 \\
         --data assets/data/smollm2-135m-instruct --out runs/drafter-v1 \\
@@ -17,6 +19,12 @@ Single process (CPU or one GPU); the default SmolLM2 drafter (v1) on a 2-core CP
         --anchors-per-seq 64 --max-len 512 --grad-accum 4 --lr 6e-4 --warmup 0.03 \\
         --heldout-frac 0.03 --eval-every 100 --eval-seqs 48 --patience 8 --save-every 50 \\
         --feature-cache-gb 10 --time-budget 85 --threads 2
+    python -m dflash_core.train --target default:smollm2 \\
+        --data assets/data/smollm2-135m-instruct --out runs/drafter-v2 \\
+        --init-from runs/drafter-v1 --soft-labels 8 --soft-weight 0.5 \\
+        --anchors-per-seq 128 --max-len 512 --grad-accum 4 --lr 4e-4 --warmup 0.02 \\
+        --heldout-frac 0.03 --eval-every 100 --eval-seqs 48 --patience 8 --save-every 50 \\
+        --feature-cache-gb 12 --time-budget 95 --threads 2
 
 `--time-budget` is training time (evaluations excluded) and the cosine schedule follows it, so a
 budgeted run always finishes its decay. `--amp auto` picks bf16 autocast where the hardware runs
