@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     parser.add_argument("--synthetic", metavar="SHAPE", help="time one cycle of random-weight models (qwen3-8b, qwen3-4b, tiny)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores); match the app's to compare")
     args = parser.parse_args(argv)
-    if args.threads:
+    if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)

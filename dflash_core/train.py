@@ -191,10 +191,11 @@ class FeatureExtractor:
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, top_k: int = 0):
-        """Concatenated features [1, T, k*h] of `ids` [1, T] (no KV cache, positions 0..T-1).
+        """(features, soft labels) of `ids` [1, T] (no KV cache, positions 0..T-1).
 
-        With `top_k`, also the target's next-token distribution at every position, kept as its
-        `top_k` most likely ids [T, top_k] and their probabilities [T, top_k]: the soft labels.
+        Features are the chosen layers' outputs concatenated, [1, T, k*h]. Soft labels are None,
+        or with `top_k` the target's next-token distribution at every position, kept as its `top_k`
+        most likely ids [T, top_k] and their probabilities [T, top_k].
         """
         last = max(self.layer_ids)
         stop_early = top_k == 0
@@ -212,10 +213,10 @@ class FeatureExtractor:
         feats = torch.cat([self._out[i] for i in self.layer_ids], dim=-1)
         self._out.clear()
         if stop_early:
-            return feats
+            return feats, None
         probs = self.target.head(hidden[0]).float().softmax(-1)
         top_p, top_ids = probs.topk(top_k, dim=-1)
-        return feats, top_ids, top_p
+        return feats, (top_ids, top_p)
 
 
 def pick_mask_token_id(tokenizer, vocab_size: int, seen: set[int]) -> tuple[int, str]:
@@ -426,8 +427,7 @@ class DrafterTrainer:
         """Features of `ids`, plus (top ids, top probabilities) per position when soft labels are on."""
         cached = self.feature_cache.get(key) if key is not None else None
         if cached is None:
-            out = self.features(ids[None], self.soft_top_k)
-            feats, soft = (out[0], out[1:]) if self.soft_top_k else (out, None)
+            feats, soft = self.features(ids[None], self.soft_top_k)
             if self.amp_dtype is not None:
                 # Autocast feeds `fc` in this dtype anyway; caching it halves the memory.
                 feats = feats.to(self.amp_dtype)
@@ -726,7 +726,7 @@ def main(argv=None) -> dict:
     if args.soft_labels and not 0 < args.soft_weight <= 1:
         raise SystemExit(f"--soft-weight must be in (0, 1], got {args.soft_weight}")
     trainer = DrafterTrainer(target, model, block_size, gamma, amp, int(args.feature_cache_gb * 2**30),
-                             soft_top_k=args.soft_labels, soft_weight=args.soft_weight if args.soft_labels else 0.0)
+                             soft_top_k=args.soft_labels, soft_weight=args.soft_weight)
     log(f"gamma {gamma}, autocast {amp}, device {device}"
         + (f", soft labels top-{args.soft_labels} weight {args.soft_weight}" if args.soft_labels else ""))
 
@@ -787,7 +787,7 @@ def main(argv=None) -> dict:
         metrics.update(step=state["step"], elapsed_s=round(state["elapsed"], 1), kind="eval")
         # Held-out tau, not loss, decides: with soft labels the loss also rewards matching the
         # target's runners-up, which acceptance never sees.
-        improved = metrics["val_tau"] > state.get("best_tau", 0.0)
+        improved = metrics["val_tau"] > state["best_tau"]
         if improved:
             state["best_tau"], state["bad_evals"] = metrics["val_tau"], 0
             drafter.save_pretrained(out_dir)  # the best drafter so far is always the shipped one
