@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_linear import pack_linears
 from .drafter import DFlashDrafter
 from .errors import PairMismatchError
 from .target import Target
@@ -103,4 +104,5 @@ def load_pair(target, drafter=None, *, device="cpu", dtype="float32", drafter_dt
     drafter_dtype = parse_dtype(drafter_dtype) if drafter_dtype else default_drafter_dtype(device, dtype)
     drafter_model = DFlashDrafter.from_pretrained(drafter, device=device, dtype=drafter_dtype)
     validate_pair(target_model, drafter_model, block_size)
+    pack_linears(drafter_model)  # loaded for decoding, not training: its weights are fixed
     return ModelPair(target_model, drafter_model)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from .cpu_linear import pack_linears
 from .errors import CheckpointError
 from .hub import looks_like_path
 
@@ -67,7 +68,9 @@ class Target:
             )
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"could not load target {name!r}: {exc}") from exc
-        return cls(model.to(device), load_tokenizer(name))
+        model = model.to(device)
+        pack_linears(model)  # a no-op off CPU; the target is frozen, so its weights pack once
+        return cls(model, load_tokenizer(name))
 
     # --- shapes and shared modules -------------------------------------------------------------
     @property

@@ -1,0 +1,90 @@
+"""oneDNN-packed linear layers (dflash_core/cpu_linear.py) against `F.linear`.
+
+Error bound: float32 outputs within 1e-5 relative (+1e-6 absolute) of `F.linear` (the two
+libraries sum in different orders); bfloat16 within 2 bf16 ulps relative.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_core.cpu_linear import PackedLinear, pack_linears, packable_dtypes, packing_wanted
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+
+
+def packed_copy(linear: nn.Linear) -> PackedLinear:
+    clone = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    clone.load_state_dict(linear.state_dict())
+    model = nn.Sequential(clone.to(linear.weight.dtype))
+    assert pack_linears(model) == 1
+    return model[0]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_matches_linear(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias)  # 200 outputs: not a multiple of any SIMD width
+    packed = packed_copy(linear)
+    x = torch.randn(2, rows, 96)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(torch.bfloat16 not in packable_dtypes(), reason="no native bf16 on this CPU")
+def test_bfloat16_matches_linear():
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 64).to(torch.bfloat16)
+    packed = packed_copy(linear)
+    x = torch.randn(8, 128, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        out = packed(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, F.linear(x, linear.weight, linear.bias), rtol=2 * 2**-8, atol=1e-3)
+
+
+def test_weight_changed_in_place_is_repacked():
+    torch.manual_seed(1)
+    packed = packed_copy(nn.Linear(32, 16))
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        packed.weight.mul_(-2.0)  # what an optimizer step does
+        torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_flow_through_the_plain_path():
+    torch.manual_seed(2)
+    packed = packed_copy(nn.Linear(32, 16))
+    x = torch.randn(4, 32, requires_grad=True)
+    packed(x).sum().backward()
+    assert x.grad is not None and packed.weight.grad is not None
+    torch.testing.assert_close(x.grad, packed.weight.sum(0).detach().expand(4, -1))
+
+
+def test_tied_weights_stay_tied():
+    embed = nn.Embedding(50, 24)
+    head = nn.Linear(24, 50, bias=False)
+    head.weight = embed.weight
+    model = nn.ModuleDict({"embed": embed, "head": head})
+    pack_linears(model)
+    assert isinstance(model["head"], PackedLinear) and model["head"].weight is embed.weight
+
+
+def test_switch_off_and_bad_value(monkeypatch):
+    model = nn.Sequential(nn.Linear(8, 8))
+    monkeypatch.setenv("DFLASH_CPU_LINEAR", "off")
+    assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
+    monkeypatch.setenv("DFLASH_CPU_LINEAR", "fast")
+    with pytest.raises(ValueError, match="DFLASH_CPU_LINEAR must be auto, on or off, not 'fast'"):
+        pack_linears(model)
+
+
+@pytest.mark.skipif(not packing_wanted(), reason="DFLASH_CPU_LINEAR=off")
+def test_loaded_targets_are_packed(tiny_pair):
+    target, _ = tiny_pair
+    packed = [m for m in target.model.modules() if isinstance(m, PackedLinear)]
+    assert packed and target.head in packed
