@@ -9,7 +9,7 @@ plain step 57 -> 41 ms, a verification of 8 tokens 83 -> 47 ms (docs/benchmarks.
 
 The packed copy is a cache next to the original weight, which stays a normal parameter (the
 drafter borrows the target's LM head, training initialises drafter layers from the target). A
-weight changed in place (an optimizer step) is repacked before its next use, so a packed module
+weight changed in place (an optimizer step) or replaced is repacked before its next use, so a packed module
 never computes with stale weights. Calls that need gradients take the plain `F.linear` path.
 
 `DFLASH_CPU_LINEAR=off` keeps every layer as it was; `on`/`auto` (default) pack on CPU.
@@ -45,7 +45,7 @@ class PackedLinear(nn.Linear):
     """An `nn.Linear` whose inference forward runs on a oneDNN-packed copy of its weight."""
 
     packed: torch.Tensor
-    packed_version: int
+    packed_key: tuple[int, int]  # which weight storage, at which in-place version, was packed
 
     @classmethod
     def convert(cls, linear: nn.Linear) -> "PackedLinear":
@@ -56,14 +56,14 @@ class PackedLinear(nn.Linear):
 
     def repack(self) -> None:
         self.packed = _pack(self.weight)
-        self.packed_version = self.weight._version
+        self.packed_key = (self.weight.data_ptr(), self.weight._version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != self.weight.dtype or (torch.is_grad_enabled() and (
-                x.requires_grad or self.weight.requires_grad)):
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if needs_grad or x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
-        if self.weight._version != self.packed_version:
-            self.repack()
+        if (self.weight.data_ptr(), self.weight._version) != self.packed_key:
+            self.repack()  # changed in place (optimizer step) or replaced (`.to(dtype)`, `.data =`)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

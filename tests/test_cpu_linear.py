@@ -56,6 +56,15 @@ def test_weight_changed_in_place_is_repacked():
         torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-6)
 
 
+def test_weight_replaced_is_repacked():
+    torch.manual_seed(3)
+    packed = packed_copy(nn.Linear(32, 16))
+    packed.weight.data = torch.randn(16, 32)
+    x = torch.randn(4, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-6)
+
+
 def test_gradients_flow_through_the_plain_path():
     torch.manual_seed(2)
     packed = packed_copy(nn.Linear(32, 16))
