@@ -9,8 +9,8 @@ plain step 57 -> 41 ms, a verification of 8 tokens 83 -> 47 ms (docs/benchmarks.
 
 The packed copy is a cache next to the original weight, which stays a normal parameter (the
 drafter borrows the target's LM head, training initialises drafter layers from the target). A
-weight changed in place (an optimizer step) or replaced is repacked before its next use, so a packed module
-never computes with stale weights. Calls that need gradients take the plain `F.linear` path.
+weight changed in place (an optimizer step) or replaced is repacked before its next use, so a
+packed module never computes with stale weights. Calls that need gradients take `F.linear`.
 
 `DFLASH_CPU_LINEAR=off` keeps every layer as it was; `on`/`auto` (default) pack on CPU.
 """
@@ -22,7 +22,6 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 
 
 def packable_dtypes() -> tuple[torch.dtype, ...]:
