@@ -53,15 +53,18 @@ class PackedLinear(nn.Linear):
         linear.repack()
         return linear
 
+    def _weight_key(self) -> tuple[int, int]:
+        return self.weight.data_ptr(), self.weight._version
+
     def repack(self) -> None:
         self.packed = _pack(self.weight)
-        self.packed_key = (self.weight.data_ptr(), self.weight._version)
+        self.packed_key = self._weight_key()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         if needs_grad or x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
-        if (self.weight.data_ptr(), self.weight._version) != self.packed_key:
+        if self._weight_key() != self.packed_key:
             self.repack()  # changed in place (optimizer step) or replaced (`.to(dtype)`, `.data =`)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
