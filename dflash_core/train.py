@@ -51,6 +51,7 @@ the block mask is a Flex Attention `BlockMask`; elsewhere it is a dense boolean 
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -306,42 +307,83 @@ def query_key_scales(target: Target, layer_ids: list[int], samples: list[torch.T
     return {i: (math.sqrt(q / max(n, 1)), math.sqrt(k / max(n, 1))) for i, (q, k, n) in sums.items()}
 
 
+def _copy_target_layer(layer, src, scales: tuple[float, float] | None) -> None:
+    """Load target layer `src` (attention, MLP, norms) into drafter layer `layer`.
+
+    q_norm/k_norm come from the target when it has them; otherwise their gains are the target's
+    measured q/k norms (`scales`): with gains of 1 the attention logits stay within a few units and
+    every head attends almost uniformly, which left a first drafter unable to focus on the recent
+    context. Never below 1: smaller gains would only flatten attention further (random targets).
+    """
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        getattr(layer.self_attn, name).load_state_dict(getattr(src.self_attn, name).state_dict())
+    for j, norm in enumerate(("q_norm", "k_norm")):
+        src_norm = getattr(src.self_attn, norm, None)
+        if src_norm is not None:
+            getattr(layer.self_attn, norm).weight.copy_(src_norm.weight)
+        else:
+            getattr(layer.self_attn, norm).weight.fill_(max(scales[j], 1.0) if scales else 1.0)
+    layer.mlp.load_state_dict(src.mlp.state_dict())
+    layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
+    layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+
+
+def _target_layer_scales(target: Target, first: int, samples) -> dict:
+    """q/k norm gains for target layers `first`.. when the target has no q_norm/k_norm."""
+    big = target.layers
+    needs = any(getattr(big[i].self_attn, "q_norm", None) is None for i in range(first, len(big)))
+    return query_key_scales(target, list(range(first, len(big))), list(samples)) if needs and samples else {}
+
+
 @torch.no_grad()
 def init_from_target(drafter: DFlashDrafter, target: Target, samples: list[torch.Tensor] = ()) -> None:
     """Start from the target's own top layers: they already map features of this width to tokens.
 
-    Drafter layer i takes target layer L-n+i (attention, MLP, layer norms). `fc` starts by passing
+    Drafter layer i takes target layer L-n+i (see `_copy_target_layer`). `fc` starts by passing
     the last selected layer's features through, `hidden_norm` scales them as the first copied
     layer's input norm would, and `norm` is the target's final norm, so the initial drafter is a
-    shortened copy of the target's upper stack. q_norm/k_norm come from the target when it has
-    them; otherwise their gains are the target's measured q/k norms on `samples` (with gains of 1
-    the attention logits stay within a few units and every head attends almost uniformly, which
-    left a first drafter unable to focus on the recent context).
+    shortened copy of the target's upper stack.
     """
     n, big = len(drafter.layers), target.layers
     start = len(big) - n
-    needs_scales = any(getattr(big[start + i].self_attn, "q_norm", None) is None for i in range(n))
-    scales = query_key_scales(target, list(range(start, len(big))), list(samples)) if needs_scales and samples else {}
+    scales = _target_layer_scales(target, start, samples)
     for i, layer in enumerate(drafter.layers):
-        src = big[start + i]
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            getattr(layer.self_attn, name).load_state_dict(getattr(src.self_attn, name).state_dict())
-        for j, norm in enumerate(("q_norm", "k_norm")):
-            src_norm = getattr(src.self_attn, norm, None)
-            if src_norm is not None:
-                getattr(layer.self_attn, norm).weight.copy_(src_norm.weight)
-            else:
-                # Never below 1: smaller gains would only flatten attention further (random targets).
-                getattr(layer.self_attn, norm).weight.fill_(max(scales[start + i][j], 1.0) if scales else 1.0)
-        layer.mlp.load_state_dict(src.mlp.state_dict())
-        layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
-        layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+        _copy_target_layer(layer, big[start + i], scales.get(start + i))
     h = drafter.config.hidden_size
     drafter.fc.weight.zero_()
     drafter.fc.weight[:, -h:] = torch.eye(h)
     drafter.fc.weight.add_(torch.randn_like(drafter.fc.weight) * 0.01)
     drafter.hidden_norm.weight.copy_(big[start].input_layernorm.weight)
     drafter.norm.weight.copy_(target.model.get_decoder().norm.weight)
+
+
+@torch.no_grad()
+def grow_drafter(warm: DFlashDrafter, target: Target, layers: int, samples: list[torch.Tensor] = ()) -> DFlashDrafter:
+    """`warm` with layers appended up to `layers`, computing exactly what `warm` computes.
+
+    Each new layer starts as a copy of one of the target's top layers with its output projections
+    (o_proj, down_proj) zeroed: its residual branches add nothing, so training resumes from the
+    warm drafter's acceptance instead of from scratch, and gradients reach the zeroed projections
+    at once (their inputs are not zero), so the new depth comes into use from the first steps.
+    """
+    have = len(warm.layers)
+    if layers < have:
+        raise SystemExit(f"--layers {layers} is below the warm drafter's {have}: a drafter can grow, not shrink")
+    config = copy.deepcopy(warm.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types) + [config.layer_types[-1]] * (layers - have)
+    grown = DFlashDrafter(config).to(dtype=warm.dtype, device=warm.fc.weight.device)
+    missing, unexpected = grown.load_state_dict(warm.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("layers.") for k in missing), (missing, unexpected)
+    big = target.layers
+    start = len(big) - (layers - have)
+    scales = _target_layer_scales(target, start, samples)
+    for i, layer in enumerate(grown.layers[have:]):
+        _copy_target_layer(layer, big[start + i], scales.get(start + i))
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    return grown
 
 
 # ------------------------------------------------------------------------------------ data
@@ -579,7 +621,8 @@ def parse_args(argv=None):
     p.add_argument("--target", required=True, help="target dir or Hub id, or default:smollm2")
     p.add_argument("--data", required=True, help="directory of datagen shards")
     p.add_argument("--out", required=True, help="output dir: released-format drafter + checkpoint/ + train_log.jsonl")
-    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--layers", type=int, default=None,
+                   help="drafter layers (default 3; with --init-from: grow the warm drafter to this many)")
     p.add_argument("--block-size", type=int, default=None, help="default 16 (with --init-from: the warm drafter's)")
     p.add_argument("--gamma", type=float, default=None, help="loss decay (default by block size, SPEC §5)")
     p.add_argument("--anchors-per-seq", type=int, default=32)
@@ -678,12 +721,16 @@ def main(argv=None) -> dict:
         # Warm start from a released-format drafter (e.g. the one a previous session shipped):
         # its shape, mask token and target layers carry over; optimizer and schedule start anew.
         warm = DFlashDrafter.from_pretrained(args.init_from, dtype=torch.float32)
+        if args.layers and args.layers != len(warm.layers):
+            log(f"growing the warm drafter from {len(warm.layers)} to {args.layers} layers")
+            warm = grow_drafter(warm, target, args.layers, [s[0] for s in train[:16]])
         config = warm.config
         if args.block_size:
             # Block size is not in the weights: a drafter can be retrained for another one.
             config.block_size = args.block_size
         log(f"warm start from {args.init_from}")
     else:
+        layers = args.layers or 3
         if args.mask_token_id is not None:
             mask_id, why = args.mask_token_id, "given"
         else:
@@ -694,8 +741,8 @@ def main(argv=None) -> dict:
         if args.target_layer_ids:
             layer_ids = [int(x) for x in args.target_layer_ids.split(",")]
         else:
-            layer_ids = default_target_layer_ids(target.num_layers, args.layers)
-        config = build_drafter_config(target, args.layers, args.block_size or 16, mask_id, layer_ids)
+            layer_ids = default_target_layer_ids(target.num_layers, layers)
+        config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids)
     vocab = None
     if resume_state is None and args.draft_vocab:
         config.draft_vocab_size = args.draft_vocab
@@ -714,7 +761,7 @@ def main(argv=None) -> dict:
         drafter.load_state_dict(warm_state)
     elif resume_state is None and args.init_from_target:
         init_from_target(drafter, target, [s[0] for s in train[:16]])
-        log(f"drafter layers initialised from target layers {target.num_layers - args.layers}..{target.num_layers - 1}")
+        log(f"drafter layers initialised from target layers {target.num_layers - layers}..{target.num_layers - 1}")
     if resume_state is not None:
         drafter.load_state_dict(resume_state["drafter"])
     drafter.train()

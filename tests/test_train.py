@@ -10,8 +10,8 @@ import torch
 
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.train import (
-    DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, init_from_target, main,
-    slot_weights,
+    DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, grow_drafter, init_from_target,
+    main, slot_weights,
 )
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
@@ -219,3 +219,33 @@ def test_init_from_target_copies_layers_and_calibrates_qk_gains(tiny_dirs, one_t
     assert float(expected) > 1.5  # well above the floor of 1, so the test tells the two apart
     # Tiny random queries would give gains below 1; those are floored at 1 (no flatter than unit RMS).
     assert torch.equal(drafter.layers[0].self_attn.q_norm.weight, torch.ones_like(gain))
+
+
+def test_grown_drafter_computes_what_the_warm_one_did_and_trains_its_new_layers(tiny_dirs, one_thread):
+    """Growing appends target-initialised layers whose residual branches start at zero: the same
+    drafts as before growth, yet one optimizer step moves the new layers."""
+    target_dir, drafter_dir = tiny_dirs
+    target, warm = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+    have = len(warm.layers)
+    grown = grow_drafter(warm, target, have + 2)
+    assert len(grown.layers) == have + 2 and grown.config.num_hidden_layers == have + 2
+    assert len(grown.config.layer_types) == have + 2
+    assert torch.equal(grown.layers[-1].mlp.gate_proj.weight, target.layers[-1].mlp.gate_proj.weight)
+    assert not grown.layers[-1].self_attn.o_proj.weight.any() and not grown.layers[-1].mlp.down_proj.weight.any()
+    ids = torch.randint(4, target.vocab_size - 1, (40,), generator=torch.Generator().manual_seed(5))
+    anchors = torch.tensor([10, 20, 30])
+    before = DrafterTrainer(target, warm, warm.block_size, 4.0)
+    after = DrafterTrainer(target, grown, grown.block_size, 4.0)
+    with torch.no_grad():
+        torch.testing.assert_close(after.forward(ids, anchors).logits, before.forward(ids, anchors).logits,
+                                   atol=1e-6, rtol=1e-6)
+    prompt = _prompt_ids(target, PROMPTS[0])
+    assert run(target, prompt, grown, max_new_tokens=12).output_ids == run(target, prompt, warm, max_new_tokens=12).output_ids
+
+    new_layer = grown.layers[-1]
+    loss = after.forward(ids, anchors).loss
+    loss.backward()
+    assert float(new_layer.self_attn.o_proj.weight.grad.abs().sum()) > 0
+    assert float(new_layer.mlp.down_proj.weight.grad.abs().sum()) > 0
+    with pytest.raises(SystemExit, match="grow, not shrink"):
+        grow_drafter(warm, target, have - 1)
