@@ -8,8 +8,9 @@ and, as the last line of stdout, one JSON object with the headline figures.
     python -m dflash_core.bench --target default:smollm2 --drafter assets/drafters/smollm2-135m-instruct-dflash \\
         --dtype float32 --max-new-tokens 128 --num-prompts 20
 
-`--synthetic SHAPE` instead times one cycle of random-weight models in released shapes (see
-`bench_synthetic.py`).
+`--cycle-times` instead times the parts of one cycle (draft, verify, bookkeeping) of this pair
+against one plain step, and `--synthetic SHAPE` does so for random-weight models in the released
+Qwen3 shapes (see `bench_cycle.py`).
 """
 
 from __future__ import annotations
@@ -140,6 +141,19 @@ def benchmark(args) -> dict:
     }
 
 
+def cycle_times(args) -> dict:
+    """`bench_cycle.time_cycle` for the loaded pair at each block size; prints one table per size."""
+    from .bench_cycle import print_table as print_cycle, time_cycle
+
+    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+    result = {"target": str(args.target), "drafter": str(args.drafter), "per_block_size": {}}
+    for b in args.block_sizes or [pair.drafter.block_size]:
+        r = time_cycle(pair.target, pair.drafter, args.context, b, taus=range(2, b + 1))
+        print_cycle({"target": result["target"], **r})
+        result["per_block_size"][b] = r
+    return result
+
+
 def print_table(result: dict) -> None:
     plain = result["plain_tok_s"]
     print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
@@ -165,6 +179,9 @@ def main(argv=None) -> int:
     parser.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--cycle-times", action="store_true",
+                        help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
+    parser.add_argument("--context", type=int, default=200, help="context length for --cycle-times")
     parser.add_argument("--synthetic", metavar="SHAPE", help="time one cycle of random-weight models (qwen3-8b, qwen3-4b, tiny)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores); match the app's to compare")
     args = parser.parse_args(argv)
@@ -173,11 +190,13 @@ def main(argv=None) -> int:
             parser.error(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     if args.synthetic:
-        from .bench_synthetic import print_table as print_synthetic, run_synthetic
+        from .bench_cycle import print_table as print_cycle, run_synthetic
 
         dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[args.dtype]
         result = run_synthetic(args.synthetic, args.device, dtype)
-        print_synthetic(result)
+        print_cycle(result)
+    elif args.cycle_times:
+        result = cycle_times(args)
     else:
         result = benchmark(args)
         print_table(result)

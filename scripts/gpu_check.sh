@@ -72,9 +72,10 @@ for shape in qwen3-8b qwen3-4b; do
 import json, sys
 from pathlib import Path
 import torch
-from dflash_core.bench_synthetic import run_synthetic
+from dflash_core.bench_cycle import print_table, run_synthetic
 shape, out = sys.argv[1], Path(sys.argv[2])
 result = run_synthetic(shape, "cuda", "bf16", iters=30)
+print_table(result)
 path = out / "bench_synthetic.json"
 figures = json.loads(path.read_text()) if path.exists() else {}
 figures[shape] = {k: v for k, v in result.items()}

@@ -2,24 +2,29 @@
 
 import json
 
+import pytest
 import torch
 
 from dflash_core.bench import main
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """`--threads` sets torch's process-wide thread count; later tests must not inherit it."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
 
 
 def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     target_dir, drafter_dir = tiny_dirs
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["What is 2+3?", "def add(a, b):", "Once upon"]))
-    before = torch.get_num_threads()
     torch.set_num_threads(2)  # so that the flag, not the environment, is what makes it 1
-    try:
-        assert main([
-            "--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
-            "--num-prompts", "2", "--max-new-tokens", "12", "--block-sizes", "8,4", "--threads", "1",
-        ]) == 0
-    finally:
-        torch.set_num_threads(before)
+    assert main([
+        "--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
+        "--num-prompts", "2", "--max-new-tokens", "12", "--block-sizes", "8,4", "--threads", "1",
+    ]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     result = json.loads(lines[-1])
     assert result["num_prompts"] == 2 and result["block_size"] == 8 and result["threads"] == 1
@@ -28,3 +33,32 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     for key in ("speedup", "dflash_tok_s", "plain_tok_s", "speedup_prompt_lookup", "speedup_hf_generate"):
         assert result[key] > 0
     assert any("DFlash block 4" in line for line in lines)
+
+
+def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
+    target_dir, drafter_dir = tiny_dirs
+    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--cycle-times",
+                 "--block-sizes", "4,2", "--context", "24", "--threads", "1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert set(result["per_block_size"]) == {"4", "2"}
+    for b, r in result["per_block_size"].items():
+        assert r["block_size"] == int(b) and r["context"] == 24 and r["threads"] == 1
+        parts = r["draft_ms"] + r["verify_ms"] + r["bookkeeping_ms"]
+        assert min(r["draft_ms"], r["verify_ms"], r["bookkeeping_ms"], r["plain_ms"]) > 0
+        assert abs(r["cycle_ms"] - parts) < 1e-9
+        assert list(r["speedup"]) == [str(t) for t in range(2, int(b) + 1)]
+        for tau, x in r["speedup"].items():
+            assert abs(x - int(tau) * r["plain_ms"] / r["cycle_ms"]) < 1e-9
+    # One table per block size, without issue 4's H200 verdicts (those are for the released shapes).
+    assert sum(line.startswith(str(target_dir)) for line in out) == 2
+    assert not any("target <=" in line for line in out)
+
+
+def test_synthetic_tiny_prints_its_table_once(capsys):
+    assert main(["--synthetic", "tiny", "--threads", "1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert result["shape"] == "tiny" and result["block_size"] == 16 and set(result["speedup"]) == {"4", "6", "8"}
+    assert sum(line.startswith("synthetic tiny") for line in out) == 1
+    assert sum("target <=" in line for line in out) == 3
