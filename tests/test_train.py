@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from dflash_core import DFlashDrafter, Target, run
-from dflash_core.train import (
-    DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, grow_drafter, init_from_target,
-    main, slot_weights,
-)
+from dflash_core.drafter_init import grow_drafter, init_from_target
+from dflash_core.errors import ConfigError
+from dflash_core.train import DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, main, slot_weights
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
 
@@ -168,6 +167,18 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     assert list(result.output_ids) == samples[0][0][plen:]
     assert {t for b in result.blocks for t in b.draft_ids} <= set(small.draft_vocab.tolist())
 
+    # A warm start that training only makes worse ships the warm drafter: step 0 is evaluated too.
+    data8, worse = tmp_path / "data8", tmp_path / "worse"
+    _write_shard(data8, samples * 4)  # ids test-3, -4, -7 of these 8 fall in a held-out half
+    worse_args = [a for a in common if a != "--init-from-target"]
+    worse_args[worse_args.index(str(data))], worse_args[worse_args.index(str(out))] = str(data8), str(worse)
+    main([*worse_args, "--init-from", str(out), "--max-steps", "2", "--heldout-frac", "0.5", "--lr", "1.0",
+          "--warmup", "0", "--eval-every", "1"])
+    evals = [r for r in map(json.loads, (worse / "train_log.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 1, 2] and [r["best"] for r in evals] == [True, False, False]
+    shipped, warm = DFlashDrafter.from_pretrained(worse).state_dict(), DFlashDrafter.from_pretrained(out).state_dict()
+    assert all(torch.equal(shipped[k], warm[k]) for k in warm)
+
 
 def test_frequent_tokens_ranks_response_tokens_only():
     seqs = [(torch.tensor([9, 9, 9, 5, 5, 7]), 3, "a"), (torch.tensor([8, 7, 5]), 1, "b")]
@@ -247,5 +258,5 @@ def test_grown_drafter_computes_what_the_warm_one_did_and_trains_its_new_layers(
     loss.backward()
     assert float(new_layer.self_attn.o_proj.weight.grad.abs().sum()) > 0
     assert float(new_layer.mlp.down_proj.weight.grad.abs().sum()) > 0
-    with pytest.raises(SystemExit, match="grow, not shrink"):
+    with pytest.raises(ConfigError, match="grow, not shrink"):
         grow_drafter(warm, target, have - 1)
