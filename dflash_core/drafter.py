@@ -18,6 +18,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 from . import kernels
 from .config import drafter_config_dict, parse_drafter_config
+from .cpu_linear import pack_linears
 from .errors import CheckpointError
 from .hub import resolve_model_dir
 from .kernels.cuda_paths import drafter_attention
@@ -189,8 +190,9 @@ class DFlashDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    def head_weight(self, lm_head: nn.Module) -> torch.Tensor:
-        """The target's LM head rows for the draft vocabulary, in the drafter's dtype.
+    def draft_head(self, lm_head: nn.Module) -> nn.Linear:
+        """The target's LM head rows for the draft vocabulary: a frozen linear layer in the drafter's
+        dtype (oneDNN-packed on CPU, see cpu_linear.py).
 
         Built once per target head and kept: casting or slicing a 49k x 576 matrix every cycle
         would cost more than the drafter's layers.
@@ -198,15 +200,21 @@ class DFlashDrafter(nn.Module):
         weight = lm_head.weight
         key = (weight.data_ptr(), weight.shape, weight.dtype, weight.device, self.dtype)
         if self._head is None or self._head[0] != key:
-            w = weight.detach()
-            if self.draft_vocab is not None:
-                w = w[self.draft_vocab.to(w.device)]
-            self._head = (key, w.to(self.dtype).contiguous())
+            # Decoding calls this under inference mode; the head outlives the call (training and
+            # repacking read its weight's version counter), so it must be a normal tensor.
+            with torch.inference_mode(False), torch.no_grad():
+                w = weight.detach()
+                if self.draft_vocab is not None:
+                    w = w[self.draft_vocab.to(w.device)]
+                head = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+                head.weight = nn.Parameter(w.to(self.dtype).contiguous(), requires_grad=False)
+                pack_linears(head)
+            self._head = (key, head)
         return self._head[1]
 
     def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits over the draft vocabulary (the full vocabulary when there is none)."""
-        return torch.nn.functional.linear(hidden.to(self.dtype), self.head_weight(lm_head))
+        return self.draft_head(lm_head)(hidden.to(self.dtype))
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Map indices into the draft vocabulary to target token ids."""

@@ -97,3 +97,19 @@ def test_loaded_targets_are_packed(tiny_pair):
     target, _ = tiny_pair
     packed = [m for m in target.model.modules() if isinstance(m, PackedLinear)]
     assert packed and target.head in packed
+
+
+def test_drafter_head_is_packed_and_built_outside_inference_mode(tiny_pair):
+    """The drafter's slice of the target head is built once during decoding (inference mode) and
+    then reused, also with gradients in training: it must be packed and a normal tensor."""
+    target, drafter = tiny_pair
+    hidden = torch.randn(3, target.hidden_size)
+    with torch.inference_mode():
+        logits = drafter.draft_logits(hidden, target.head)
+    head = drafter.draft_head(target.head)
+    assert isinstance(head, PackedLinear) and not head.weight.is_inference()
+    rows = target.head.weight if drafter.draft_vocab is None else target.head.weight[drafter.draft_vocab]
+    torch.testing.assert_close(logits, F.linear(hidden.to(drafter.dtype), rows.to(drafter.dtype)), rtol=1e-5, atol=1e-5)
+    grad_in = hidden.clone().requires_grad_()
+    drafter.draft_logits(grad_in, target.head).sum().backward()
+    assert grad_in.grad is not None and grad_in.grad.abs().sum() > 0
