@@ -39,7 +39,8 @@ it natively (CUDA, AMX or AVX512-BF16 CPUs) and fp32 elsewhere. The frozen targe
 large share of each step on a CPU, hence many anchors per sequence and the in-memory feature
 cache; `--draft-vocab N` cuts the LM head, the rest of the cost, to the N most frequent tokens.
 
-Several GPUs (DDP; each rank takes every WORLD_SIZE-th sequence, rank 0 evaluates and saves)::
+Several GPUs (DDP; each rank takes every WORLD_SIZE-th sequence, all ranks equally many, and rank 0
+evaluates and saves; tested with two CPU processes over gloo)::
 
     torchrun --nproc_per_node 8 -m dflash_core.train --target Qwen/Qwen3-8B --data DATA --out OUT ...
 
@@ -628,7 +629,8 @@ def main(argv=None) -> dict:
     grad_accum = args.grad_accum
     if args.batch_tokens:
         grad_accum = max(1, round(args.batch_tokens / (args.anchors_per_seq * block_size * world)))
-    my_train = train[rank::world]
+    # Equal shares, so that every rank runs the same number of steps per epoch (and collectives).
+    my_train = train[rank::world][: len(train) // world]
     steps_per_epoch = max(1, len(my_train) // grad_accum)
     total_steps = max(1, int(args.epochs * steps_per_epoch))
     if args.max_steps:
@@ -780,6 +782,9 @@ def main(argv=None) -> dict:
     if log_fh:
         log_fh.close()
     if world > 1:
+        # The DDP wrapper's reducer must go before its process group: torn down afterwards, as
+        # main's locals are on return, it could hang a rank at exit.
+        del trainer, model
         torch.distributed.destroy_process_group()
     return summary
 

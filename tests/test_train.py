@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -260,3 +264,34 @@ def test_grown_drafter_computes_what_the_warm_one_did_and_trains_its_new_layers(
     assert float(new_layer.mlp.down_proj.weight.grad.abs().sum()) > 0
     with pytest.raises(ConfigError, match="grow, not shrink"):
         grow_drafter(warm, target, have - 1)
+
+
+def test_two_process_ddp_run(tiny_dirs, tmp_path):
+    """The documented torchrun path, on CPU with gloo: ranks take equal shares of the data (5 train
+    sequences: 2 each, so both run 2 steps per epoch), rank 0 alone evaluates, logs and saves, and
+    every rank exits (an uneven split or a late DDP teardown used to leave a rank hanging)."""
+    target_dir, _ = tiny_dirs
+    target = Target.from_pretrained(target_dir)
+    samples = []
+    for text in PROMPTS * 4:
+        prompt = _prompt_ids(target, text)
+        samples.append((prompt + list(run(target, prompt, None, max_new_tokens=30).output_ids), len(prompt)))
+    data, out = tmp_path / "data", tmp_path / "out"
+    _write_shard(data, samples)  # ids test-3, -4, -7 are held out at --heldout-frac 0.5
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "dflash_core.train",
+         "--target", str(target_dir), "--data", str(data), "--out", str(out), "--layers", "1", "--block-size", "4",
+         "--anchors-per-seq", "16", "--grad-accum", "1", "--epochs", "2", "--heldout-frac", "0.5", "--eval-every", "2",
+         "--amp", "none", "--no-progress", "--log-every", "1", "--init-from-target", "--threads", "1"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "5 train / 3 held-out" in proc.stderr and "2 steps per epoch, up to 4 steps" in proc.stderr
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["kind"] == "train"] == [1, 2, 3, 4]  # one writer: rank 0
+    assert [r["step"] for r in log if r["kind"] == "eval"] == [0, 2, 4]
+    assert log[-1]["kind"] == "done" and log[-1]["step"] == 4 and log[-1]["epoch"] == 1
+    drafter = DFlashDrafter.from_pretrained(out)
+    prompt = samples[0][0][: samples[0][1]]
+    assert list(run(target, prompt, drafter, max_new_tokens=30).output_ids) == samples[0][0][samples[0][1]:]
