@@ -47,7 +47,7 @@ def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
         parts = r["draft_ms"] + r["verify_ms"] + r["bookkeeping_ms"]
         assert min(r["draft_ms"], r["verify_ms"], r["bookkeeping_ms"], r["plain_ms"]) > 0
         assert abs(r["cycle_ms"] - parts) < 1e-9
-        assert list(r["speedup"]) == [str(t) for t in range(2, int(b) + 1)]
+        assert list(r["speedup"]) == [t for t in ("2", "3", "4") if int(t) <= int(b)]
         for tau, x in r["speedup"].items():
             assert abs(x - int(tau) * r["plain_ms"] / r["cycle_ms"]) < 1e-9
     # One table per block size, without issue 4's H200 verdicts (those are for the released shapes).
