@@ -175,6 +175,3 @@ def grow_drafter(warm: DFlashDrafter, target: Target, layers: int, samples: list
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
     return grown
-
-
-# ------------------------------------------------------------------------------------ data

@@ -231,6 +231,9 @@ class FeatureExtractor:
         return feats, (top_ids, top_p)
 
 
+# ------------------------------------------------------------------------------------ data
+
+
 def heldout(sample_key: str, frac: float) -> bool:
     """Stable by-sample split: the same sample stays on the same side as the data grows."""
     digest = hashlib.sha1(sample_key.encode()).digest()
