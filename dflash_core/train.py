@@ -556,6 +556,7 @@ def main(argv=None) -> dict:
     train = [s for s in seqs if not heldout(s[2], args.heldout_frac)]
     log(f"data: {len(train)} train / {len(val)} held-out sequences, "
         f"{sum(len(s[0]) - s[1] for s in train)} train response tokens")
+    calibration = [s[0] for s in train[:16]]  # text for measuring the target's q/k scales
 
     resume_state = None
     if args.resume and (ckpt_dir / "state.pt").is_file():
@@ -568,7 +569,7 @@ def main(argv=None) -> dict:
         warm = DFlashDrafter.from_pretrained(args.init_from, dtype=torch.float32)
         if args.layers and args.layers != len(warm.layers):
             log(f"growing the warm drafter from {len(warm.layers)} to {args.layers} layers")
-            warm = grow_drafter(warm, target, args.layers, [s[0] for s in train[:16]])
+            warm = grow_drafter(warm, target, args.layers, calibration)
         config = warm.config
         if args.block_size:
             # Block size is not in the weights: a drafter can be retrained for another one.
@@ -605,7 +606,7 @@ def main(argv=None) -> dict:
             warm_state["draft_vocab"] = vocab
         drafter.load_state_dict(warm_state)
     elif resume_state is None and args.init_from_target:
-        init_from_target(drafter, target, [s[0] for s in train[:16]])
+        init_from_target(drafter, target, calibration)
         log(f"drafter layers initialised from target layers {target.num_layers - layers}..{target.num_layers - 1}")
     if resume_state is not None:
         drafter.load_state_dict(resume_state["drafter"])
