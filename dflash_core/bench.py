@@ -192,8 +192,7 @@ def main(argv=None) -> int:
     if args.synthetic:
         from .bench_cycle import print_table as print_cycle, run_synthetic
 
-        dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[args.dtype]
-        result = run_synthetic(args.synthetic, args.device, dtype)
+        result = run_synthetic(args.synthetic, args.device, args.dtype)
         print_cycle(result)
     elif args.cycle_times:
         result = cycle_times(args)
