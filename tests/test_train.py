@@ -15,7 +15,8 @@ import torch
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.drafter_init import grow_drafter, init_from_target
 from dflash_core.errors import ConfigError
-from dflash_core.train import DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, main, slot_weights
+from dflash_core.train import (DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, load_sequences,
+                                main, parse_args, shard_range, slot_weights)
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
 
@@ -36,17 +37,17 @@ def _prompt_ids(target: Target, text: str) -> list[int]:
     return [int(t) for t in out]
 
 
-def _write_shard(directory, samples):
+def _write_shard(directory, samples, index=0):
     """A shard in the datagen format (see dflash_core/datagen.py)."""
     directory.mkdir(parents=True, exist_ok=True)
     tokens = np.concatenate([np.asarray(ids) for ids, _ in samples]).astype(np.uint16)
     offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in samples])]).astype(np.int64)
     np.savez_compressed(
-        directory / "shard-00000.npz",
+        directory / f"shard-{index:05d}.npz",
         tokens=tokens,
         offsets=offsets,
         prompt_lens=np.asarray([pl for _, pl in samples], dtype=np.int32),
-        prompt_ids=np.asarray([f"test-{i}" for i in range(len(samples))], dtype=np.str_),
+        prompt_ids=np.asarray([f"test-{index}-{i}" for i in range(len(samples))], dtype=np.str_),
         finished=np.ones(len(samples), dtype=bool),
         meta=np.asarray("{}"),
     )
@@ -182,6 +183,17 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     assert [r["step"] for r in evals] == [0, 1, 2] and [r["best"] for r in evals] == [True, False, False]
     shipped, warm = DFlashDrafter.from_pretrained(worse).state_dict(), DFlashDrafter.from_pretrained(out).state_dict()
     assert all(torch.equal(shipped[k], warm[k]) for k in warm)
+
+
+def test_shards_option_picks_shard_files_by_position(tmp_path):
+    for index in (3, 7, 12):  # gaps in the numbering: positions, not numbers, count
+        _write_shard(tmp_path, [([1, 2, 3, 4], 1), ([5, 6, 7], 2)], index=index)
+    keys = lambda shards: sorted({k.rsplit("-", 1)[0] for _, _, k in load_sequences(tmp_path, 64, shards=shards)})
+    assert keys(None) == ["test-12", "test-3", "test-7"]
+    assert keys(shard_range("1:")) == ["test-12", "test-7"]
+    assert keys(shard_range(":1")) == ["test-3"]
+    with pytest.raises(SystemExit):  # argparse's exit on a malformed range
+        parse_args(["--target", "t", "--data", str(tmp_path), "--out", "o", "--shards", "40"])
 
 
 def test_frequent_tokens_ranks_response_tokens_only():
