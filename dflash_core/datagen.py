@@ -149,6 +149,72 @@ def _eos_pad(tok) -> tuple[int, int]:
     return int(eos), int(pad)
 
 
+# ---------------------------------------------------------------- self-written prompts
+
+def user_turn_prefix(tok) -> str:
+    """The chat-template text up to where a user message starts (the default system turn included)."""
+    marker = "\x00user message\x00"
+    text = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    return text[: text.index(marker)]
+
+
+def keep_user_prompt(text: str, finished: bool) -> str | None:
+    """A sampled user message worth answering, or None: complete, of chat length, no template markup."""
+    text = text.strip()
+    if not finished or not 16 <= len(text) <= 600 or "<|" in text or not text[0].isalnum():
+        return None
+    return text
+
+
+def write_self_prompts(path: Path, n: int, seed: int = 0, batch_size: int = 32, model_dir: str | None = None,
+                       dtype: str = "float32", threads: int | None = None, temperature: float = 0.9,
+                       top_p: float = 0.95, max_new_tokens: int = 96, max_batches: int | None = None) -> int:
+    """Append `n` new user messages that the target writes itself to `path` (JSON lines).
+
+    Sampling the target from an empty user turn of its own chat template yields the kind of
+    requests it was tuned to answer, in unbounded variety. Batches are seeded from `seed`, the
+    file's length at the start and the batch number, so a resumed run draws fresh samples.
+    Returns how many were added.
+    """
+    import torch
+    from tqdm import tqdm
+
+    from .prompts import read_self_written
+
+    if threads:
+        torch.set_num_threads(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seen = set(read_self_written(path))
+    model, tok, _ = load_target(model_dir, dtype)
+    eos, pad = _eos_pad(tok)
+    prefix = tok(user_turn_prefix(tok), add_special_tokens=False, return_tensors="pt").input_ids
+    added, batches, start = 0, 0, len(seen)
+    max_batches = max_batches or 20 * (n // batch_size + 1)  # a model that never ends a message
+    bar = tqdm(total=n, unit="prompt", file=sys.stderr, dynamic_ncols=True, mininterval=10)
+    with open(path, "a", encoding="utf-8") as fh:
+        while added < n and batches < max_batches:
+            torch.manual_seed(hash((seed, start, batches)))
+            ids = prefix.repeat(batch_size, 1)
+            with torch.inference_mode():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                     temperature=temperature, top_p=top_p, top_k=0,
+                                     max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+            batches += 1
+            for row in out[:, ids.shape[1]:].tolist():
+                finished = eos in row
+                text = keep_user_prompt(tok.decode(row[: row.index(eos)] if finished else row), finished)
+                if text is not None and text not in seen and added < n:
+                    seen.add(text)
+                    fh.write(json.dumps({"prompt": text}, ensure_ascii=False) + "\n")
+                    added += 1
+                    bar.update(1)
+            fh.flush()
+    bar.close()
+    if added < n:
+        print(f"[datagen] only {added} of {n} usable prompts after {batches} batches", file=sys.stderr)
+    return added
+
+
 def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: int = 512,
         split: str = "train", seed: int = 0, limit: int | None = None, model_dir: str | None = None,
         dtype: str = "float32", threads: int | None = None, shard_minutes: float = 15.0,
@@ -267,9 +333,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bench-dtypes", default="float32,bfloat16")
     ap.add_argument("--bench-prompts", type=int, default=64)
     ap.add_argument("--stats", action="store_true", help="print dataset statistics and exit")
+    ap.add_argument("--self-prompts", type=int, default=0, metavar="N",
+                    help="instead: have the target write N more user prompts into "
+                         "assets/prompts/self-written.jsonl (the prompt source 'self')")
     a = ap.parse_args(argv)
     if a.stats:
         print(json.dumps(dataset_stats(a.out)))
+    elif a.self_prompts:
+        from .prompts import SELF_WRITTEN_JSONL
+
+        added = write_self_prompts(SELF_WRITTEN_JSONL, a.self_prompts, a.seed, a.batch_size, a.model,
+                                   a.dtype, a.threads)
+        print(f"[datagen] added {added} prompts to {SELF_WRITTEN_JSONL}", file=sys.stderr)
     elif a.bench:
         bench([int(x) for x in a.bench_batch_sizes.split(",")], a.bench_dtypes.split(","),
               a.bench_prompts, a.max_new_tokens, a.model, a.threads)

@@ -24,3 +24,36 @@ def test_datagen_refuses_a_partial_prompt_pool(tmp_path, monkeypatch):
         datagen.run(tmp_path, limit=0)
     datagen.run(tmp_path, limit=0, allow_missing_sources=True)  # the escape hatch: nothing to do, no error
     assert not list(tmp_path.iterdir())
+
+
+def test_user_turn_prefix_and_prompt_filter(tiny_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dirs[0])
+    assert datagen.user_turn_prefix(tok) == "<|im_start|>user\n"
+    keep = datagen.keep_user_prompt
+    assert keep("  How do volcanoes form on other planets?\n", True) == "How do volcanoes form on other planets?"
+    assert keep("How do volcanoes form on other planets?", False) is None  # cut off by the token limit
+    assert keep("Hi there", True) is None  # too short to be a task
+    assert keep("Tell me a joke<|im_start|>assistant", True) is None
+    assert keep("- a list item, not a request", True) is None
+
+
+def test_self_written_prompts_are_a_source_with_a_split(tmp_path, monkeypatch, tiny_dirs):
+    path = tmp_path / "self-written.jsonl"
+    # A random tiny model seldom ends a message, so keep whatever it writes.
+    monkeypatch.setattr(datagen, "keep_user_prompt", lambda text, finished: text.strip() or None)
+    write = lambda n: datagen.write_self_prompts(path, n, batch_size=4, model_dir=str(tiny_dirs[0]), max_new_tokens=12)
+    assert write(3) == 3 and write(2) == 2  # the second call resumes: new samples, appended
+    written = prompts.read_self_written(path)
+    assert len(written) == len(set(written)) == 5
+    texts = [f"Please explain topic number {i} in two sentences." for i in range(200)]
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    monkeypatch.setattr(prompts, "SELF_WRITTEN_JSONL", path)
+    prompts.all_prompts.cache_clear()
+    try:
+        own = [p for p in prompts.all_prompts() if p.source == "self"]
+    finally:
+        prompts.all_prompts.cache_clear()
+    assert sorted(p.text for p in own) == sorted(texts)
+    assert {p.split for p in own} == {"train", "heldout"}  # the usual 5% hash split applies
