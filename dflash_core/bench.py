@@ -37,14 +37,15 @@ BUILTIN_PROMPTS = [
 ]
 
 
-def load_prompts(path: str | None, limit: int) -> list[str]:
+def load_prompts(path: str | None, limit: int) -> list[dict]:
+    """Up to `limit` records with a 'prompt' and, where the file gives one, a 'category'."""
     if path is None and not DEFAULT_PROMPTS.is_file():
-        return BUILTIN_PROMPTS[:limit]
+        return [{"prompt": p} for p in BUILTIN_PROMPTS[:limit]]
     lines = Path(path or DEFAULT_PROMPTS).read_text().splitlines()
-    prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
+    records = [json.loads(line) for line in lines if line.strip()]
     # Spread the selection over the whole file so every category is represented.
-    step = max(1, len(prompts) // limit)
-    return prompts[::step][:limit]
+    step = max(1, len(records) // limit)
+    return records[::step][:limit]
 
 
 def timed_hf_generate(model, prompt_ids, max_new_tokens, eos_id, **kwargs):
@@ -69,7 +70,7 @@ def benchmark(args) -> dict:
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     stop_ids = [eos] if eos is not None else []
     prompts = load_prompts(args.prompts, args.num_prompts)
-    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
 
     def decode(prompt_ids, block_size=None, use_drafter=True):
         return run(
@@ -118,6 +119,11 @@ def benchmark(args) -> dict:
             "verify_ms_per_cycle": 1000 * sum(s.verify_s for s in summaries[b]) / cycles,
         }
     head = per_block[block_sizes[0]]
+    # Where the drafter is weak (code? stories?) shows per category, at the first block size.
+    per_category: dict[str, list[int]] = {}
+    for p, s in zip(prompts, summaries[block_sizes[0]]):
+        if "category" in p:
+            per_category.setdefault(p["category"], []).extend(s.acceptance_lengths)
     return {
         "target": str(args.target),
         "drafter": str(args.drafter),
@@ -138,6 +144,7 @@ def benchmark(args) -> dict:
         "speedup_hf_generate": tok_s("hf_generate") / plain_tok_s,
         "speedup_assisted": None,  # no smaller model shares the default target's tokenizer offline
         "per_block_size": per_block,
+        "tau_per_category": {c: statistics.fmean(v) for c, v in sorted(per_category.items()) if v},
     }
 
 
@@ -166,6 +173,9 @@ def print_table(result: dict) -> None:
         speedup = result[f"speedup_{name}"]
         print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
     print(f"{'HF assisted':<22}{'n/a: no same-tokenizer assistant available offline':>36}")
+    if result["tau_per_category"]:
+        print(f"tau at block {result['block_size']} by prompt category: "
+              + ", ".join(f"{c} {t:.2f}" for c, t in result["tau_per_category"].items()))
 
 
 def main(argv=None) -> int:

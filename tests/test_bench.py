@@ -19,7 +19,9 @@ def keep_threads():
 def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     target_dir, drafter_dir = tiny_dirs
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["What is 2+3?", "def add(a, b):", "Once upon"]))
+    records = [{"prompt": "What is 2+3?", "category": "math"}, {"prompt": "def add(a, b):", "category": "code"},
+               {"prompt": "Once upon", "category": "story"}]
+    prompts.write_text("\n".join(json.dumps(r) for r in records))
     torch.set_num_threads(2)  # so that the flag, not the environment, is what makes it 1
     assert main([
         "--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
@@ -33,6 +35,10 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     for key in ("speedup", "dflash_tok_s", "plain_tok_s", "speedup_prompt_lookup", "speedup_hf_generate"):
         assert result[key] > 0
     assert any("DFlash block 4" in line for line in lines)
+    # The first two prompts are picked; the headline tau is the block-weighted mean of theirs.
+    per_category = result["tau_per_category"]
+    assert set(per_category) == {"math", "code"} and min(per_category.values()) >= 1.0
+    assert min(per_category.values()) <= result["tau"] <= max(per_category.values())
 
 
 def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
