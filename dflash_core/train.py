@@ -508,7 +508,7 @@ def parse_args(argv=None):
     p.add_argument("--target-layer-ids", default=None, help="comma-separated 0-based target layers")
     p.add_argument("--heldout-frac", type=float, default=0.05)
     p.add_argument("--eval-every", type=int, default=100, help="optimizer steps between evaluations")
-    p.add_argument("--eval-seqs", type=int, default=64, help="held-out sequences per evaluation")
+    p.add_argument("--eval-seqs", type=int, default=64, help="held-out sequences per evaluation, evenly spaced over the held-out split")
     p.add_argument("--patience", type=int, default=5, help="evaluations without improvement before stopping")
     p.add_argument("--save-every", type=int, default=100, help="optimizer steps between checkpoints")
     p.add_argument("--log-every", type=int, default=10)
@@ -571,6 +571,9 @@ def main(argv=None) -> dict:
     log(f"data: {len(train)} train / {len(val)} held-out sequences, "
         f"{sum(len(s[0]) - s[1] for s in train)} train response tokens")
     calibration = [s[0] for s in train[:16]]  # text for measuring the target's q/k scales
+    # Spread over the whole held-out split (shards are written source by source, in time order),
+    # not its first sequences; runs before drafter v5 used val[:eval_seqs].
+    eval_seqs = val[:: max(1, len(val) // args.eval_seqs)][: args.eval_seqs]
 
     resume_state = None
     if args.resume and (ckpt_dir / "state.pt").is_file():
@@ -698,7 +701,7 @@ def main(argv=None) -> dict:
     def run_eval():
         if not is_main or not val:
             return None
-        metrics = evaluate(trainer, val[: args.eval_seqs], args.anchors_per_seq)
+        metrics = evaluate(trainer, eval_seqs, args.anchors_per_seq)
         metrics.update(step=state["step"], elapsed_s=round(state["elapsed"], 1), kind="eval")
         # Held-out tau, not loss, decides: with soft labels the loss also rewards matching the
         # target's runners-up, which acceptance never sees.
