@@ -524,6 +524,61 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def make_drafter(args, target: Target, seqs, train, calibration, resume_state, ckpt_dir: Path, log) -> DFlashDrafter:
+    """The drafter to train (on CPU): resumed from the checkpoint, warm-started from `--init-from`
+    (grown to `--layers`), or new, its layers random or copied from the target's top layers."""
+    if resume_state is not None:
+        config = parse_drafter_config(json.loads((ckpt_dir / "config.json").read_text()))
+    elif args.init_from:
+        # Warm start from a released-format drafter (e.g. the one a previous session shipped):
+        # its shape, mask token and target layers carry over; optimizer and schedule start anew.
+        warm = DFlashDrafter.from_pretrained(args.init_from, dtype=torch.float32)
+        if args.layers and args.layers != len(warm.layers):
+            log(f"growing the warm drafter from {len(warm.layers)} to {args.layers} layers")
+            warm = grow_drafter(warm, target, args.layers, calibration)
+        config = warm.config
+        if args.block_size:
+            # Block size is not in the weights: a drafter can be retrained for another one.
+            config.block_size = args.block_size
+        log(f"warm start from {args.init_from}")
+    else:
+        layers = args.layers or 3
+        if args.mask_token_id is not None:
+            mask_id, why = args.mask_token_id, "given"
+        else:
+            seen = set(torch.cat([s[0] for s in seqs]).unique().tolist())
+            mask_id, why = pick_mask_token_id(target.tokenizer, target.vocab_size, seen)
+        name = target.tokenizer.convert_ids_to_tokens(mask_id) if target.tokenizer is not None else "?"
+        log(f"mask token id {mask_id} ({name!r}, {why})")
+        if args.target_layer_ids:
+            layer_ids = [int(x) for x in args.target_layer_ids.split(",")]
+        else:
+            layer_ids = default_target_layer_ids(target.num_layers, layers)
+        config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids)
+    vocab = None
+    if resume_state is None and args.draft_vocab:
+        config.draft_vocab_size = args.draft_vocab
+        eos = [t for t in (getattr(target.tokenizer, "eos_token_id", None),) if t is not None]
+        vocab = frequent_tokens(train, args.draft_vocab, target.vocab_size, always=eos)
+        covered = sum(int(torch.isin(s[0][s[1]:], vocab).sum()) for s in train)
+        total = sum(len(s[0]) - s[1] for s in train)
+        log(f"draft vocabulary: {args.draft_vocab} ids cover {covered / total:.2%} of train response tokens")
+    drafter = DFlashDrafter(config)
+    if vocab is not None:
+        drafter.draft_vocab.copy_(vocab)
+    if resume_state is not None:
+        drafter.load_state_dict(resume_state["drafter"])
+    elif args.init_from:
+        warm_state = warm.state_dict()
+        if vocab is not None:
+            warm_state["draft_vocab"] = vocab
+        drafter.load_state_dict(warm_state)
+    elif args.init_from_target:
+        init_from_target(drafter, target, calibration)
+        log(f"drafter layers initialised from target layers {target.num_layers - layers}..{target.num_layers - 1}")
+    return drafter
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -578,55 +633,9 @@ def main(argv=None) -> dict:
     resume_state = None
     if args.resume and (ckpt_dir / "state.pt").is_file():
         resume_state = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=False)
-        config = parse_drafter_config(json.loads((ckpt_dir / "config.json").read_text()))
         log(f"resuming from step {resume_state['state']['step']}")
-    elif args.init_from:
-        # Warm start from a released-format drafter (e.g. the one a previous session shipped):
-        # its shape, mask token and target layers carry over; optimizer and schedule start anew.
-        warm = DFlashDrafter.from_pretrained(args.init_from, dtype=torch.float32)
-        if args.layers and args.layers != len(warm.layers):
-            log(f"growing the warm drafter from {len(warm.layers)} to {args.layers} layers")
-            warm = grow_drafter(warm, target, args.layers, calibration)
-        config = warm.config
-        if args.block_size:
-            # Block size is not in the weights: a drafter can be retrained for another one.
-            config.block_size = args.block_size
-        log(f"warm start from {args.init_from}")
-    else:
-        layers = args.layers or 3
-        if args.mask_token_id is not None:
-            mask_id, why = args.mask_token_id, "given"
-        else:
-            seen = set(torch.cat([s[0] for s in seqs]).unique().tolist())
-            mask_id, why = pick_mask_token_id(target.tokenizer, target.vocab_size, seen)
-        name = target.tokenizer.convert_ids_to_tokens(mask_id) if target.tokenizer is not None else "?"
-        log(f"mask token id {mask_id} ({name!r}, {why})")
-        if args.target_layer_ids:
-            layer_ids = [int(x) for x in args.target_layer_ids.split(",")]
-        else:
-            layer_ids = default_target_layer_ids(target.num_layers, layers)
-        config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids)
-    vocab = None
-    if resume_state is None and args.draft_vocab:
-        config.draft_vocab_size = args.draft_vocab
-        eos = [t for t in (getattr(target.tokenizer, "eos_token_id", None),) if t is not None]
-        vocab = frequent_tokens(train, args.draft_vocab, target.vocab_size, always=eos)
-        covered = sum(int(torch.isin(s[0][s[1]:], vocab).sum()) for s in train)
-        total = sum(len(s[0]) - s[1] for s in train)
-        log(f"draft vocabulary: {args.draft_vocab} ids cover {covered / total:.2%} of train response tokens")
-    drafter = DFlashDrafter(config).to(device)
-    if vocab is not None:
-        drafter.draft_vocab.copy_(vocab)
-    if resume_state is None and args.init_from:
-        warm_state = warm.state_dict()
-        if vocab is not None:
-            warm_state["draft_vocab"] = vocab
-        drafter.load_state_dict(warm_state)
-    elif resume_state is None and args.init_from_target:
-        init_from_target(drafter, target, calibration)
-        log(f"drafter layers initialised from target layers {target.num_layers - layers}..{target.num_layers - 1}")
-    if resume_state is not None:
-        drafter.load_state_dict(resume_state["drafter"])
+    drafter = make_drafter(args, target, seqs, train, calibration, resume_state, ckpt_dir, log).to(device)
+    config = drafter.config
     drafter.train()
     n_params = sum(p.numel() for p in drafter.parameters())
     log(f"drafter: {config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
