@@ -81,7 +81,7 @@ def _pkg_dir(name: str) -> Path | None:
 
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        warnings.warn(f"prompt source package {name!r} not installed; skipping it")
+        warnings.warn(f"prompt source package {name!r} not installed; skipping it", stacklevel=3)
         return None
     return Path(list(spec.submodule_search_locations)[0])
 

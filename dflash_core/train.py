@@ -66,7 +66,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .config import default_target_layer_ids, parse_drafter_config
 from .drafter import DFlashDrafter
