@@ -508,7 +508,8 @@ def parse_args(argv=None):
     p.add_argument("--heldout-frac", type=float, default=0.05)
     p.add_argument("--eval-every", type=int, default=100, help="optimizer steps between evaluations")
     p.add_argument("--eval-seqs", type=int, default=64, help="held-out sequences per evaluation, evenly spaced over the held-out split")
-    p.add_argument("--patience", type=int, default=5, help="evaluations without improvement before stopping")
+    p.add_argument("--patience", type=int, default=5,
+                   help="evaluations without improvement before stopping, counted from the schedule's midpoint")
     p.add_argument("--save-every", type=int, default=100, help="optimizer steps between checkpoints")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--resume", action="store_true")
@@ -717,7 +718,10 @@ def main(argv=None) -> dict:
         if improved:
             state["best_tau"], state["bad_evals"] = metrics["val_tau"], 0
             drafter.save_pretrained(out_dir)  # the best drafter so far is always the shipped one
-        else:
+        elif progress() >= 0.5:
+            # Patience counts only once the learning rate is past its cosine midpoint: a warm start
+            # scores below its step-0 evaluation while the rate is high and recovers as it decays
+            # (drafter v5 would have stopped at step 800 of ~1,500, before any of that).
             state["bad_evals"] += 1
         metrics["best"] = improved
         write_log(metrics)

@@ -173,14 +173,17 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     assert {t for b in result.blocks for t in b.draft_ids} <= set(small.draft_vocab.tolist())
 
     # A warm start that training only makes worse ships the warm drafter: step 0 is evaluated too.
+    # Early stopping waits for the schedule's midpoint (step 3 of 6), not the first bad evaluation.
     data8, worse = tmp_path / "data8", tmp_path / "worse"
     _write_shard(data8, samples * 4)  # ids test-3, -4, -7 of these 8 fall in a held-out half
     worse_args = [a for a in common if a != "--init-from-target"]
     worse_args[worse_args.index(str(data))], worse_args[worse_args.index(str(out))] = str(data8), str(worse)
-    main([*worse_args, "--init-from", str(out), "--max-steps", "2", "--heldout-frac", "0.5", "--lr", "1.0",
-          "--warmup", "0", "--eval-every", "1"])
-    evals = [r for r in map(json.loads, (worse / "train_log.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
-    assert [r["step"] for r in evals] == [0, 1, 2] and [r["best"] for r in evals] == [True, False, False]
+    main([*worse_args, "--init-from", str(out), "--max-steps", "6", "--heldout-frac", "0.5", "--lr", "1.0",
+          "--warmup", "0", "--eval-every", "1", "--patience", "1"])
+    records = [json.loads(line) for line in (worse / "train_log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 1, 2, 3] and [r["best"] for r in evals] == [True, False, False, False]
+    assert records[-1]["kind"] == "done" and records[-1]["stop_reason"] == "early_stopping"
     shipped, warm = DFlashDrafter.from_pretrained(worse).state_dict(), DFlashDrafter.from_pretrained(out).state_dict()
     assert all(torch.equal(shipped[k], warm[k]) for k in warm)
 
