@@ -10,9 +10,8 @@ is the position-weighted cross-entropy of slots 1..B-1, against the target's gre
 with `--soft-labels K`, also its top-K next-token distribution. The result is written in the
 released format (`config.json` + `model.safetensors`), loadable by `DFlashDrafter.from_pretrained`.
 
-Single process (CPU or one GPU); the default SmolLM2 drafter on a 2-core CPU: v1 from the target's
-own top layers (85 min), v2 warm-started from v1 on more data with soft labels (95 min), then v3
-retrained from v2 for block 4, the fastest block size on that machine (85 min)::
+Single process (CPU or one GPU), e.g. a first drafter for the default target, its layers copied
+from the target's top layers::
 
     python -m dflash_core.train --target default:smollm2 \\
         --data assets/data/smollm2-135m-instruct --out runs/drafter-v1 \\
@@ -20,18 +19,10 @@ retrained from v2 for block 4, the fastest block size on that machine (85 min)::
         --anchors-per-seq 64 --max-len 512 --grad-accum 4 --lr 6e-4 --warmup 0.03 \\
         --heldout-frac 0.03 --eval-every 100 --eval-seqs 48 --patience 8 --save-every 50 \\
         --feature-cache-gb 10 --time-budget 85 --threads 2
-    python -m dflash_core.train --target default:smollm2 \\
-        --data assets/data/smollm2-135m-instruct --out runs/drafter-v2 \\
-        --init-from runs/drafter-v1 --soft-labels 8 --soft-weight 0.5 \\
-        --anchors-per-seq 128 --max-len 512 --grad-accum 4 --lr 4e-4 --warmup 0.02 \\
-        --heldout-frac 0.03 --eval-every 100 --eval-seqs 48 --patience 8 --save-every 50 \\
-        --feature-cache-gb 12 --time-budget 95 --threads 2
-    python -m dflash_core.train --target default:smollm2 \\
-        --data assets/data/smollm2-135m-instruct --out runs/drafter-v3 \\
-        --init-from runs/drafter-v2 --block-size 4 --soft-labels 8 --soft-weight 0.5 \\
-        --anchors-per-seq 256 --max-len 512 --grad-accum 4 --lr 3e-4 --warmup 0.02 \\
-        --heldout-frac 0.03 --eval-every 100 --eval-seqs 48 --patience 8 --save-every 50 \\
-        --feature-cache-gb 12 --time-budget 85 --threads 2
+
+Later versions warm-start from the previous one (`--init-from`, optionally `--layers N` to grow it,
+`--shards START:` for the data it has not seen, `--soft-labels 8`); the shipped drafter's model
+card (`assets/drafters/smollm2-135m-instruct-dflash/README.md`) has the exact chain of commands.
 
 `--time-budget` is training time (evaluations excluded) and the cosine schedule follows it, so a
 budgeted run always finishes its decay. `--amp auto` picks bf16 autocast where the hardware runs
