@@ -15,8 +15,8 @@ import torch
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.drafter_init import grow_drafter, init_from_target
 from dflash_core.errors import ConfigError
-from dflash_core.train import (DrafterTrainer, default_gamma, dense_block_mask, evaluate, frequent_tokens, load_sequences,
-                                main, parse_args, shard_range, slot_weights)
+from dflash_core.train import (DrafterTrainer, acceptance_lengths, decode_walk, default_gamma, dense_block_mask, evaluate,
+                                frequent_tokens, load_sequences, main, parse_args, shard_range, slot_weights)
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
 
@@ -144,6 +144,15 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     trainer = DrafterTrainer(target, drafter, 4, default_gamma(4))
     est = evaluate(trainer, [(torch.tensor(samples[0][0]), plen, "x")], 64)
     assert est["val_tau"] > 1.5
+    # Walking the teacher-forced lengths meets the blocks decoding ran, wherever a block's drafts
+    # lie inside the sequence (past its end decoding verifies tokens the data does not have).
+    seq = torch.tensor(samples[0][0])
+    with torch.no_grad():
+        every = trainer.forward(seq, torch.arange(plen, len(seq) - 1))
+    walk = decode_walk(acceptance_lengths(every.logits, every.labels, every.valid)).tolist()
+    inside = [b.accepted + 1 for b in result.blocks if b.position + 3 < len(seq)]
+    assert walk[: len(inside)] == inside and max(inside) > 1 and len(walk) - len(inside) <= 1
+    assert est["val_tau_decode"] == pytest.approx(sum(walk) / len(walk))
 
     summary = main([*common, "--max-steps", "45", "--resume"])
     assert summary["step"] == 45
@@ -197,6 +206,11 @@ def test_shards_option_picks_shard_files_by_position(tmp_path):
     assert shard_numbers(shard_range(":1")) == [3]
     with pytest.raises(SystemExit):  # argparse's exit on a malformed range
         parse_args(["--target", "t", "--data", str(tmp_path), "--out", "o", "--shards", "40"])
+
+
+def test_decode_walk_starts_each_block_after_the_previous_bonus():
+    assert decode_walk(torch.tensor([2, 1, 3, 1, 1, 4, 1, 1, 2])).tolist() == [2, 3, 4]
+    assert decode_walk(torch.tensor([1, 1, 1])).tolist() == [1, 1, 1]
 
 
 def test_frequent_tokens_ranks_response_tokens_only():
