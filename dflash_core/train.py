@@ -104,6 +104,11 @@ def sample_anchors(seq_len: int, prompt_len: int, n: int, generator: torch.Gener
     return (torch.randperm(count, generator=generator)[:n] + lo).sort().values
 
 
+def is_every_anchor(anchors: torch.Tensor, seq_len: int, prompt_len: int) -> bool:
+    """Whether `sample_anchors` returned every valid anchor, so decoding's walk over them is known."""
+    return anchors.numel() == max(0, seq_len - 1 - prompt_len)
+
+
 def block_layout(anchors: torch.Tensor, seq_len: int, block_size: int, mask_token_id: int, ids: torch.Tensor):
     """Block token ids, position ids, labels and label validity for a set of anchors.
 
@@ -338,8 +343,12 @@ class DrafterTrainer:
         return -(p * logp.gather(-1, ids.clamp(min=0))).sum(-1)
 
     def forward(self, ids: torch.Tensor, anchors: torch.Tensor, dense: bool | None = None, unwrapped: bool = False,
-                key: str | None = None) -> StepOut:
-        """Logits and weighted loss of every anchor's block for one sequence `ids` [T]."""
+                key: str | None = None, walk_weight: float = 1.0) -> StepOut:
+        """Logits and weighted loss of every anchor's block for one sequence `ids` [T].
+
+        With `walk_weight` != 1, `anchors` must be every response anchor; the blocks greedy decoding
+        would run with the drafter as it is now (`walk_anchors`) weigh `walk_weight` times the rest.
+        """
         ids = ids.to(self.device)
         T, B = ids.shape[0], self.block_size
         block_ids, position_ids, labels, valid = block_layout(anchors, T, B, self.mask_token_id, ids)
@@ -364,6 +373,13 @@ class DrafterTrainer:
         logp = logits.log_softmax(-1)
         hard = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
         w = self.weights[None, :].expand_as(labels) * (labels >= 0)
+        if walk_weight != 1.0:
+            # Decoding only meets the anchors right after a bonus token, and they are the harder ones
+            # (a block starts after a rejection); uniform anchors spend the loss on states it never sees.
+            with torch.no_grad():
+                walk = walk_anchors(acceptance_lengths(logits, labels, valid).cpu()).to(self.device)
+            per_anchor = torch.ones(n, device=self.device).index_fill_(0, walk, walk_weight)
+            w = w * per_anchor[:, None]
         w = w / w.sum().clamp(min=1e-9)
         ce = (hard * w).sum()
         loss = ce
@@ -383,8 +399,8 @@ def acceptance_lengths(logits: torch.Tensor, labels: torch.Tensor, valid: torch.
     return 1 + hit.long().cumprod(dim=1).sum(dim=1)
 
 
-def decode_walk(lengths: torch.Tensor) -> torch.Tensor:
-    """The acceptance lengths greedy decoding meets, from those at every response anchor.
+def walk_anchors(lengths: torch.Tensor) -> torch.Tensor:
+    """Indices of the anchors greedy decoding starts its blocks at, from the lengths at every anchor.
 
     `lengths[i]` belongs to the anchor at the i-th response position. Decoding starts a block at the
     first response token and the next one right after its bonus token, i.e. at a + length(a); when
@@ -392,9 +408,14 @@ def decode_walk(lengths: torch.Tensor) -> torch.Tensor:
     """
     walk, a = [], 0
     while a < len(lengths):
-        walk.append(int(lengths[a]))
-        a += walk[-1]
-    return torch.tensor(walk, dtype=lengths.dtype)
+        walk.append(a)
+        a += int(lengths[a])
+    return torch.tensor(walk, dtype=torch.long)
+
+
+def decode_walk(lengths: torch.Tensor) -> torch.Tensor:
+    """The acceptance lengths greedy decoding meets (see `walk_anchors`)."""
+    return lengths[walk_anchors(lengths)]
 
 
 @torch.no_grad()
@@ -418,7 +439,7 @@ def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 12
         out = trainer.forward(ids, anchors, unwrapped=True, key=key)
         lengths = acceptance_lengths(out.logits, out.labels, out.valid).cpu()
         acc.append(lengths)
-        if anchors.numel() == len(ids) - 1 - plen:  # every anchor: the walk is known
+        if is_every_anchor(anchors, len(ids), plen):
             walks.append(decode_walk(lengths))
         per_slot_hits += torch.bincount(lengths - 1, minlength=trainer.block_size)[1:].flip(0).cumsum(0).flip(0).float()
         tot_loss += float(out.loss) * anchors.numel()
@@ -497,6 +518,9 @@ def parse_args(argv=None):
     p.add_argument("--block-size", type=int, default=None, help="default 16 (with --init-from: the warm drafter's)")
     p.add_argument("--gamma", type=float, default=None, help="loss decay (default by block size, SPEC §5)")
     p.add_argument("--anchors-per-seq", type=int, default=32)
+    p.add_argument("--walk-weight", type=float, default=1.0,
+                   help="loss weight of the blocks greedy decoding would run, against 1 for the other anchors; "
+                        "applies to sequences whose every response position is an anchor")
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--epochs", type=float, default=6)
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (overrides --epochs; the schedule spans it)")
@@ -534,7 +558,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.soft_labels and not 0 < args.soft_weight <= 1:
+        p.error(f"--soft-weight must be in (0, 1], got {args.soft_weight}")
+    if not args.walk_weight > 0:
+        p.error(f"--walk-weight must be > 0, got {args.walk_weight}")
+    return args
 
 
 def make_drafter(args, target: Target, seqs, train, calibration, resume_state, ckpt_dir: Path, log) -> DFlashDrafter:
@@ -662,12 +691,11 @@ def main(argv=None) -> dict:
     block_size = config.block_size
     gamma = args.gamma or default_gamma(block_size)
     amp = choose_amp(args.amp, device)
-    if args.soft_labels and not 0 < args.soft_weight <= 1:
-        raise SystemExit(f"--soft-weight must be in (0, 1], got {args.soft_weight}")
     trainer = DrafterTrainer(target, model, block_size, gamma, amp, int(args.feature_cache_gb * 2**30),
                              soft_top_k=args.soft_labels, soft_weight=args.soft_weight)
     log(f"gamma {gamma}, autocast {amp}, device {device}"
-        + (f", soft labels top-{args.soft_labels} weight {args.soft_weight}" if args.soft_labels else ""))
+        + (f", soft labels top-{args.soft_labels} weight {args.soft_weight}" if args.soft_labels else "")
+        + (f", decoding-walk blocks weigh {args.walk_weight}x" if args.walk_weight != 1 else ""))
 
     grad_accum = args.grad_accum
     if args.batch_tokens:
@@ -778,8 +806,9 @@ def main(argv=None) -> dict:
                 continue
             sync = j == grad_accum - 1 or world == 1
             ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
+            every = is_every_anchor(anchors, len(ids), plen)
             with ctx:
-                out = trainer.forward(ids, anchors, key=key)
+                out = trainer.forward(ids, anchors, key=key, walk_weight=args.walk_weight if every else 1.0)
                 (out.loss / grad_accum).backward()
             step_loss += float(out.loss.detach()) / grad_accum
             step_tokens += out.block_tokens

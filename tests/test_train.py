@@ -16,7 +16,7 @@ from dflash_core import DFlashDrafter, Target, run
 from dflash_core.drafter_init import grow_drafter, init_from_target
 from dflash_core.errors import ConfigError
 from dflash_core.train import (DrafterTrainer, acceptance_lengths, decode_walk, default_gamma, dense_block_mask, evaluate,
-                                frequent_tokens, load_sequences, main, parse_args, shard_range, slot_weights)
+                                frequent_tokens, load_sequences, main, parse_args, shard_range, slot_weights, walk_anchors)
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
 
@@ -153,6 +153,15 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     inside = [b.accepted + 1 for b in result.blocks if b.position + 3 < len(seq)]
     assert walk[: len(inside)] == inside and max(inside) > 1 and len(walk) - len(inside) <= 1
     assert est["val_tau_decode"] == pytest.approx(sum(walk) / len(walk))
+    # --walk-weight: those blocks weigh 3x the other anchors' in the loss.
+    with torch.no_grad():
+        weighted = trainer.forward(seq, torch.arange(plen, len(seq) - 1), walk_weight=3.0)
+    per_anchor = torch.ones(every.labels.shape[0])
+    per_anchor[walk_anchors(acceptance_lengths(every.logits, every.labels, every.valid))] = 3.0
+    w = trainer.weights[None, :] * (every.labels >= 0) * per_anchor[:, None]
+    hard = -every.logits.log_softmax(-1).gather(-1, every.labels.clamp(min=0)[..., None])[..., 0]
+    assert float(weighted.loss) == pytest.approx(float((hard * w).sum() / w.sum()), rel=1e-5)
+    assert float(weighted.loss) != pytest.approx(float(every.loss), rel=1e-3)
 
     summary = main([*common, "--max-steps", "45", "--resume"])
     assert summary["step"] == 45
@@ -164,7 +173,7 @@ def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     warm_out = tmp_path / "warm"
     warm_args = [a for a in common if a != "--init-from-target"]
     warm_args[warm_args.index(str(out))] = str(warm_out)
-    main([*warm_args, "--init-from", str(out), "--max-steps", "2"])
+    main([*warm_args, "--init-from", str(out), "--max-steps", "2", "--walk-weight", "2"])
     warm_log = [json.loads(line) for line in (warm_out / "train_log.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in warm_log if r["kind"] == "train"][0] < 0.5 * losses[0]
 
@@ -211,6 +220,14 @@ def test_shards_option_picks_shard_files_by_position(tmp_path):
 def test_decode_walk_starts_each_block_after_the_previous_bonus():
     assert decode_walk(torch.tensor([2, 1, 3, 1, 1, 4, 1, 1, 2])).tolist() == [2, 3, 4]
     assert decode_walk(torch.tensor([1, 1, 1])).tolist() == [1, 1, 1]
+    assert walk_anchors(torch.tensor([2, 1, 3, 1, 1, 4, 1, 1, 2])).tolist() == [0, 2, 5]
+
+
+@pytest.mark.parametrize("flags", [["--walk-weight", "0"], ["--soft-labels", "8", "--soft-weight", "1.5"]])
+def test_bad_loss_weights_stop_before_anything_loads(flags, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--target", "t", "--data", "d", "--out", "o", *flags])
+    assert flags[-2] in capsys.readouterr().err
 
 
 def test_frequent_tokens_ranks_response_tokens_only():
