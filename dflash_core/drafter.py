@@ -125,7 +125,7 @@ class DrafterAttention(nn.Module):
         else:
             k, v = apply_rope(self.k_norm(k).transpose(1, 2), cos, sin), v.transpose(1, 2)
         if _is_block_mask(attn_mask):
-            # Training on GPU (train.py): the block-sparse mask skips every tile no query may see.
+            # Training on GPU (objective.py): the block-sparse mask skips every tile no query may see.
             # Any sliding window must already be part of that mask.
             out = _flex_attention()(
                 q, k, v, block_mask=attn_mask, scale=self.head_dim**-0.5, enable_gqa=self.num_heads != self.num_kv_heads

@@ -22,7 +22,8 @@ import torch
 from dflash_core.drafter import DFlashDrafter
 from dflash_core.target import Target
 from dflash_core.drafter_init import build_drafter_config
-from dflash_core.train import DrafterTrainer, default_gamma, resolve_target, sample_anchors
+from dflash_core.objective import DrafterTrainer, default_gamma, sample_anchors
+from dflash_core.train import resolve_target
 from dflash_core.config import default_target_layer_ids
 
 

@@ -15,8 +15,17 @@ import torch
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.drafter_init import grow_drafter, init_from_target
 from dflash_core.errors import ConfigError
-from dflash_core.train import (DrafterTrainer, acceptance_lengths, decode_walk, default_gamma, dense_block_mask, evaluate,
-                                frequent_tokens, load_sequences, main, parse_args, shard_range, slot_weights, walk_anchors)
+from dflash_core.objective import (
+    DrafterTrainer,
+    acceptance_lengths,
+    decode_walk,
+    default_gamma,
+    dense_block_mask,
+    evaluate,
+    slot_weights,
+    walk_anchors,
+)
+from dflash_core.train import frequent_tokens, load_sequences, main, parse_args, shard_range
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
 

@@ -1,0 +1,362 @@
+"""What a drafter is trained on, shared by `train` (the loop), evaluation and the tests (SPEC §5).
+
+The frozen target runs once over a sequence (prompt + its own greedy response) and gives the
+features of the tapped layers. Each anchor inside the response makes a block
+`[token at anchor, mask x (B-1)]` at positions `anchor .. anchor+B-1`; all blocks of a sequence go
+through the drafter in one forward, under a block-sparse mask that reproduces inference exactly: a
+block sees the context strictly before its anchor and its own block (both directions), nothing
+else. The loss is the position-weighted cross-entropy of slots 1..B-1 against the target's greedy
+token and, optionally, its top-k next-token distribution. Evaluation turns the same forward into
+acceptance lengths: teacher-forced tau, and tau along the blocks greedy decoding would run.
+On CUDA the block mask is a Flex Attention `BlockMask`; elsewhere an equivalent dense boolean mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .target import Target
+
+
+# ------------------------------------------------------------------------------------ recipe
+
+
+def default_gamma(block_size: int) -> float:
+    """Loss decay of SPEC §5 (7 for 16, 5 for 10, 4 for 8), linearly interpolated elsewhere."""
+    known = [(8, 4.0), (10, 5.0), (16, 7.0)]
+    if block_size <= 8:
+        return max(1.0, 4.0 * block_size / 8)
+    for (b0, g0), (b1, g1) in zip(known, known[1:]):
+        if block_size <= b1:
+            return g0 + (g1 - g0) * (block_size - b0) / (b1 - b0)
+    return 7.0 * block_size / 16
+
+
+def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """w_k = exp(-(k-1)/gamma) for slots k = 1..B-1: early slots matter most for acceptance."""
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / gamma)
+
+
+def sample_anchors(seq_len: int, prompt_len: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    """Sorted distinct anchors a with a and a+1 both response positions (a >= prompt_len).
+
+    At inference the first block starts at the first response token (the prefill's bonus), so
+    anchors cover exactly the states the drafter meets.
+    """
+    lo, hi = prompt_len, seq_len - 2  # inclusive range of valid anchors
+    if hi < lo:
+        return torch.empty(0, dtype=torch.long)
+    count = hi - lo + 1
+    if count <= n:
+        return torch.arange(lo, hi + 1)
+    return (torch.randperm(count, generator=generator)[:n] + lo).sort().values
+
+
+def is_every_anchor(anchors: torch.Tensor, seq_len: int, prompt_len: int) -> bool:
+    """Whether `sample_anchors` returned every valid anchor, so decoding's walk over them is known."""
+    return anchors.numel() == max(0, seq_len - 1 - prompt_len)
+
+
+def block_layout(anchors: torch.Tensor, seq_len: int, block_size: int, mask_token_id: int, ids: torch.Tensor):
+    """Block token ids, position ids, labels and label validity for a set of anchors.
+
+    Returns (block_ids [nA*B], position_ids [T + nA*B], labels [nA, B-1], valid [nA, B-1]).
+    """
+    device = ids.device
+    anchors = anchors.to(device)
+    offsets = torch.arange(block_size, device=device)
+    block_pos = anchors[:, None] + offsets[None, :]  # [nA, B]
+    block_ids = torch.full_like(block_pos, mask_token_id)
+    block_ids[:, 0] = ids[anchors]
+    label_pos = block_pos[:, 1:]
+    valid = label_pos < seq_len  # every position after the prompt is a response token
+    labels = torch.where(valid, ids[label_pos.clamp(max=seq_len - 1)], torch.full_like(label_pos, -100))
+    position_ids = torch.cat([torch.arange(seq_len, device=device), block_pos.reshape(-1)])
+    return block_ids.reshape(-1), position_ids, labels, valid
+
+
+def dense_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device=None) -> torch.Tensor:
+    """Boolean [nA*B, T + nA*B] (True = attend), the training twin of one inference cycle each.
+
+    At inference the block at `start` sees the cached context 0..start-1 (the bonus token's own
+    features do not exist yet) and the whole block without causality.
+    """
+    anchors = anchors.to(device)
+    n = anchors.numel()
+    q_block = torch.arange(n * block_size, device=device) // block_size
+    ctx = torch.arange(seq_len, device=device)[None, :] < anchors[q_block][:, None]
+    own = q_block[:, None] == q_block[None, :]
+    return torch.cat([ctx, own], dim=1)
+
+
+def flex_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device):
+    """The same mask as a Flex Attention `BlockMask`, so GPUs skip the masked-out tiles."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    anchors = anchors.to(device)
+    n = anchors.numel()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        blk = q_idx // block_size
+        in_ctx = (kv_idx < seq_len) & (kv_idx < anchors[blk])
+        in_own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
+        return in_ctx | in_own
+
+    return create_block_mask(mask_mod, None, None, n * block_size, seq_len + n * block_size, device=device)
+
+
+# ------------------------------------------------------------------------------------ target features
+
+
+class _StopForward(Exception):
+    """Raised after the deepest tapped layer: the layers above it and the LM head are not needed."""
+
+
+class FeatureExtractor:
+    """Frozen target features for training, computing only the layers the drafter reads.
+
+    Hooks are attached only for the duration of a call, so the same `Target` still decodes
+    normally (with its own taps) between training steps.
+    """
+
+    def __init__(self, target: Target, layer_ids: list[int]):
+        self.target = target
+        self.layer_ids = list(layer_ids)
+        self.decoder = target.model.get_decoder()
+        self._out: dict[int, torch.Tensor] = {}
+
+    def _hook(self, layer_id: int, stop: bool):
+        def record(_module, _inputs, output):
+            self._out[layer_id] = output[0] if isinstance(output, tuple) else output
+            if stop:
+                raise _StopForward
+
+        return record
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor, top_k: int = 0):
+        """(features, soft labels) of `ids` [1, T] (no KV cache, positions 0..T-1).
+
+        Features are the chosen layers' outputs concatenated, [1, T, k*h]. Soft labels are None,
+        or with `top_k` the target's next-token distribution at every position, kept as its `top_k`
+        most likely ids [T, top_k] and their probabilities [T, top_k].
+        """
+        last = max(self.layer_ids)
+        stop_early = top_k == 0
+        hooks = [self.target.layers[i].register_forward_hook(self._hook(i, stop_early and i == last))
+                 for i in set(self.layer_ids)]
+        self._out.clear()
+        hidden = None
+        try:
+            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state
+        except _StopForward:
+            pass
+        finally:
+            for hook in hooks:
+                hook.remove()
+        feats = torch.cat([self._out[i] for i in self.layer_ids], dim=-1)
+        self._out.clear()
+        if stop_early:
+            return feats, None
+        probs = self.target.head(hidden[0]).float().softmax(-1)
+        top_p, top_ids = probs.topk(top_k, dim=-1)
+        return feats, (top_ids, top_p)
+
+
+# ------------------------------------------------------------------------------------ trainer
+
+
+@dataclass
+class StepOut:
+    loss: torch.Tensor
+    ce: torch.Tensor  # weighted cross-entropy against the greedy labels alone (= loss without soft labels)
+    logits: torch.Tensor  # [nA, B-1, V] over the draft vocabulary
+    labels: torch.Tensor  # draft-vocabulary indices, -100 where there is nothing to predict
+    valid: torch.Tensor
+    block_tokens: int
+
+
+class DrafterTrainer:
+    """The training forward shared by the optimisation loop, evaluation and the tests."""
+
+    def __init__(self, target: Target, drafter, block_size: int, gamma: float, amp_dtype=None, feature_cache_bytes: int = 0,
+                 soft_top_k: int = 0, soft_weight: float = 0.0):
+        self.target = target
+        self.drafter = drafter  # possibly DDP-wrapped
+        core = drafter.module if hasattr(drafter, "module") else drafter
+        self.core = core
+        self.block_size = block_size
+        self.mask_token_id = core.mask_token_id
+        self.weights = slot_weights(block_size, gamma).to(target.device)
+        self.features = FeatureExtractor(target, core.target_layer_ids)
+        self.amp_dtype = amp_dtype
+        self.device = target.device
+        # Soft labels: the target's own top-k distribution mixed into the one-hot greedy label.
+        # A greedy token says only which id won; the distribution also says by how much and what
+        # came second, which is more signal per position when the data is what limits the drafter.
+        self.soft_top_k = soft_top_k if soft_weight > 0 else 0
+        self.soft_weight = soft_weight
+        # On a CPU the frozen target's forward costs more than the drafter's whole step, so with
+        # several epochs over a small data set its features are kept rather than recomputed.
+        self.feature_cache: dict[str, torch.Tensor] = {}
+        self.feature_cache_left = feature_cache_bytes
+        # Labels move into draft-vocabulary indices; ids outside it cannot be drafted (-100).
+        self.label_index = None
+        if core.draft_vocab is not None:
+            self.label_index = torch.full((target.vocab_size,), -100, dtype=torch.long, device=self.device)
+            self.label_index[core.draft_vocab.to(self.device)] = torch.arange(core.draft_vocab.numel(), device=self.device)
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def target_features(self, ids: torch.Tensor, key: str | None):
+        """Features of `ids`, plus (top ids, top probabilities) per position when soft labels are on."""
+        cached = self.feature_cache.get(key) if key is not None else None
+        if cached is None:
+            feats, soft = self.features(ids[None], self.soft_top_k)
+            if self.amp_dtype is not None:
+                # Autocast feeds `fc` in this dtype anyway; caching it halves the memory.
+                feats = feats.to(self.amp_dtype)
+            cached = (feats, soft)
+            size = sum(t.numel() * t.element_size() for t in (feats, *(soft or ())))
+            if key is not None and size <= self.feature_cache_left:
+                self.feature_cache[key] = cached
+                self.feature_cache_left -= size
+        return cached
+
+    def soft_cross_entropy(self, logp: torch.Tensor, anchors: torch.Tensor, soft) -> torch.Tensor:
+        """-sum_j p_target(j) log q(j) per slot over the target's top-k ids the drafter can propose.
+
+        The label of block slot k is the token at anchor+k, which the target predicted at anchor+k-1.
+        """
+        top_ids, top_p = soft
+        T = top_ids.shape[0]
+        src = (anchors.to(self.device)[:, None] + torch.arange(self.block_size - 1, device=self.device)).clamp(max=T - 1)
+        ids, p = top_ids[src], top_p[src]  # [nA, B-1, k]
+        if self.label_index is not None:
+            ids = self.label_index[ids]
+            p = p * (ids >= 0)
+        p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
+        return -(p * logp.gather(-1, ids.clamp(min=0))).sum(-1)
+
+    def forward(self, ids: torch.Tensor, anchors: torch.Tensor, dense: bool | None = None, unwrapped: bool = False,
+                key: str | None = None, walk_weight: float = 1.0) -> StepOut:
+        """Logits and weighted loss of every anchor's block for one sequence `ids` [T].
+
+        With `walk_weight` != 1, `anchors` must be every response anchor; the blocks greedy decoding
+        would run with the drafter as it is now (`walk_anchors`) weigh `walk_weight` times the rest.
+        """
+        ids = ids.to(self.device)
+        T, B = ids.shape[0], self.block_size
+        block_ids, position_ids, labels, valid = block_layout(anchors, T, B, self.mask_token_id, ids)
+        # Sliding-window layers are only handled by the dense path (the window is added per layer).
+        sliding = any(layer.self_attn.sliding_window for layer in self.core.layers)
+        use_flex = (self.device.type == "cuda" and not sliding) if dense is None else not dense
+        mask = (flex_block_mask if use_flex else dense_block_mask)(anchors, T, B, self.device)
+        with self._autocast():
+            feats, soft = self.target_features(ids, key)
+            with torch.no_grad():
+                embeds = self.target.embed(block_ids[None])
+            # Rank-0-only evaluation must bypass DDP, whose forward would wait for the other ranks.
+            module = self.core if unwrapped else self.drafter
+            hidden = module(embeds, feats, position_ids[None], attn_mask=mask)
+            n = anchors.numel()
+            # Slot 0 holds the anchor's own token; its output is never used.
+            hidden = hidden.view(n, B, -1)[:, 1:]
+            logits = self.core.draft_logits(hidden, self.target.head)
+        logits = logits.float()
+        if self.label_index is not None:
+            labels = torch.where(valid, self.label_index[labels.clamp(min=0)], labels)
+        logp = logits.log_softmax(-1)
+        hard = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+        w = self.weights[None, :].expand_as(labels) * (labels >= 0)
+        if walk_weight != 1.0:
+            # Decoding only meets the anchors right after a bonus token, and they are the harder ones
+            # (a block starts after a rejection); uniform anchors spend the loss on states it never sees.
+            with torch.no_grad():
+                walk = walk_anchors(acceptance_lengths(logits, labels, valid).cpu()).to(self.device)
+            per_anchor = torch.ones(n, device=self.device).index_fill_(0, walk, walk_weight)
+            w = w * per_anchor[:, None]
+        w = w / w.sum().clamp(min=1e-9)
+        ce = (hard * w).sum()
+        loss = ce
+        if soft is not None:
+            mixed = (1 - self.soft_weight) * hard + self.soft_weight * self.soft_cross_entropy(logp, anchors, soft)
+            loss = (mixed * w).sum()
+        return StepOut(loss, ce, logits, labels, valid, int(n * B))
+
+
+def acceptance_lengths(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced acceptance length per block: 1 (bonus) + leading slots predicted right.
+
+    With greedy target responses as data, a right prediction is exactly a draft the target would
+    accept, so the mean estimates tau at greedy decoding.
+    """
+    hit = (logits.argmax(-1) == labels) & valid
+    return 1 + hit.long().cumprod(dim=1).sum(dim=1)
+
+
+def walk_anchors(lengths: torch.Tensor) -> torch.Tensor:
+    """Indices of the anchors greedy decoding starts its blocks at, from the lengths at every anchor.
+
+    `lengths[i]` belongs to the anchor at the i-th response position. Decoding starts a block at the
+    first response token and the next one right after its bonus token, i.e. at a + length(a); when
+    the sequence is the target's own greedy output, these are exactly the blocks decoding runs.
+    """
+    walk, a = [], 0
+    while a < len(lengths):
+        walk.append(a)
+        a += int(lengths[a])
+    return torch.tensor(walk, dtype=torch.long)
+
+
+def decode_walk(lengths: torch.Tensor) -> torch.Tensor:
+    """The acceptance lengths greedy decoding meets (see `walk_anchors`)."""
+    return lengths[walk_anchors(lengths)]
+
+
+@torch.no_grad()
+def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 1234) -> dict:
+    """Held-out loss and estimated tau on fixed anchors (same anchors every evaluation).
+
+    `val_tau` averages over the sampled anchors. Decoding does not meet anchors uniformly: a block
+    starts right after a rejection, where drafting is harder, so `val_tau_decode` also walks each
+    sequence as greedy decoding would (only for sequences whose every anchor was evaluated).
+    """
+    was_training = trainer.core.training
+    trainer.core.eval()
+    gen = torch.Generator().manual_seed(seed)
+    tot_loss = tot_ce = tot_w = 0.0
+    acc, walks = [], []
+    per_slot_hits = torch.zeros(trainer.block_size - 1)
+    for ids, plen, key in seqs:
+        anchors = sample_anchors(len(ids), plen, anchors_per_seq, gen)
+        if anchors.numel() == 0:
+            continue
+        out = trainer.forward(ids, anchors, unwrapped=True, key=key)
+        lengths = acceptance_lengths(out.logits, out.labels, out.valid).cpu()
+        acc.append(lengths)
+        if is_every_anchor(anchors, len(ids), plen):
+            walks.append(decode_walk(lengths))
+        per_slot_hits += torch.bincount(lengths - 1, minlength=trainer.block_size)[1:].flip(0).cumsum(0).flip(0).float()
+        tot_loss += float(out.loss) * anchors.numel()
+        tot_ce += float(out.ce) * anchors.numel()
+        tot_w += anchors.numel()
+    trainer.core.train(was_training)
+    if not acc:
+        return {}
+    lengths = torch.cat(acc).float()
+    return {
+        "val_loss": tot_loss / tot_w,
+        "val_ce": tot_ce / tot_w,
+        "val_tau": float(lengths.mean()),
+        "val_tau_decode": float(torch.cat(walks).float().mean()) if walks else None,
+        "val_blocks": int(lengths.numel()),
+        # Fraction of blocks whose draft got at least k tokens accepted, k = 1..B-1.
+        "val_accept_at": [round(float(x), 4) for x in per_slot_hits / lengths.numel()],
+    }
