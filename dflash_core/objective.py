@@ -40,24 +40,26 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
     return torch.exp(-(k - 1) / gamma)
 
 
-def sample_anchors(seq_len: int, prompt_len: int, n: int, generator: torch.Generator) -> torch.Tensor:
-    """Sorted distinct anchors a with a and a+1 both response positions (a >= prompt_len).
+def anchor_count(seq_len: int, prompt_len: int) -> int:
+    """How many valid anchors a sequence has: a and a+1 both response positions, a >= prompt_len.
 
     At inference the first block starts at the first response token (the prefill's bonus), so
-    anchors cover exactly the states the drafter meets.
+    these anchors cover exactly the states the drafter meets.
     """
-    lo, hi = prompt_len, seq_len - 2  # inclusive range of valid anchors
-    if hi < lo:
-        return torch.empty(0, dtype=torch.long)
-    count = hi - lo + 1
+    return max(0, seq_len - 1 - prompt_len)
+
+
+def sample_anchors(seq_len: int, prompt_len: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to `n` sorted distinct valid anchors (all of them when there are at most `n`)."""
+    count = anchor_count(seq_len, prompt_len)
     if count <= n:
-        return torch.arange(lo, hi + 1)
-    return (torch.randperm(count, generator=generator)[:n] + lo).sort().values
+        return torch.arange(prompt_len, prompt_len + count)
+    return (torch.randperm(count, generator=generator)[:n] + prompt_len).sort().values
 
 
 def is_every_anchor(anchors: torch.Tensor, seq_len: int, prompt_len: int) -> bool:
     """Whether `sample_anchors` returned every valid anchor, so decoding's walk over them is known."""
-    return anchors.numel() == max(0, seq_len - 1 - prompt_len)
+    return anchors.numel() == anchor_count(seq_len, prompt_len)
 
 
 def block_layout(anchors: torch.Tensor, seq_len: int, block_size: int, mask_token_id: int, ids: torch.Tensor):
