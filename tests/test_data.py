@@ -57,3 +57,23 @@ def test_self_written_prompts_are_a_source_with_a_split(tmp_path, monkeypatch, t
         prompts.all_prompts.cache_clear()
     assert sorted(p.text for p in own) == sorted(texts)
     assert {p.split for p in own} == {"train", "heldout"}  # the usual 5% hash split applies
+
+
+@pytest.mark.parametrize("source", ["math", "story"])
+def test_growing_a_generated_source_keeps_every_prompt_the_data_was_made_from(source):
+    # Generators draw from one seeded stream, so raising their count only appends prompts; a
+    # change that reshuffled them would orphan committed samples and could move prompts
+    # across the held-out split.
+    if source in prompts.missing_sources():
+        pytest.skip(f"{source} needs {prompts.SOURCE_PACKAGES[source][1]}")
+    pool = {p.id for p in prompts.SOURCES[source]()}
+    used = {i for i in datagen.done_prompt_ids(DATA_DIR) if i.startswith(source + ":")}
+    assert len(used) > 1000 and used <= pool
+
+
+def test_stdlib_method_prompts_follow_the_function_prompts():
+    texts = [p.text for p in prompts._stdlib()]
+    is_method = [" method `" in t or t.startswith("Implement the method") for t in texts]
+    first = is_method.index(True)
+    assert first > 100 and all(is_method[first:])  # appended: the function prompts keep their ids
+    assert any("`str." in t for t in texts[first:])  # built-in types count too
