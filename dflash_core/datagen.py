@@ -27,8 +27,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -49,13 +49,21 @@ def done_prompt_ids(d: str | Path) -> set[str]:
     return done
 
 
-def load_dataset(d: str | Path, with_ids: bool = False, shards: slice | None = None) -> Iterator[tuple]:
+def load_dataset(d: str | Path, with_ids: bool = False,
+                 shards: slice | Sequence[slice] | None = None) -> Iterator[tuple]:
     """Yield ``(token_ids, prompt_len)`` per sample (``int64`` array, ``int``).
 
     With ``with_ids=True`` yields ``(token_ids, prompt_len, prompt_id)``; ``shards`` picks
-    shard files by position in name order (e.g. ``slice(40, None)``: the 41st on).
+    shard files by position in name order (e.g. ``slice(40, None)``: the 41st on), or by the
+    union of several slices, each file once and in name order.
     """
-    for f in _shards(d)[shards or slice(None)]:
+    files = _shards(d)
+    if shards is not None:
+        picked = set()
+        for sl in [shards] if isinstance(shards, slice) else shards:
+            picked.update(range(len(files))[sl])
+        files = [files[i] for i in sorted(picked)]
+    for f in files:
         with np.load(f) as z:
             toks, offs, plens, ids = z["tokens"], z["offsets"], z["prompt_lens"], z["prompt_ids"]
         for i in range(len(plens)):

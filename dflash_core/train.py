@@ -103,7 +103,7 @@ def frequent_tokens(seqs, k: int, vocab_size: int, always=()) -> torch.Tensor:
     return order[: min(k, vocab_size)].clone()
 
 
-def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2, shards: slice | None = None):
+def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2, shards=None):
     """[(ids int64 tensor, prompt_len, key)] from datagen shards, truncated to `max_len` tokens."""
     from .datagen import load_dataset
 
@@ -153,24 +153,30 @@ def choose_amp(name: str, device: torch.device):
     return {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def shard_range(text: str) -> slice:
-    """'40:', ':12' or '3:9' -> a slice over the shard list."""
-    start, sep, stop = text.partition(":")
+def shard_range(text: str) -> list[slice]:
+    """'40:', ':12', '3:9' or '0:40:4', comma-separated for several -> slices over the shard list."""
     try:
-        if not sep:
-            raise ValueError
-        return slice(int(start) if start else None, int(stop) if stop else None)
+        out = []
+        for part in text.split(","):
+            bounds = part.split(":")
+            if not 2 <= len(bounds) <= 3 or bounds[2:] == ["0"]:  # a zero step has no meaning
+                raise ValueError
+            start, stop, *step = (int(b) if b.strip() else None for b in bounds)
+            out.append(slice(start, stop, *step))
+        return out
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected START:STOP (either may be empty), got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected START:STOP[:STEP] (each may be empty), comma-separated for several, got {text!r}") from None
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m dflash_core.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="target dir or Hub id, or default:smollm2")
     p.add_argument("--data", required=True, help="directory of datagen shards")
-    p.add_argument("--shards", type=shard_range, default=None, metavar="START:STOP",
+    p.add_argument("--shards", type=shard_range, default=None, metavar="START:STOP[:STEP][,...]",
                    help="use only these shards, by position in name order (e.g. 40: for a warm "
-                        "drafter that has seen the first 40)")
+                        "drafter that has seen the first 40; 101:,84:101:4 adds every 4th of 84-100 "
+                        "to replay what it learnt there)")
     p.add_argument("--out", required=True, help="output dir: released-format drafter + checkpoint/ + train_log.jsonl")
     p.add_argument("--layers", type=int, default=None,
                    help="drafter layers (default 3; with --init-from: grow the warm drafter to this many)")

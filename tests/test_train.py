@@ -222,8 +222,11 @@ def test_shards_option_picks_shard_files_by_position(tmp_path):
     assert shard_numbers(None) == [3, 7, 12]
     assert shard_numbers(shard_range("1:")) == [7, 12]
     assert shard_numbers(shard_range(":1")) == [3]
-    with pytest.raises(SystemExit):  # argparse's exit on a malformed range
-        parse_args(["--target", "t", "--data", str(tmp_path), "--out", "o", "--shards", "40"])
+    assert shard_numbers(shard_range("2:,0:3:2")) == [3, 12]  # a union, each shard once
+    assert shard_numbers(shard_range("::2,1:2")) == [3, 7, 12]
+    for bad in ("40", "1:2:3:4", "a:", "1:,", "::0"):  # argparse's exit on a malformed range
+        with pytest.raises(SystemExit):
+            parse_args(["--target", "t", "--data", str(tmp_path), "--out", "o", "--shards", bad])
 
 
 def test_decode_walk_starts_each_block_after_the_previous_bonus():
