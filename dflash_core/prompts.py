@@ -172,7 +172,8 @@ def _is_routine(obj) -> bool:
         or isinstance(obj, (classmethod, staticmethod))
 
 
-def _stdlib() -> list[Prompt]:
+def _stdlib_routines():
+    """(qualified name, object, kind, 'write it' task prefix) for every public routine, functions first."""
     import builtins
     import importlib
 
@@ -184,32 +185,13 @@ def _stdlib() -> list[Prompt]:
                 mods.append((modname, importlib.import_module(modname)))
         except Exception:
             continue
-    out, seen = [], set()
-
-    def usable(doc: str) -> bool:
-        if len(doc) < 25 or len(doc) > 600 or doc in seen:
-            return False
-        seen.add(doc)
-        return True
-
-    # Alternate the task by hash so both kinds appear without doubling the count.
     for modname, mod in mods:
         for name in sorted(vars(mod)):
             obj = getattr(mod, name)
-            if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
-                continue
-            para = _doc_paragraph(obj)
-            if not usable(para):
-                continue
-            qual = f"{modname}.{name}"
-            if int(_h(qual)[:4], 16) % 2 == 0:
-                t = (f"Write a Python function `{name}` that does the following, without using "
-                     f"the `{modname}` module: {para}")
-            else:
-                t = f"Explain what the Python function `{qual}` does and show a short example of using it."
-            out.append(_mk("stdlib", "code", t))
-    # Methods of the built-in types and of the modules' own classes: a second pass, so the
-    # function prompts above (and their ids) stay exactly what they were before it existed.
+            if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
+                yield (f"{modname}.{name}", obj, "function",
+                       f"Write a Python function `{name}` that does the following, without using the `{modname}` module: ")
+    # Methods come second, so the function prompts (and their ids) stay what they were before.
     for mod in [builtins, *(m for _, m in mods)]:
         for cname in sorted(vars(mod)):
             cls = getattr(mod, cname)
@@ -217,18 +199,26 @@ def _stdlib() -> list[Prompt]:
                     or (mod is not builtins and cls.__module__ != mod.__name__):
                 continue
             for name in sorted(vars(cls)):
-                if name.startswith("_") or not _is_routine(vars(cls)[name]):
-                    continue
-                para = _doc_paragraph(getattr(cls, name))
-                if not usable(para):
-                    continue
-                qual = f"{cname}.{name}" if mod is builtins else f"{mod.__name__}.{cname}.{name}"
-                if int(_h(qual)[:4], 16) % 2 == 0:
-                    t = (f"Implement the method `{qual}` as a plain Python function `{name}` that takes "
-                         f"the object as its first argument, without calling the original: {para}")
-                else:
-                    t = f"Explain what the Python method `{qual}` does and show a short example of using it."
-                out.append(_mk("stdlib", "code", t))
+                if not name.startswith("_") and _is_routine(vars(cls)[name]):
+                    qual = f"{cname}.{name}" if mod is builtins else f"{mod.__name__}.{cname}.{name}"
+                    yield (qual, getattr(cls, name), "method",
+                           f"Implement the method `{qual}` as a plain Python function `{name}` that takes "
+                           "the object as its first argument, without calling the original: ")
+
+
+def _stdlib() -> list[Prompt]:
+    out, seen = [], set()
+    for qual, obj, kind, write in _stdlib_routines():
+        para = _doc_paragraph(obj)
+        if len(para) < 25 or len(para) > 600 or para in seen:
+            continue
+        seen.add(para)
+        # Alternate the task by hash so both kinds appear without doubling the count.
+        if int(_h(qual)[:4], 16) % 2 == 0:
+            t = write + para
+        else:
+            t = f"Explain what the Python {kind} `{qual}` does and show a short example of using it."
+        out.append(_mk("stdlib", "code", t))
     return out
 
 
