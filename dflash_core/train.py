@@ -159,9 +159,11 @@ def shard_range(text: str) -> list[slice]:
         out = []
         for part in text.split(","):
             bounds = part.split(":")
-            if not 2 <= len(bounds) <= 3 or bounds[2:] == ["0"]:  # a zero step has no meaning
+            if not 2 <= len(bounds) <= 3:
                 raise ValueError
             start, stop, *step = (int(b) if b.strip() else None for b in bounds)
+            if step == [0]:  # a zero step selects nothing meaningful; slicing would raise later
+                raise ValueError
             out.append(slice(start, stop, *step))
         return out
     except ValueError:

@@ -224,7 +224,7 @@ def test_shards_option_picks_shard_files_by_position(tmp_path):
     assert shard_numbers(shard_range(":1")) == [3]
     assert shard_numbers(shard_range("2:,0:3:2")) == [3, 12]  # a union, each shard once
     assert shard_numbers(shard_range("::2,1:2")) == [3, 7, 12]
-    for bad in ("40", "1:2:3:4", "a:", "1:,", "::0"):  # argparse's exit on a malformed range
+    for bad in ("40", "1:2:3:4", "a:", "1:,", "::0", "1:9:00"):  # argparse's exit on a malformed range
         with pytest.raises(SystemExit):
             parse_args(["--target", "t", "--data", str(tmp_path), "--out", "o", "--shards", bad])
 
