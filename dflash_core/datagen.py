@@ -50,17 +50,17 @@ def done_prompt_ids(d: str | Path) -> set[str]:
 
 
 def load_dataset(d: str | Path, with_ids: bool = False,
-                 shards: slice | Sequence[slice] | None = None) -> Iterator[tuple]:
+                 shards: Sequence[slice] | None = None) -> Iterator[tuple]:
     """Yield ``(token_ids, prompt_len)`` per sample (``int64`` array, ``int``).
 
     With ``with_ids=True`` yields ``(token_ids, prompt_len, prompt_id)``; ``shards`` picks
-    shard files by position in name order (e.g. ``slice(40, None)``: the 41st on), or by the
-    union of several slices, each file once and in name order.
+    shard files by position in name order, as the union of its slices, each file once and in
+    name order (e.g. ``[slice(40, None)]``: the 41st on).
     """
     files = _shards(d)
     if shards is not None:
         picked = set()
-        for sl in [shards] if isinstance(shards, slice) else shards:
+        for sl in shards:
             picked.update(range(len(files))[sl])
         files = [files[i] for i in sorted(picked)]
     for f in files:

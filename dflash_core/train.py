@@ -103,7 +103,8 @@ def frequent_tokens(seqs, k: int, vocab_size: int, always=()) -> torch.Tensor:
     return order[: min(k, vocab_size)].clone()
 
 
-def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2, shards=None):
+def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2,
+                   shards: list[slice] | None = None):
     """[(ids int64 tensor, prompt_len, key)] from datagen shards, truncated to `max_len` tokens."""
     from .datagen import load_dataset
 
