@@ -230,7 +230,7 @@ _ITEMS = ["apples", "pencils", "marbles", "books", "cookies", "stickers", "coins
           "oranges", "stamps", "eggs", "flowers", "toy cars", "shells", "cupcakes"]
 
 
-def _math(n: int = 11000, seed: int = 1234) -> list[Prompt]:
+def _math(n: int = 13000, seed: int = 1234) -> list[Prompt]:
     rng = random.Random(seed)
     out = []
 
