@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_linear import single_row_library
 from .decoding import run
 from .pair import DEFAULT_TARGET, DTYPES, load_pair
 from .prompting import encode_prompt
@@ -131,6 +132,8 @@ def benchmark(args) -> dict:
         "dtype": args.dtype,
         "drafter_dtype": str(drafter.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
+        # Which library ran the target's one-row (plain decoding) matmuls; chosen per machine.
+        "cpu_single_row": single_row_library(target.model),
         "num_prompts": len(encoded),
         "max_new_tokens": args.max_new_tokens,
         "block_size": block_sizes[0],
@@ -164,7 +167,8 @@ def cycle_times(args) -> dict:
 def print_table(result: dict) -> None:
     plain = result["plain_tok_s"]
     print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
-          f"on {result['device']} ({result['threads']} threads)")
+          f"on {result['device']} ({result['threads']} threads"
+          + (f", one-row matmuls by {result['cpu_single_row']}" if result.get("cpu_single_row") else "") + ")")
     print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
     print(f"{'plain (ours)':<22}{plain:>9.1f}{1.0:>9.2f}")
     for b, r in result["per_block_size"].items():

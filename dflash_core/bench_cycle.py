@@ -26,6 +26,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from . import kernels
 from .config import default_target_layer_ids, parse_drafter_config
+from .cpu_linear import single_row_library
 from .drafter import DFlashDrafter
 from .target import Target, default_attention
 
@@ -174,6 +175,7 @@ def time_cycle(target: Target, drafter: DFlashDrafter, context: int, block: int,
         "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
         "kernels": "triton" if kernels.use_triton(dev) else "torch",
+        "cpu_single_row": single_row_library(target.model),
         "context": context, "block_size": block, "iters": iters,
         "plain_ms": t_plain, "draft_ms": t_draft, "verify_ms": t_verify, "bookkeeping_ms": t_book,
         "cycle_ms": t_cycle, "draft_cuda_graph_ms": t_draft_graph, "draft_cuda_graph_error": graph_error,
@@ -194,7 +196,8 @@ def run_synthetic(shape: str = "tiny", device: str = "cpu", dtype: str = "fp32",
 
 def print_table(r: dict) -> None:
     name = f"synthetic {r['shape']}" if "shape" in r else r.get("target", "pair")
-    print(f"{name} on {r['hardware']} ({r['device']}, {r['dtype']}, {r['threads']} threads, kernels={r['kernels']}), "
+    one_row = f", one-row matmuls by {r['cpu_single_row']}" if r.get("cpu_single_row") else ""
+    print(f"{name} on {r['hardware']} ({r['device']}, {r['dtype']}, {r['threads']} threads, kernels={r['kernels']}{one_row}), "
           f"context {r['context']}, block {r['block_size']}, median of {r['iters']}")
     print(f"  {'part':<22}{'ms':>10}{'% cycle':>10}")
     for label, key in [("draft forward", "draft_ms"), (f"verify ({r['block_size']} tokens)", "verify_ms"),

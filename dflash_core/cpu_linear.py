@@ -1,8 +1,8 @@
 """Linear layers with weights prepacked for oneDNN: fast few-row matmuls for frozen models on CPU.
 
 Speculative decoding on a CPU lives on two matmul shapes: one row per plain decoding step and a
-block of rows per verification. PyTorch sends both to MKL, which on this project's CI machine
-(2-core AMD EPYC) streams the weights at about a third of the memory bandwidth for one row and is
+block of rows per verification. PyTorch sends both to MKL, which on a 2-core AMD EPYC (the
+machine of the first measurements) streams the weights at about a third of the memory bandwidth for one row and is
 slower still for eight; oneDNN with each weight reordered once into its blocked layout streams
 them at the same speed for 1 to 16 rows. Measured on SmolLM2-135M in float32 at context 200: a
 plain step 57 -> 41 ms, a verification of 8 tokens 83 -> 47 ms (docs/benchmarks.md).
@@ -12,12 +12,19 @@ drafter borrows the target's LM head, training initialises drafter layers from t
 weight changed in place (an optimizer step) or replaced is repacked before its next use, so a
 packed module never computes with stale weights. Calls that need gradients take `F.linear`.
 
-`DFLASH_CPU_LINEAR=off` keeps every layer as it was; `on`/`auto` (default) pack on CPU.
+Which library is faster for the single row of a plain decoding step depends on the CPU: MKL's
+one-row path is slow on AMD EPYC (above) but beats oneDNN's on an Intel Xeon (whole SmolLM2 step
+53 -> 42 ms), while blocks of rows are as fast or faster packed on both. So `auto` (the default)
+times both libraries once over a freshly packed model's single-row calls and keeps the faster;
+`on` always runs packed; `off` keeps every layer as it was. Models whose weights fit in a cache
+(under 64 MB) are not timed: there the comparison would not show the bandwidth-bound case.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +36,15 @@ def packable_dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
-def packing_wanted() -> bool:
+def _mode() -> str:
     value = os.environ.get("DFLASH_CPU_LINEAR", "auto").strip().lower() or "auto"
     if value not in ("auto", "on", "off"):
         raise ValueError(f"DFLASH_CPU_LINEAR must be auto, on or off, not {value!r}")
-    return value != "off" and torch.backends.mkldnn.is_available()
+    return value
+
+
+def packing_wanted() -> bool:
+    return _mode() != "off" and torch.backends.mkldnn.is_available()
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -45,6 +56,7 @@ class PackedLinear(nn.Linear):
 
     packed: torch.Tensor
     packed_key: tuple[int, int]  # which weight storage, at which in-place version, was packed
+    single_row_packed: bool = True  # False: one-row inputs take F.linear (see choose_single_row_path)
 
     @classmethod
     def convert(cls, linear: nn.Linear) -> "PackedLinear":
@@ -64,22 +76,68 @@ class PackedLinear(nn.Linear):
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         if needs_grad or x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
+        if not self.single_row_packed and x.numel() == x.shape[-1]:
+            return F.linear(x, self.weight, self.bias)
+        return self.packed_forward(x)
+
+    def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._weight_key() != self.packed_key:
             self.repack()  # changed in place (optimizer step) or replaced (`.to(dtype)`, `.data =`)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+CALIBRATE_MIN_BYTES = 64 * 2**20
+
+
+@torch.inference_mode()
+def choose_single_row_path(layers: list[PackedLinear], reps: int = 7) -> bool:
+    """Time one-row calls through all of `layers`, packed and with F.linear, interleaved so that a
+    machine slowing down hurts both alike; set and return whether packed stays (MKL must win by
+    5% to take over, so a tie keeps one library for every row count)."""
+    rows = [torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in layers]
+
+    def sweep(packed: bool) -> float:
+        t0 = time.perf_counter()
+        for m, x in zip(layers, rows):
+            m.packed_forward(x) if packed else F.linear(x, m.weight, m.bias)
+        return time.perf_counter() - t0
+
+    times = {True: [], False: []}
+    for i in range(reps + 1):
+        for packed in (True, False):
+            if i:  # the first sweep of each only warms up
+                times[packed].append(sweep(packed))
+            else:
+                sweep(packed)
+    keep = statistics.median(times[False]) > 0.95 * statistics.median(times[True])
+    for m in layers:
+        m.single_row_packed = keep
+    return keep
+
+
+def single_row_library(model: nn.Module) -> str | None:
+    """'oneDNN' or 'MKL': what a packed `model` uses for one-row inputs (None: nothing packed)."""
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    if not layers:
+        return None
+    return "oneDNN" if all(m.single_row_packed for m in layers) else "MKL"
+
+
 def pack_linears(model: nn.Module) -> int:
     """Pack every CPU float32/bfloat16 `nn.Linear` in `model`; return how many were packed.
 
-    Does nothing (returns 0) when `DFLASH_CPU_LINEAR=off` or PyTorch was built without oneDNN.
+    Under `auto`, a model of at least CALIBRATE_MIN_BYTES then has its one-row path chosen by
+    `choose_single_row_path`. Does nothing (returns 0) when `DFLASH_CPU_LINEAR=off` or PyTorch
+    was built without oneDNN.
     """
     if not packing_wanted():
         return 0
     dtypes = packable_dtypes()
-    count = 0
+    packed = []
     for module in model.modules():
         if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype in dtypes:
-            PackedLinear.convert(module)
-            count += 1
-    return count
+            packed.append(PackedLinear.convert(module))
+    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in packed)
+    if _mode() == "auto" and weight_bytes >= CALIBRATE_MIN_BYTES:
+        choose_single_row_path(packed)
+    return len(packed)

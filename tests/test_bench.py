@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dflash_core.bench import main
+from dflash_core.cpu_linear import packing_wanted
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +36,8 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     for key in ("speedup", "dflash_tok_s", "plain_tok_s", "speedup_prompt_lookup", "speedup_hf_generate"):
         assert result[key] > 0
     assert any("DFlash block 4" in line for line in lines)
+    # The tiny target fits in a cache, so its one-row path is never timed and stays packed.
+    assert result["cpu_single_row"] == ("oneDNN" if packing_wanted() else None)
     # The first two prompts are picked; the headline tau is the block-weighted mean of theirs.
     per_category = result["tau_per_category"]
     assert set(per_category) == {"math", "code"} and min(per_category.values()) >= 1.0

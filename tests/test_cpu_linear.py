@@ -1,17 +1,28 @@
 """oneDNN-packed linear layers (dflash_core/cpu_linear.py) against `F.linear`.
 
 Error bound: float32 outputs within 1e-5 relative (+1e-6 absolute) of `F.linear` (the two
-libraries sum in different orders); bfloat16 within 2 bf16 ulps relative.
+libraries sum in different orders); bfloat16 within 2 bf16 ulps relative. The one-row path choice
+is tested with one library made slow on purpose, so the timing cannot go either way by chance.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_core.cpu_linear import PackedLinear, pack_linears, packable_dtypes, packing_wanted
+from dflash_core import cpu_linear
+from dflash_core.cpu_linear import (
+    PackedLinear,
+    choose_single_row_path,
+    pack_linears,
+    packable_dtypes,
+    packing_wanted,
+    single_row_library,
+)
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
 
@@ -81,6 +92,46 @@ def test_tied_weights_stay_tied():
     model = nn.ModuleDict({"embed": embed, "head": head})
     pack_linears(model)
     assert isinstance(model["head"], PackedLinear) and model["head"].weight is embed.weight
+
+
+def test_single_row_path_switches_only_one_row_inputs():
+    torch.manual_seed(4)
+    packed = packed_copy(nn.Linear(64, 48))
+    packed.single_row_packed = False
+    one, block = torch.randn(1, 1, 64), torch.randn(1, 4, 64)
+    with torch.inference_mode():
+        assert torch.equal(packed(one), F.linear(one, packed.weight, packed.bias))
+        assert torch.equal(packed(block), packed.packed_forward(block))
+
+
+def _slow(fn):
+    def slowed(*args, **kwargs):
+        time.sleep(1e-3)
+        return fn(*args, **kwargs)
+    return slowed
+
+
+@pytest.mark.parametrize("slow", ["mkl", "packed"])
+def test_the_faster_library_takes_single_rows(monkeypatch, slow):
+    layers = [packed_copy(nn.Linear(32, 32)) for _ in range(3)]
+    if slow == "mkl":
+        monkeypatch.setattr(cpu_linear.F, "linear", _slow(F.linear))
+    else:
+        monkeypatch.setattr(PackedLinear, "packed_forward", _slow(PackedLinear.packed_forward))
+    keep = choose_single_row_path(layers, reps=3)
+    assert keep == (slow == "mkl")
+    assert all(m.single_row_packed == keep for m in layers)
+    assert single_row_library(nn.Sequential(*layers)) == ("oneDNN" if keep else "MKL")
+
+
+@pytest.mark.parametrize("mode,size,calibrated", [("auto", 64, True), ("auto", 16, False), ("on", 64, False)])
+def test_only_large_models_under_auto_are_timed(monkeypatch, mode, size, calibrated):
+    calls = []
+    monkeypatch.setattr(cpu_linear, "choose_single_row_path", calls.append)
+    monkeypatch.setattr(cpu_linear, "CALIBRATE_MIN_BYTES", 64 * 64 * 4)
+    monkeypatch.setenv("DFLASH_CPU_LINEAR", mode)
+    assert pack_linears(nn.Sequential(nn.Linear(size, 64, bias=False))) == 1
+    assert len(calls) == calibrated
 
 
 def test_switch_off_and_bad_value(monkeypatch):
