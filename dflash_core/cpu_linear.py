@@ -123,11 +123,11 @@ def single_row_library(model: nn.Module) -> str | None:
     return "oneDNN" if all(m.single_row_packed for m in layers) else "MKL"
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, calibrate: bool = True) -> int:
     """Pack every CPU float32/bfloat16 `nn.Linear` in `model`; return how many were packed.
 
-    Under `auto`, a model of at least CALIBRATE_MIN_BYTES then has its one-row path chosen by
-    `choose_single_row_path`. Does nothing (returns 0) when `DFLASH_CPU_LINEAR=off` or PyTorch
+    Under `auto` and with `calibrate`, a model of at least CALIBRATE_MIN_BYTES then has its one-row
+    path chosen by `choose_single_row_path`. Does nothing (returns 0) when `DFLASH_CPU_LINEAR=off` or PyTorch
     was built without oneDNN.
     """
     if not packing_wanted():
@@ -138,6 +138,6 @@ def pack_linears(model: nn.Module) -> int:
         if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype in dtypes:
             packed.append(PackedLinear.convert(module))
     weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in packed)
-    if _mode() == "auto" and weight_bytes >= CALIBRATE_MIN_BYTES:
+    if calibrate and _mode() == "auto" and weight_bytes >= CALIBRATE_MIN_BYTES:
         choose_single_row_path(packed)
     return len(packed)

@@ -1,0 +1,75 @@
+"""Batch-invariant verification: a verified block is bitwise what one-token steps compute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import build_drafter, build_target
+
+from dflash_core import DFlashDrafter, Target, run
+from dflash_core.batch_invariant import is_batch_invariant, register
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+
+@pytest.fixture(scope="module")
+def wide_target_dir(tmp_path_factory):
+    # Wide enough for SDPA's and oneDNN's tiling to differ between a block and a single row.
+    return build_target(tmp_path_factory.mktemp("wide") / "target", num_layers=4, hidden=128)
+
+
+def block_and_steps(target: Target, ids: torch.Tensor, context: int):
+    """Logits and features of ids[context:] as one block, then as one-token steps."""
+    target.reset()
+    target.forward(ids[:, :context])
+    block_logits, block_features = target.forward(ids[:, context:])
+    target.crop(context)
+    steps = [target.forward(ids[:, i : i + 1]) for i in range(context, ids.shape[1])]
+    return (block_logits, block_features), (torch.cat([s[0] for s in steps]), torch.cat([s[1] for s in steps], dim=1))
+
+
+def test_bf16_on_cpu_is_batch_invariant_by_default_and_fp32_is_not(wide_target_dir):
+    assert is_batch_invariant(Target.from_pretrained(wide_target_dir, dtype=torch.bfloat16).model)
+    assert not is_batch_invariant(Target.from_pretrained(wide_target_dir, dtype=torch.float32).model)
+
+
+@pytest.mark.parametrize("block_size", [2, 3, 8, 16])
+def test_bf16_block_is_bitwise_one_token_steps(wide_target_dir, block_size):
+    target = Target.from_pretrained(wide_target_dir, dtype=torch.bfloat16)
+    target.tap_layers([0, 2, 3])
+    for seed, context in enumerate((1, 17, 90)):
+        ids = torch.randint(0, target.vocab_size, (1, context + block_size), generator=torch.Generator().manual_seed(seed))
+        (block_logits, block_features), (step_logits, step_features) = block_and_steps(target, ids, context)
+        assert torch.equal(block_logits, step_logits), (seed, context)
+        assert torch.equal(block_features, step_features), (seed, context)
+
+
+def test_bf16_dflash_equals_plain_decoding(wide_target_dir, tmp_path):
+    target = Target.from_pretrained(wide_target_dir, dtype=torch.bfloat16)
+    drafter = DFlashDrafter.from_pretrained(build_drafter(tmp_path / "drafter", wide_target_dir), dtype=torch.bfloat16)
+    # Near-ties are what bf16 flips: flatten the target's scores so that they are common.
+    with torch.no_grad():
+        target.model.lm_head.weight.div_(8)
+    for seed in range(3):
+        prompt = torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = run(target, prompt, max_new_tokens=40).output_ids
+        for block_size in (2, 4, 8):
+            assert run(target, prompt, drafter, max_new_tokens=40, block_size=block_size).output_ids == plain
+
+
+def test_masks_it_cannot_reproduce_go_to_the_base_implementation():
+    base, wrapped = ALL_ATTENTION_FUNCTIONS["sdpa"], ALL_ATTENTION_FUNCTIONS[register("sdpa")]
+
+    class Module(torch.nn.Module):
+        num_key_value_groups, is_causal = 1, True
+
+    q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    padded = torch.ones(1, 1, 3, 7, dtype=torch.bool).tril(4)
+    padded[..., 0] = False  # a left-padded sequence: not the causal prefix of every row
+    out, _ = wrapped(Module(), q, k, v, padded)
+    assert torch.equal(out, base(Module(), q, k, v, padded)[0])
+    causal = torch.ones(1, 1, 3, 7, dtype=torch.bool).tril(4)
+    out, _ = wrapped(Module(), q, k, v, causal)
+    rows = [base(Module(), q[:, :, i : i + 1], k[:, :, : 5 + i], v[:, :, : 5 + i], None)[0] for i in range(3)]
+    assert torch.equal(out, torch.cat(rows, dim=1))
+    assert torch.allclose(out, base(Module(), q, k, v, causal)[0], atol=1e-6)
+
