@@ -21,7 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--share", action="store_true", help="create a public gradio.live link")
     parser.add_argument("--target", help="target model directory or Hub id (with --drafter)")
     parser.add_argument("--drafter", help="DFlash drafter directory or Hub id (with --target)")
-    parser.add_argument("--dtype", default="float32", help="dtype for the --target/--drafter pair")
+    parser.add_argument(
+        "--dtype", default="auto",
+        help="target dtype for the --target/--drafter pair: float32, bfloat16, float16, or auto (bfloat16 on "
+        "CPUs that run it natively, where verification is batch-invariant and stays lossless; else float32)",
+    )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs.json)")
     parser.add_argument(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
+from dflash_core.batch_invariant import is_batch_invariant
 from dflash_core.prompting import encode_prompt
 
 from .pairs import DEFAULT_TARGET, PairSpec, availability
@@ -33,6 +34,14 @@ class LoadedPair:
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    @property
+    def numerics(self) -> str:
+        """The target's dtype, and how its blocks stay lossless, in words."""
+        dtype = str(self.target.dtype).removeprefix("torch.")
+        if is_batch_invariant(self.target.model):
+            return f"{dtype}, blocks verified bitwise as one-token steps"
+        return dtype
 
     @property
     def trained_block_size(self) -> int:

@@ -63,7 +63,7 @@ class App:
         trained = pair.trained_block_size
         status = (
             f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
-            f"drafter trained with block size {trained}."
+            f"target in {pair.numerics}; drafter trained with block size {trained}."
         )
         yield status, gr.update(maximum=trained, value=trained)
 

@@ -21,11 +21,14 @@ DEFAULT_TARGET = "default:smollm2"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+def parse_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """A dtype by name; "auto" is `default_target_dtype(device)`."""
     if isinstance(name, torch.dtype):
         return name
+    if name == "auto":
+        return default_target_dtype(device)
     if name not in DTYPES:
-        raise PairMismatchError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+        raise PairMismatchError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)} or auto")
     return DTYPES[name]
 
 
@@ -79,6 +82,12 @@ def has_fast_bf16(device: str | torch.device) -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+def default_target_dtype(device: str | torch.device) -> torch.dtype:
+    """The fastest target dtype that stays lossless: bfloat16 on CPUs that run it natively (its
+    blocks are verified batch-invariantly there, see batch_invariant.py), else float32."""
+    return torch.bfloat16 if torch.device(device).type == "cpu" and has_fast_bf16(device) else torch.float32
+
+
 def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype) -> torch.dtype:
     """bf16 where the hardware runs it natively, else the target's dtype.
 
@@ -91,9 +100,9 @@ def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype)
 def load_pair(target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None) -> ModelPair:
     """Load a target (path or Hub id) and optionally a drafter, and validate them as a pair.
 
-    `drafter_dtype` None picks `default_drafter_dtype`.
+    `dtype` "auto" picks `default_target_dtype`, `drafter_dtype` None `default_drafter_dtype`.
     """
-    dtype = parse_dtype(dtype)
+    dtype = parse_dtype(dtype, device)
     if str(target) == DEFAULT_TARGET:
         from .default_pair import smollm2_target_dir
 

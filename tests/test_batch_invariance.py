@@ -73,3 +73,25 @@ def test_masks_it_cannot_reproduce_go_to_the_base_implementation():
     assert torch.equal(out, torch.cat(rows, dim=1))
     assert torch.allclose(out, base(Module(), q, k, v, causal)[0], atol=1e-6)
 
+
+def test_auto_dtype_is_bf16_only_where_it_stays_lossless_and_fast(monkeypatch):
+    from dflash_core import pair
+
+    monkeypatch.setattr(pair, "has_fast_bf16", lambda device: True)
+    assert pair.parse_dtype("auto", "cpu") == torch.bfloat16
+    assert pair.parse_dtype("auto", "cuda") == torch.float32  # no batch invariance there yet
+    monkeypatch.setattr(pair, "has_fast_bf16", lambda device: False)
+    assert pair.parse_dtype("auto", "cpu") == torch.float32  # emulated bf16 would be slow
+    with pytest.raises(ValueError, match="choose one of float32, bfloat16, float16 or auto"):
+        pair.parse_dtype("bf16")
+
+
+def test_app_status_names_the_target_numerics(tiny_dirs):
+    from app.models import PairCache
+    from app.pairs import cli_pair
+    from app.ui import App
+
+    for dtype, expected in (("bfloat16", "bfloat16, blocks verified bitwise as one-token steps"), ("float32", "float32;")):
+        spec = cli_pair(*map(str, tiny_dirs), dtype=dtype)
+        *_, (status, _) = App([spec], spec.id, PairCache("cpu")).load_selected(spec.id)
+        assert f"target in {expected}" in status, status
