@@ -12,7 +12,10 @@ dozen tokens. This module removes the difference instead of hoping it is small:
 
 Everything else in a decoder layer (norms, RoPE, activations, residuals) already works row by row.
 By induction over decoding, every cached key and value is then bitwise what plain decoding would
-have cached, and DFlash's output equals plain decoding's in any dtype, by construction.
+have cached, and DFlash's output equals plain decoding's by construction. That holds in bfloat16
+on CPU, where oneDNN's packed kernels are row-invariant (tests/test_batch_invariance.py); its
+float32 kernels reduce long rows differently for one row than for a block (a 1536-wide
+`down_proj` already differs), so float32 gets no such claim and keeps its fastest one-row library.
 """
 
 from __future__ import annotations
