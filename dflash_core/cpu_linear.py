@@ -127,8 +127,8 @@ def pack_linears(model: nn.Module, calibrate: bool = True) -> int:
     """Pack every CPU float32/bfloat16 `nn.Linear` in `model`; return how many were packed.
 
     Under `auto` and with `calibrate`, a model of at least CALIBRATE_MIN_BYTES then has its one-row
-    path chosen by `choose_single_row_path`. Does nothing (returns 0) when `DFLASH_CPU_LINEAR=off` or PyTorch
-    was built without oneDNN.
+    path chosen by `choose_single_row_path`. Does nothing (returns 0) when `DFLASH_CPU_LINEAR=off`
+    or PyTorch was built without oneDNN.
     """
     if not packing_wanted():
         return 0

@@ -13,7 +13,7 @@ import torch
 from .cpu_linear import pack_linears
 from .drafter import DFlashDrafter
 from .errors import PairMismatchError
-from .target import Target
+from .target import Target, wants_batch_invariance
 
 # The offline default target is converted on first use (see default_pair.py), never at import.
 DEFAULT_TARGET = "default:smollm2"
@@ -85,7 +85,8 @@ def has_fast_bf16(device: str | torch.device) -> bool:
 def default_target_dtype(device: str | torch.device) -> torch.dtype:
     """The fastest target dtype that stays lossless: bfloat16 on CPUs that run it natively (its
     blocks are verified batch-invariantly there, see batch_invariant.py), else float32."""
-    return torch.bfloat16 if torch.device(device).type == "cpu" and has_fast_bf16(device) else torch.float32
+    fast_and_exact = has_fast_bf16(device) and wants_batch_invariance(device, torch.bfloat16)
+    return torch.bfloat16 if fast_and_exact else torch.float32
 
 
 def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype) -> torch.dtype:
