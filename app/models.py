@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
-from dflash_core.batch_invariant import is_batch_invariant
+from dflash_core.batch_invariant import describe
 from dflash_core.prompting import encode_prompt
 
 from .pairs import DEFAULT_TARGET, PairSpec, availability
@@ -39,9 +39,8 @@ class LoadedPair:
     def numerics(self) -> str:
         """The target's dtype, and how its blocks stay lossless, in words."""
         dtype = str(self.target.dtype).removeprefix("torch.")
-        if is_batch_invariant(self.target.model):
-            return f"{dtype}, blocks verified bitwise as one-token steps"
-        return dtype
+        how = describe(self.target.model)
+        return f"{dtype}, {how}" if how else dtype
 
     @property
     def trained_block_size(self) -> int:

@@ -8,19 +8,26 @@ dozen tokens. This module removes the difference instead of hoping it is small:
 
 - attention computes each query row of a short block with exactly the call a one-token step makes
   (the same base implementation, the query alone, the keys up to its own position, no mask);
-- linear layers use one library for every row count (oneDNN's packed weights, row-invariant).
+- linear layers use one library for every row count (oneDNN's packed weights), and each linear
+  shape is probed once at load: where its kernel computes a row of a block differently from that
+  row alone, that layer runs a block one row at a time (exact, slower).
 
-Everything else in a decoder layer (norms, RoPE, activations, residuals) already works row by row.
-By induction over decoding, every cached key and value is then bitwise what plain decoding would
-have cached, and DFlash's output equals plain decoding's by construction. That holds in bfloat16
-on CPU, where oneDNN's packed kernels are row-invariant (tests/test_batch_invariance.py); its
-float32 kernels reduce long rows differently for one row than for a block (a 1536-wide
-`down_proj` already differs), so float32 gets no such claim and keeps its fastest one-row library.
+The probe is needed because row invariance depends on the CPU, not only the library: oneDNN's
+bf16 kernel is row-invariant on an Intel Xeon with AMX at every SmolLM2 shape, but on an AMD EPYC
+with AVX512-BF16 (no AMX) it splits reductions longer than 1,024 differently for one row than for
+a block, so SmolLM2's 1536-wide `down_proj` differs in the last bit (1 of 12 held-out outputs
+stayed identical before the probe). Everything else in a decoder layer (norms, RoPE, activations,
+residuals) already works row by row. By induction over decoding, every cached key and value is
+then bitwise what plain decoding would have cached, and DFlash's output equals plain decoding's by
+construction. float32 gets no such claim and keeps its fastest one-row library: there even the
+Intel machine's oneDNN reduces a 1536-wide `down_proj` differently for one row than for a block,
+so every MLP would run row by row.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -28,6 +35,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .cpu_linear import PackedLinear
 
 SUFFIX = "+rowwise"
+PROBE_ROWS = 16  # the largest block a released drafter verifies
 
 
 def _causal_prefix(mask: torch.Tensor | None, q_len: int, k_len: int) -> bool:
@@ -70,15 +78,80 @@ def register(base_name: str) -> str:
     return name
 
 
-def make_batch_invariant(model) -> None:
-    """Switch a loaded model to row-wise attention and one linear library for all row counts."""
+def _cancelling_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """Random inputs ([1, rows, in]) orthogonal to (up to) half of `weight`'s rows.
+
+    Rounded to bf16, a different summation order rarely shows in an output: 1 element in 10,000 of
+    SmolLM2's down_proj on random inputs, so a probe could pass a kernel that is not row-invariant.
+    An input orthogonal to a weight row makes that output the residue of large terms cancelling,
+    which depends on the order: 4 in 100 differ there.
+    """
+    gen = torch.Generator().manual_seed(0)
+    out_features, in_features = weight.shape
+    basis, _ = torch.linalg.qr(weight[: min(out_features, in_features // 2)].float().T)
+    x = torch.randn(1, rows, in_features, generator=gen)
+    return (x - (x @ basis) @ basis.T).to(weight)
+
+
+@torch.inference_mode()
+def rows_match_alone(linear: nn.Linear, max_rows: int = PROBE_ROWS) -> bool:
+    """Whether `linear` computes each row of a block of 2..max_rows rows bitwise as that row alone.
+
+    A kernel's reduction order depends on the shapes, not the values, so one probe per row count
+    decides it.
+    """
+    x = _cancelling_rows(linear.weight, max_rows)
+    alone = torch.cat([linear(x[:, i : i + 1]) for i in range(max_rows)], dim=1)
+    return all(torch.equal(linear(x[:, :rows]), alone[:, :rows]) for rows in range(2, max_rows + 1))
+
+
+def run_rows_alone(linear: nn.Linear) -> None:
+    """Make `linear` compute a block of rows as separate one-row calls, as one-token steps do."""
+    one_row = linear.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[-2] == 1:
+            return one_row(x)
+        return torch.cat([one_row(x[..., i : i + 1, :]) for i in range(x.shape[-2])], dim=-2)
+
+    linear.forward = forward
+    linear.runs_rows_alone = True
+
+
+def make_batch_invariant(model) -> list[str]:
+    """Switch a loaded model to row-wise attention and one linear library for all row counts, and
+    run rows alone through linear layers whose kernel is not row-invariant here; return their names."""
     current = model.config._attn_implementation
     if not current.endswith(SUFFIX):
         model.set_attn_implementation(register(current))
-    for module in model.modules():
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    for _, module in linears:
         if isinstance(module, PackedLinear):
             module.single_row_packed = True
+    verdicts: dict[tuple, bool] = {}  # kernels are chosen by shape: probe each shape once
+    for _, module in linears:
+        if getattr(module, "runs_rows_alone", False):
+            continue
+        key = (module.in_features, module.out_features, module.bias is not None, module.weight.dtype, type(module))
+        if key not in verdicts:
+            verdicts[key] = rows_match_alone(module)
+        if not verdicts[key]:
+            run_rows_alone(module)
+    return rows_alone_layers(model)
+
+
+def rows_alone_layers(model) -> list[str]:
+    """Names of the linear layers that run a block one row at a time (see `make_batch_invariant`)."""
+    return [name for name, m in model.named_modules() if getattr(m, "runs_rows_alone", False)]
 
 
 def is_batch_invariant(model) -> bool:
     return model.config._attn_implementation.endswith(SUFFIX)
+
+
+def describe(model) -> str:
+    """How `model` keeps verification exact, in words for a status line ('' if it does not claim to)."""
+    if not is_batch_invariant(model):
+        return ""
+    slow = len(rows_alone_layers(model))
+    return "blocks verified bitwise as one-token steps" + (f" ({slow} linear layers row by row)" if slow else "")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .batch_invariant import is_batch_invariant
+from .batch_invariant import describe, is_batch_invariant, rows_alone_layers
 from .cpu_linear import single_row_library
 from .decoding import run
 from .pair import DEFAULT_TARGET, DTYPES, load_pair
@@ -137,6 +137,8 @@ def benchmark(args) -> dict:
         "cpu_single_row": single_row_library(target.model),
         # Blocks verified bitwise as one-token steps (identical is then 1.0 by construction).
         "batch_invariant": is_batch_invariant(target.model),
+        "rows_alone_linears": len(rows_alone_layers(target.model)),  # exact but slower on this CPU
+        "numerics": describe(target.model),
         "num_prompts": len(encoded),
         "max_new_tokens": args.max_new_tokens,
         "block_size": block_sizes[0],
@@ -172,7 +174,7 @@ def print_table(result: dict) -> None:
     print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
           f"on {result['device']} ({result['threads']} threads"
           + (f", one-row matmuls by {result['cpu_single_row']}" if result.get("cpu_single_row") else "")
-          + (", blocks verified bitwise as one-token steps" if result.get("batch_invariant") else "") + ")")
+          + (f", {result['numerics']}" if result.get("numerics") else "") + ")")
     print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
     print(f"{'plain (ours)':<22}{plain:>9.1f}{1.0:>9.2f}")
     for b, r in result["per_block_size"].items():

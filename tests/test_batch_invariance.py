@@ -7,14 +7,23 @@ import torch
 from tiny import build_drafter, build_target
 
 from dflash_core import DFlashDrafter, Target, run
-from dflash_core.batch_invariant import is_batch_invariant, register
+from dflash_core.batch_invariant import (
+    is_batch_invariant,
+    make_batch_invariant,
+    register,
+    rows_alone_layers,
+    rows_match_alone,
+    run_rows_alone,
+)
+from dflash_core.cpu_linear import pack_linears
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
 @pytest.fixture(scope="module")
 def wide_target_dir(tmp_path_factory):
-    # Wide enough for SDPA's and oneDNN's tiling to differ between a block and a single row.
-    return build_target(tmp_path_factory.mktemp("wide") / "target", num_layers=4, hidden=128)
+    # Wide enough for SDPA's and oneDNN's tiling to differ between a block and a single row; the
+    # MLP is SmolLM2's, whose 1536-long down_proj reduction oneDNN splits by row count on some CPUs.
+    return build_target(tmp_path_factory.mktemp("wide") / "target", num_layers=4, hidden=128, intermediate=1536)
 
 
 def block_and_steps(target: Target, ids: torch.Tensor, context: int):
@@ -74,14 +83,63 @@ def test_masks_it_cannot_reproduce_go_to_the_base_implementation():
     assert torch.allclose(out, base(Module(), q, k, v, causal)[0], atol=1e-6)
 
 
+class RoundsBlocksDifferently(torch.nn.Linear):
+    """Stands in for a kernel whose reduction order depends on how many rows it is given."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y + 2**-6 if x.shape[-2] > 1 else y
+
+
+def test_a_linear_that_rounds_blocks_differently_runs_rows_alone(wide_target_dir):
+    target = Target.from_pretrained(wide_target_dir, dtype=torch.bfloat16)
+    target.tap_layers([1])
+    target.model.model.layers[1].mlp.up_proj.__class__ = RoundsBlocksDifferently
+    ids = torch.randint(0, target.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
+    (block, _), (steps, _) = block_and_steps(target, ids, 12)
+    assert not torch.equal(block, steps)  # what the probe is there to catch
+    assert "model.layers.1.mlp.up_proj" in make_batch_invariant(target.model)
+    (block, _), (steps, _) = block_and_steps(target, ids, 12)
+    assert torch.equal(block, steps)
+
+
+@pytest.mark.parametrize("in_features, out_features", [(576, 1536), (1536, 576), (576, 576)])
+def test_smollm2_linear_shapes_compute_every_block_row_as_alone(in_features, out_features):
+    layer = torch.nn.Sequential(torch.nn.Linear(in_features, out_features, bias=False)).bfloat16()
+    pack_linears(layer)
+    linear = layer[0]
+    if not rows_match_alone(linear):
+        run_rows_alone(linear)
+    x = torch.randn(1, 16, in_features, generator=torch.Generator().manual_seed(1)).bfloat16()
+    with torch.inference_mode():
+        alone = torch.cat([linear(x[:, i : i + 1]) for i in range(16)], dim=1)
+        for rows in range(2, 17):
+            assert torch.equal(linear(x[:, :rows]), alone[:, :rows]), rows
+
+
+def test_rows_alone_layers_are_named_in_the_status(wide_target_dir):
+    from dflash_core.batch_invariant import describe
+
+    target = Target.from_pretrained(wide_target_dir, dtype=torch.bfloat16)
+    assert "lm_head" not in rows_alone_layers(target.model)  # a 128-long reduction: row-invariant
+    run_rows_alone(target.model.lm_head)
+    names = rows_alone_layers(target.model)
+    assert "lm_head" in names
+    assert describe(target.model).endswith(f"({len(names)} linear layers row by row)")
+
+
 def test_auto_dtype_is_bf16_only_where_it_stays_lossless_and_fast(monkeypatch):
     from dflash_core import pair
 
-    monkeypatch.setattr(pair, "has_fast_bf16", lambda device: True)
+    monkeypatch.setattr(pair, "_cpu_flags", lambda: "flags : avx512f avx512_bf16 amx_bf16 amx_tile")
     assert pair.parse_dtype("auto", "cpu") == torch.bfloat16
     assert pair.parse_dtype("auto", "cuda") == torch.float32  # no batch invariance there yet
-    monkeypatch.setattr(pair, "has_fast_bf16", lambda device: False)
+    monkeypatch.setattr(pair, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
+    assert pair.parse_dtype("auto", "cpu") == torch.float32  # bf16 without AMX verifies slower
+    assert pair.has_fast_bf16("cpu")  # the drafter still runs in bf16 there
+    monkeypatch.setattr(pair, "_cpu_flags", lambda: "flags : avx2")
     assert pair.parse_dtype("auto", "cpu") == torch.float32  # emulated bf16 would be slow
+    assert not pair.has_fast_bf16("cpu")
     with pytest.raises(ValueError, match="choose one of float32, bfloat16, float16 or auto"):
         pair.parse_dtype("bf16")
 

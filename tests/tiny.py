@@ -44,7 +44,8 @@ def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
 
 
 def build_target(
-    directory: Path, *, num_layers: int = 6, hidden: int = 32, seed: int = 0, vocab_size=None, logit_scale: float = 8.0
+    directory: Path, *, num_layers: int = 6, hidden: int = 32, intermediate: int | None = None, seed: int = 0,
+    vocab_size=None, logit_scale: float = 8.0,
 ) -> Path:
     """A random Llama causal LM (untied embeddings) plus tokenizer, saved with `save_pretrained`."""
     tokenizer = build_tokenizer()
@@ -52,7 +53,7 @@ def build_target(
     config = LlamaConfig(
         vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
+        intermediate_size=intermediate or 2 * hidden,
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
