@@ -35,7 +35,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .cpu_linear import PackedLinear
 
 SUFFIX = "+rowwise"
-PROBE_ROWS = 16  # the largest block a released drafter verifies
+# The longest block made invariant: a released drafter verifies at most 16 tokens. Longer inputs
+# are prefills, which plain decoding and DFlash compute with the same call, so they keep the fast path.
+MAX_BLOCK = 16
 
 
 def _causal_prefix(mask: torch.Tensor | None, q_len: int, k_len: int) -> bool:
@@ -55,9 +57,10 @@ def rowwise(base):
     def attention(module, query, key, value, attention_mask, **kwargs):
         q_len, k_len = query.shape[2], key.shape[2]
         windowed = getattr(module, "sliding_window", None) is not None
-        # Plain steps and prefill go through `base` unchanged; so do masks this cannot reproduce
+        # Plain steps and prefills go through `base` unchanged; so do masks this cannot reproduce
         # (padding, sliding windows), which stay correct but lose the bitwise guarantee.
-        if q_len == 1 or q_len == k_len or windowed or not _causal_prefix(attention_mask, q_len, k_len):
+        short_block = 1 < q_len <= MAX_BLOCK and q_len < k_len
+        if not short_block or windowed or not _causal_prefix(attention_mask, q_len, k_len):
             return base(module, query, key, value, attention_mask, **kwargs)
         past = k_len - q_len
         rows = [
@@ -94,7 +97,7 @@ def _cancelling_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def rows_match_alone(linear: nn.Linear, max_rows: int = PROBE_ROWS) -> bool:
+def rows_match_alone(linear: nn.Linear, max_rows: int = MAX_BLOCK) -> bool:
     """Whether `linear` computes each row of a block of 2..max_rows rows bitwise as that row alone.
 
     A kernel's reduction order depends on the shapes, not the values, so one probe per row count
@@ -106,11 +109,11 @@ def rows_match_alone(linear: nn.Linear, max_rows: int = PROBE_ROWS) -> bool:
 
 
 def run_rows_alone(linear: nn.Linear) -> None:
-    """Make `linear` compute a block of rows as separate one-row calls, as one-token steps do."""
+    """Make `linear` compute a block of up to MAX_BLOCK rows as one-row calls, as one-token steps do."""
     one_row = linear.forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dim() < 2 or x.shape[-2] == 1:
+        if x.dim() < 2 or not 1 < x.shape[-2] <= MAX_BLOCK:
             return one_row(x)
         return torch.cat([one_row(x[..., i : i + 1, :]) for i in range(x.shape[-2])], dim=-2)
 

@@ -8,6 +8,7 @@ from tiny import build_drafter, build_target
 
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.batch_invariant import (
+    MAX_BLOCK,
     is_batch_invariant,
     make_batch_invariant,
     register,
@@ -115,6 +116,28 @@ def test_smollm2_linear_shapes_compute_every_block_row_as_alone(in_features, out
         alone = torch.cat([linear(x[:, i : i + 1]) for i in range(16)], dim=1)
         for rows in range(2, 17):
             assert torch.equal(linear(x[:, :rows]), alone[:, :rows]), rows
+
+
+def test_prefills_keep_one_call_only_blocks_split():
+    linear, calls = torch.nn.Linear(8, 8), []
+    whole = linear.forward
+    linear.forward = lambda x: calls.append(x.shape[-2]) or whole(x)
+    run_rows_alone(linear)
+    linear(torch.randn(1, 4, 8))
+    assert calls == [1, 1, 1, 1]
+    calls.clear()
+    linear(torch.randn(1, MAX_BLOCK + 1, 8))  # a prefill: plain decoding and DFlash run it alike
+    assert calls == [MAX_BLOCK + 1]
+
+    base, wrapped = ALL_ATTENTION_FUNCTIONS["sdpa"], ALL_ATTENTION_FUNCTIONS[register("sdpa")]
+
+    class Module(torch.nn.Module):
+        num_key_value_groups, is_causal = 1, True
+
+    n, past = MAX_BLOCK + 1, 3
+    q, k, v = torch.randn(1, 2, n, 8), torch.randn(1, 2, n + past, 8), torch.randn(1, 2, n + past, 8)
+    causal = torch.ones(1, 1, n, n + past, dtype=torch.bool).tril(past)
+    assert torch.equal(wrapped(Module(), q, k, v, causal)[0], base(Module(), q, k, v, causal)[0])
 
 
 def test_rows_alone_layers_are_named_in_the_status(wide_target_dir):
