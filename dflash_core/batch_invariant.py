@@ -40,6 +40,10 @@ SUFFIX = "+rowwise"
 MAX_BLOCK = 16
 
 
+def _short_block(rows: int) -> bool:
+    return 1 < rows <= MAX_BLOCK
+
+
 def _causal_prefix(mask: torch.Tensor | None, q_len: int, k_len: int) -> bool:
     """Whether `mask` (None, or [b, 1, q, k] bool / additive) lets query i see exactly keys [0, k-q+i]."""
     if mask is None:
@@ -59,8 +63,7 @@ def rowwise(base):
         windowed = getattr(module, "sliding_window", None) is not None
         # Plain steps and prefills go through `base` unchanged; so do masks this cannot reproduce
         # (padding, sliding windows), which stay correct but lose the bitwise guarantee.
-        short_block = 1 < q_len <= MAX_BLOCK and q_len < k_len
-        if not short_block or windowed or not _causal_prefix(attention_mask, q_len, k_len):
+        if not (_short_block(q_len) and q_len < k_len) or windowed or not _causal_prefix(attention_mask, q_len, k_len):
             return base(module, query, key, value, attention_mask, **kwargs)
         past = k_len - q_len
         rows = [
@@ -113,7 +116,7 @@ def run_rows_alone(linear: nn.Linear) -> None:
     one_row = linear.forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dim() < 2 or not 1 < x.shape[-2] <= MAX_BLOCK:
+        if x.dim() < 2 or not _short_block(x.shape[-2]):
             return one_row(x)
         return torch.cat([one_row(x[..., i : i + 1, :]) for i in range(x.shape[-2])], dim=-2)
 
@@ -127,14 +130,12 @@ def make_batch_invariant(model) -> list[str]:
     current = model.config._attn_implementation
     if not current.endswith(SUFFIX):
         model.set_attn_implementation(register(current))
-    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    for _, module in linears:
+    verdicts: dict[tuple, bool] = {}  # kernels are chosen by shape: probe each shape once
+    for module in model.modules():
+        if not isinstance(module, nn.Linear) or getattr(module, "runs_rows_alone", False):
+            continue
         if isinstance(module, PackedLinear):
             module.single_row_packed = True
-    verdicts: dict[tuple, bool] = {}  # kernels are chosen by shape: probe each shape once
-    for _, module in linears:
-        if getattr(module, "runs_rows_alone", False):
-            continue
         key = (module.in_features, module.out_features, module.bias is not None, module.weight.dtype, type(module))
         if key not in verdicts:
             verdicts[key] = rows_match_alone(module)

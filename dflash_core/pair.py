@@ -91,8 +91,8 @@ def default_target_dtype(device: str | torch.device) -> torch.dtype:
     (56 vs 51 ms a cycle), and staying exact there runs the MLPs' down_proj row by row
     (batch_invariant.py), so float32 is faster. On CUDA the row-wise attention is not measured yet.
     """
-    amx = torch.device(device).type == "cpu" and "amx_bf16" in _cpu_flags()
-    return torch.bfloat16 if amx and wants_batch_invariance(device, torch.bfloat16) else torch.float32
+    exact = wants_batch_invariance(device, torch.bfloat16)  # CPU only
+    return torch.bfloat16 if exact and "amx_bf16" in _cpu_flags() else torch.float32
 
 
 def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype) -> torch.dtype:

@@ -9,6 +9,7 @@ from tiny import build_drafter, build_target
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.batch_invariant import (
     MAX_BLOCK,
+    describe,
     is_batch_invariant,
     make_batch_invariant,
     register,
@@ -141,8 +142,6 @@ def test_prefills_keep_one_call_only_blocks_split():
 
 
 def test_rows_alone_layers_are_named_in_the_status(wide_target_dir):
-    from dflash_core.batch_invariant import describe
-
     target = Target.from_pretrained(wide_target_dir, dtype=torch.bfloat16)
     assert "lm_head" not in rows_alone_layers(target.model)  # a 128-long reduction: row-invariant
     run_rows_alone(target.model.lm_head)
