@@ -84,7 +84,7 @@ def register(base_name: str) -> str:
     return name
 
 
-def _cancelling_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
+def cancelling_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
     """Random inputs ([1, rows, in]) orthogonal to (up to) half of `weight`'s rows.
 
     Rounded to bf16, a different summation order rarely shows in an output: 1 element in 10,000 of
@@ -106,7 +106,7 @@ def rows_match_alone(linear: nn.Linear, max_rows: int = MAX_BLOCK) -> bool:
     A kernel's reduction order depends on the shapes, not the values, so one probe per row count
     decides it.
     """
-    x = _cancelling_rows(linear.weight, max_rows)
+    x = cancelling_rows(linear.weight, max_rows)
     alone = torch.cat([linear(x[:, i : i + 1]) for i in range(max_rows)], dim=1)
     return all(torch.equal(linear(x[:, :rows]), alone[:, :rows]) for rows in range(2, max_rows + 1))
 

@@ -1,0 +1,62 @@
+"""Does this CPU's packed linear kernel compute a row of a block as it computes that row alone?
+
+Prints, per (in_features, out_features) shape and dtype, the fraction of output elements that differ
+between a block of 2..16 rows and the same rows one at a time: on random inputs, and on the
+cancelling inputs `batch_invariant.rows_match_alone` probes with. Then times `make_batch_invariant`
+on the default target and names the layers it runs row by row. The figures in docs/benchmarks.md
+("2026-12-02") come from this script:
+
+    PYTHONPATH=. python scripts/row_invariance.py [--dtype bfloat16] [--trials 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch import nn
+
+from dflash_core.batch_invariant import MAX_BLOCK, cancelling_rows, make_batch_invariant, rows_alone_layers
+from dflash_core.cpu_linear import pack_linears
+from dflash_core.pair import DTYPES
+
+SHAPES = [(576, 576), (576, 1536), (1536, 576), (576, 49152)] + [(k, 576) for k in (512, 768, 1024, 1056, 1152, 2048)]
+
+
+@torch.inference_mode()
+def mismatch_fraction(linear: nn.Linear, x: torch.Tensor) -> float:
+    alone = torch.cat([linear(x[:, i : i + 1]) for i in range(x.shape[1])], dim=1)
+    differ = sum(int((linear(x[:, :rows]) != alone[:, :rows]).sum()) for rows in range(2, x.shape[1] + 1))
+    return differ / sum(rows * linear.out_features for rows in range(2, x.shape[1] + 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--trials", type=int, default=5)
+    args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
+    gen = torch.Generator().manual_seed(0)
+    print(f"{'in':>6} {'out':>6} {'random inputs':>14} {'cancelling':>11}")
+    for in_f, out_f in SHAPES:
+        layer = nn.Sequential(nn.Linear(in_f, out_f, bias=False, dtype=dtype))
+        pack_linears(layer, calibrate=False)
+        linear = layer[0]
+        rand = [mismatch_fraction(linear, torch.randn(1, MAX_BLOCK, in_f, generator=gen).to(dtype)) for _ in range(args.trials)]
+        cancel = mismatch_fraction(linear, cancelling_rows(linear.weight, MAX_BLOCK))
+        print(f"{in_f:>6} {out_f:>6} {sum(rand) / len(rand):>14.2e} {cancel:>11.2e}")
+
+    from dflash_core.default_pair import smollm2_target_dir
+    from dflash_core.target import Target
+
+    target = Target.from_pretrained(smollm2_target_dir(), dtype=dtype, batch_invariant=False)
+    t0 = time.perf_counter()
+    make_batch_invariant(target.model)
+    names = rows_alone_layers(target.model)
+    print(f"make_batch_invariant on the default target: {time.perf_counter() - t0:.2f} s; "
+          f"{len(names)} linear layers row by row{': ' + ', '.join(names[:3]) + ', ...' if names else ''}")
+
+
+if __name__ == "__main__":
+    main()
