@@ -1,8 +1,8 @@
 """How a new drafter starts: its config for a target, its mask token, and its first weights.
 
 A drafter shares the target's width, so its layers can start as copies of the target's own top
-layers (`init_from_target`), and a trained drafter can be deepened without losing what it learned
-(`grow_drafter`). Used by `train.py`; nothing here trains.
+layers (`init_from_target`), and a trained drafter can be deepened (`grow_drafter`) or given more target layers to read
+(`add_feature_layers`) without losing what it learned. Used by `train.py`; nothing here trains.
 """
 
 from __future__ import annotations
@@ -175,3 +175,29 @@ def grow_drafter(warm: DFlashDrafter, target: Target, layers: int, samples: list
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
     return grown
+
+
+@torch.no_grad()
+def add_feature_layers(warm: DFlashDrafter, layer_ids: list[int]) -> DFlashDrafter:
+    """`warm` reading the target layers `layer_ids`, a superset of its own, computing exactly what `warm` computes.
+
+    `fc` takes the concatenated features in `layer_ids` order; the columns of the layers `warm`
+    already read keep its weights and the new layers' columns start at zero, so training resumes
+    from the warm drafter's acceptance and learns what the new layers add.
+    """
+    old, new = list(warm.target_layer_ids), [int(i) for i in layer_ids]
+    if len(set(new)) != len(new) or not set(old) <= set(new):
+        raise ConfigError(f"target_layer_ids {new} must list each layer once and keep the warm drafter's {old}")
+    config = copy.deepcopy(warm.config)
+    config.target_layer_ids = new
+    config.dflash_config = {**getattr(config, "dflash_config", {}), "target_layer_ids": new}
+    wider = DFlashDrafter(config).to(dtype=warm.dtype, device=warm.fc.weight.device)
+    state = {k: v for k, v in warm.state_dict().items() if k != "fc.weight"}
+    missing, unexpected = wider.load_state_dict(state, strict=False)
+    assert missing == ["fc.weight"] and not unexpected, (missing, unexpected)
+    h = config.hidden_size
+    wider.fc.weight.zero_()
+    for j, layer in enumerate(old):
+        k = new.index(layer)
+        wider.fc.weight[:, k * h:(k + 1) * h] = warm.fc.weight[:, j * h:(j + 1) * h]
+    return wider

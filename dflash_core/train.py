@@ -16,7 +16,8 @@ from the target's top layers::
         --heldout-frac 0.03 --eval-every 100 --eval-seqs 48 --patience 8 --save-every 50 \\
         --feature-cache-gb 10 --time-budget 85 --threads 2
 
-Later versions warm-start from the previous one (`--init-from`, optionally `--layers N` to grow it,
+Later versions warm-start from the previous one (`--init-from`, optionally `--layers N` to grow it
+or `--target-layer-ids` to add target layers it reads,
 `--shards START:` for the data it has not seen, `--soft-labels 8`); the shipped drafter's model
 card (`assets/drafters/smollm2-135m-instruct-dflash/README.md`) has the exact chain of commands.
 
@@ -54,7 +55,7 @@ import torch
 
 from .config import default_target_layer_ids, parse_drafter_config
 from .drafter import DFlashDrafter
-from .drafter_init import build_drafter_config, grow_drafter, init_from_target, pick_mask_token_id
+from .drafter_init import add_feature_layers, build_drafter_config, grow_drafter, init_from_target, pick_mask_token_id
 from .errors import DFlashError
 from .objective import DrafterTrainer, default_gamma, evaluate, is_every_anchor, sample_anchors
 from .pair import has_fast_bf16
@@ -209,7 +210,8 @@ def parse_args(argv=None):
                    help="weight of the soft labels against the greedy one-hot label (with --soft-labels)")
     p.add_argument("--init-from-target", action="store_true")
     p.add_argument("--init-from", default=None, help="warm start from a released-format drafter directory")
-    p.add_argument("--target-layer-ids", default=None, help="comma-separated 0-based target layers")
+    p.add_argument("--target-layer-ids", default=None,
+                   help="comma-separated 0-based target layers the drafter reads; with --init-from, a superset of its own")
     p.add_argument("--heldout-frac", type=float, default=0.05)
     p.add_argument("--eval-every", type=int, default=100, help="optimizer steps between evaluations")
     p.add_argument("--eval-seqs", type=int, default=64, help="held-out sequences per evaluation, evenly spaced over the held-out split")
@@ -246,6 +248,11 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
         if args.layers and args.layers != len(warm.layers):
             log(f"growing the warm drafter from {len(warm.layers)} to {args.layers} layers")
             warm = grow_drafter(warm, target, args.layers, calibration)
+        if args.target_layer_ids:
+            layer_ids = [int(x) for x in args.target_layer_ids.split(",")]
+            if layer_ids != warm.target_layer_ids:
+                log(f"the warm drafter reads target layers {layer_ids} instead of {warm.target_layer_ids}")
+                warm = add_feature_layers(warm, layer_ids)
         config = warm.config
         if args.block_size:
             # Block size is not in the weights: a drafter can be retrained for another one.

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dflash_core import DFlashDrafter, Target, run
-from dflash_core.drafter_init import grow_drafter, init_from_target
+from dflash_core.drafter_init import add_feature_layers, grow_drafter, init_from_target
 from dflash_core.errors import ConfigError
 from dflash_core.objective import (
     DrafterTrainer,
@@ -322,6 +322,40 @@ def test_grown_drafter_computes_what_the_warm_one_did_and_trains_its_new_layers(
     assert float(new_layer.mlp.down_proj.weight.grad.abs().sum()) > 0
     with pytest.raises(ConfigError, match="grow, not shrink"):
         grow_drafter(warm, target, have - 1)
+
+
+def test_drafter_given_more_target_layers_computes_what_it_did_and_learns_to_read_them(tiny_dirs, one_thread, tmp_path):
+    """A target layer added between the warm drafter's own gets zero `fc` columns: the same logits
+    and drafts as before (the old columns moved to their new places), a gradient on the new
+    columns, and a checkpoint that the engine loads reading the new layer."""
+    target_dir, drafter_dir = tiny_dirs
+    target, warm = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+    first, last = warm.target_layer_ids
+    assert last - first >= 2
+    layer_ids = [first, first + 1, last]
+    wider = add_feature_layers(warm, layer_ids)
+    h = warm.config.hidden_size
+    assert wider.target_layer_ids == layer_ids and wider.fc.weight.shape == (h, 3 * h)
+    assert not wider.fc.weight[:, h:2 * h].any()
+    ids = torch.randint(4, target.vocab_size - 1, (40,), generator=torch.Generator().manual_seed(5))
+    anchors = torch.tensor([10, 20, 30])
+    before = DrafterTrainer(target, warm, warm.block_size, 4.0)
+    after = DrafterTrainer(target, wider, wider.block_size, 4.0)
+    with torch.no_grad():
+        torch.testing.assert_close(after.forward(ids, anchors).logits, before.forward(ids, anchors).logits,
+                                   atol=1e-6, rtol=1e-6)
+    after.forward(ids, anchors).loss.backward()
+    assert float(wider.fc.weight.grad[:, h:2 * h].abs().sum()) > 0
+
+    wider.save_pretrained(tmp_path / "wider", dtype=torch.float32)
+    reloaded = DFlashDrafter.from_pretrained(tmp_path / "wider")
+    assert reloaded.target_layer_ids == layer_ids
+    prompt = _prompt_ids(target, PROMPTS[0])
+    assert run(target, prompt, reloaded, max_new_tokens=12).output_ids == run(target, prompt, warm, max_new_tokens=12).output_ids
+    with pytest.raises(ConfigError, match="keep the warm drafter's"):
+        add_feature_layers(warm, [first, first + 1])
+    with pytest.raises(ConfigError, match="each layer once"):
+        add_feature_layers(warm, [first, first, last])
 
 
 def test_two_process_ddp_run(tiny_dirs, tmp_path):
