@@ -294,6 +294,18 @@ def test_init_from_target_copies_layers_and_calibrates_qk_gains(tiny_dirs, one_t
     assert torch.equal(drafter.layers[0].self_attn.q_norm.weight, torch.ones_like(gain))
 
 
+def _trains_from_the_same_logits(target, warm, changed):
+    """Assert that `changed` (a reshaped `warm`) gives warm's training logits; its trainer and batch."""
+    ids = torch.randint(4, target.vocab_size - 1, (40,), generator=torch.Generator().manual_seed(5))
+    anchors = torch.tensor([10, 20, 30])
+    before = DrafterTrainer(target, warm, warm.block_size, 4.0)
+    after = DrafterTrainer(target, changed, changed.block_size, 4.0)
+    with torch.no_grad():
+        torch.testing.assert_close(after.forward(ids, anchors).logits, before.forward(ids, anchors).logits,
+                                   atol=1e-6, rtol=1e-6)
+    return after, ids, anchors
+
+
 def test_grown_drafter_computes_what_the_warm_one_did_and_trains_its_new_layers(tiny_dirs, one_thread):
     """Growing appends target-initialised layers whose residual branches start at zero: the same
     drafts as before growth, yet one optimizer step moves the new layers."""
@@ -305,13 +317,7 @@ def test_grown_drafter_computes_what_the_warm_one_did_and_trains_its_new_layers(
     assert len(grown.config.layer_types) == have + 2
     assert torch.equal(grown.layers[-1].mlp.gate_proj.weight, target.layers[-1].mlp.gate_proj.weight)
     assert not grown.layers[-1].self_attn.o_proj.weight.any() and not grown.layers[-1].mlp.down_proj.weight.any()
-    ids = torch.randint(4, target.vocab_size - 1, (40,), generator=torch.Generator().manual_seed(5))
-    anchors = torch.tensor([10, 20, 30])
-    before = DrafterTrainer(target, warm, warm.block_size, 4.0)
-    after = DrafterTrainer(target, grown, grown.block_size, 4.0)
-    with torch.no_grad():
-        torch.testing.assert_close(after.forward(ids, anchors).logits, before.forward(ids, anchors).logits,
-                                   atol=1e-6, rtol=1e-6)
+    after, ids, anchors = _trains_from_the_same_logits(target, warm, grown)
     prompt = _prompt_ids(target, PROMPTS[0])
     assert run(target, prompt, grown, max_new_tokens=12).output_ids == run(target, prompt, warm, max_new_tokens=12).output_ids
 
@@ -337,13 +343,7 @@ def test_drafter_given_more_target_layers_computes_what_it_did_and_learns_to_rea
     h = warm.config.hidden_size
     assert wider.target_layer_ids == layer_ids and wider.fc.weight.shape == (h, 3 * h)
     assert not wider.fc.weight[:, h:2 * h].any()
-    ids = torch.randint(4, target.vocab_size - 1, (40,), generator=torch.Generator().manual_seed(5))
-    anchors = torch.tensor([10, 20, 30])
-    before = DrafterTrainer(target, warm, warm.block_size, 4.0)
-    after = DrafterTrainer(target, wider, wider.block_size, 4.0)
-    with torch.no_grad():
-        torch.testing.assert_close(after.forward(ids, anchors).logits, before.forward(ids, anchors).logits,
-                                   atol=1e-6, rtol=1e-6)
+    after, ids, anchors = _trains_from_the_same_logits(target, warm, wider)
     after.forward(ids, anchors).loss.backward()
     assert float(wider.fc.weight.grad[:, h:2 * h].abs().sum()) > 0
 
