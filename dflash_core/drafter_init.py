@@ -190,7 +190,6 @@ def add_feature_layers(warm: DFlashDrafter, layer_ids: list[int]) -> DFlashDraft
         raise ConfigError(f"target_layer_ids {new} must list each layer once and keep the warm drafter's {old}")
     config = copy.deepcopy(warm.config)
     config.target_layer_ids = new
-    config.dflash_config = {**getattr(config, "dflash_config", {}), "target_layer_ids": new}
     wider = DFlashDrafter(config).to(dtype=warm.dtype, device=warm.fc.weight.device)
     state = {k: v for k, v in warm.state_dict().items() if k != "fc.weight"}
     missing, unexpected = wider.load_state_dict(state, strict=False)

@@ -239,6 +239,7 @@ def parse_args(argv=None):
 def make_drafter(args, target: Target, seqs, train, calibration, resume_state, ckpt_dir: Path, log) -> DFlashDrafter:
     """The drafter to train (on CPU): resumed from the checkpoint, warm-started from `--init-from`
     (grown to `--layers`), or new, its layers random or copied from the target's top layers."""
+    layer_ids = [int(x) for x in args.target_layer_ids.split(",")] if args.target_layer_ids else None
     if resume_state is not None:
         config = parse_drafter_config(json.loads((ckpt_dir / "config.json").read_text()))
     elif args.init_from:
@@ -248,11 +249,9 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
         if args.layers and args.layers != len(warm.layers):
             log(f"growing the warm drafter from {len(warm.layers)} to {args.layers} layers")
             warm = grow_drafter(warm, target, args.layers, calibration)
-        if args.target_layer_ids:
-            layer_ids = [int(x) for x in args.target_layer_ids.split(",")]
-            if layer_ids != warm.target_layer_ids:
-                log(f"the warm drafter reads target layers {layer_ids} instead of {warm.target_layer_ids}")
-                warm = add_feature_layers(warm, layer_ids)
+        if layer_ids and layer_ids != warm.target_layer_ids:
+            log(f"the warm drafter reads target layers {layer_ids} instead of {warm.target_layer_ids}")
+            warm = add_feature_layers(warm, layer_ids)
         config = warm.config
         if args.block_size:
             # Block size is not in the weights: a drafter can be retrained for another one.
@@ -267,9 +266,7 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
             mask_id, why = pick_mask_token_id(target.tokenizer, target.vocab_size, seen)
         name = target.tokenizer.convert_ids_to_tokens(mask_id) if target.tokenizer is not None else "?"
         log(f"mask token id {mask_id} ({name!r}, {why})")
-        if args.target_layer_ids:
-            layer_ids = [int(x) for x in args.target_layer_ids.split(",")]
-        else:
+        if not layer_ids:
             layer_ids = default_target_layer_ids(target.num_layers, layers)
         config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids)
     vocab = None

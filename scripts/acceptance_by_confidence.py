@@ -60,7 +60,7 @@ def main() -> None:
             hit = (out.logits.argmax(-1) == out.labels) & out.valid
             # Slot k's label is the token at anchor+k, which the target chose at anchor+k-1.
             src = (anchors[:, None] + torch.arange(B - 1)).clamp(max=len(ids) - 1)
-            conf = top_p[src, 0].float().where(out.valid, torch.full_like(top_p[src, 0].float(), -1.0))
+            conf = top_p[src, 0].float().masked_fill(~out.valid, -1.0)  # -1: no label here
             hits.append(hit.cpu())
             confidence.append(conf.cpu())
             lengths.append(acceptance_lengths(out.logits, out.labels, out.valid).cpu())
