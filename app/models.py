@@ -14,6 +14,7 @@ import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
 from dflash_core.batch_invariant import describe
+from dflash_core.default_target import DefaultTargetError, resolve_target
 from dflash_core.prompting import encode_prompt
 
 from .pairs import DEFAULT_TARGET, PairSpec, availability
@@ -79,11 +80,9 @@ def default_threads(host: str, cores: int) -> int | None:
 def _target_location(spec: PairSpec) -> str:
     if spec.target != DEFAULT_TARGET:
         return spec.target
-    from dflash_core.default_pair import DefaultPairError, smollm2_target_dir
-
     try:
-        return str(smollm2_target_dir())
-    except DefaultPairError as exc:  # a RuntimeError in the engine; the UI shows DFlashErrors
+        return resolve_target(spec.target)
+    except DefaultTargetError as exc:  # a RuntimeError in the engine; the UI shows DFlashErrors
         raise PairUnavailable(str(exc)) from exc
 
 

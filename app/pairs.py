@@ -11,9 +11,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_core.default_target import DEFAULT_TARGET
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PAIRS_FILE = Path(__file__).resolve().with_name("pairs.json")
-DEFAULT_TARGET = "default:smollm2"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import gradio as gr
@@ -32,6 +33,38 @@ Speculative decoding with a **block-diffusion drafter**: the drafter proposes a 
 in one pass, the target verifies it in one pass and keeps the longest agreeing prefix plus one token of
 its own. Both panes decode the same prompt with the same target; the race is paced on each side's own
 compute time, so what you see matches the measured speeds."""
+
+
+@dataclass
+class Frame:
+    """One update of the race's outputs, by name; a field left as `gr.skip()` keeps what is shown.
+
+    The field order is the order of the `compare` endpoint's outputs.
+    """
+
+    summary: object = None
+    dflash_stats: object = None
+    dflash_tokens: object = None
+    dflash_strip: object = None
+    plain_stats: object = None
+    plain_tokens: object = None
+    acceptance_chart: object = None
+    speed_chart: object = None
+    histogram_chart: object = None
+    positions_chart: object = None
+    report: object = None
+    trace_file: object = None
+
+    def __post_init__(self):
+        for f in fields(self):
+            if getattr(self, f.name) is None:
+                setattr(self, f.name, gr.skip())
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+FRAME_FIELDS = [f.name for f in fields(Frame)]
 
 
 class App:
@@ -131,12 +164,13 @@ class App:
         yield self._frame(snapshot, pieces, text_of, report, True, str(path))
 
     # --- frames ----------------------------------------------------------------------------------
-    OUTPUTS = 12
-
-    def _frame_start(self, text: str):
+    def _frame_start(self, text: str) -> tuple:
         waiting = render.tokens_html([], [], str)
-        charts_kept = (gr.skip(),) * 4  # replaced by the first chart frame; rebuilding them now would cost time
-        return (render.summary_html(None, text), "", waiting, "", "", waiting, *charts_kept, None, None)
+        # Charts are kept (skipped) until the first chart frame: rebuilding them now would cost time.
+        return Frame(
+            summary=render.summary_html(None, text), dflash_stats="", dflash_tokens=waiting, dflash_strip="",
+            plain_stats="", plain_tokens=waiting, report=gr.update(value=None), trace_file=gr.update(value=None),
+        ).values()
 
     def _frame(self, snap: Snapshot, pieces, text_of, report, with_charts: bool, trace_path=None):
         diff = None if report is None else report["first_difference"]
@@ -151,27 +185,22 @@ class App:
                 "so neither slowed the other down."
             )
         )
-        figures = (
-            (
-                charts.acceptance_figure(d),
-                charts.speed_figure(d, p),
-                charts.histogram_figure(d),
-                charts.position_figure(d),
-            )
-            if with_charts
-            else (gr.skip(),) * 4
+        frame = Frame(
+            summary=render.summary_html(report, note) if report else render.summary_html(None, "Racing…"),
+            dflash_stats=render.side_stats_html(d, f"DFlash (block {d.block_size})"),
+            dflash_tokens=d_html,
+            dflash_strip=render.draft_strip_html(d, text_of),
+            plain_stats=render.side_stats_html(p, "Plain decoding"),
+            plain_tokens=p_html,
+            report=report,
+            trace_file=trace_path,
         )
-        return (
-            render.summary_html(report, note) if report else render.summary_html(None, "Racing…"),
-            render.side_stats_html(d, f"DFlash (block {d.block_size})"),
-            d_html,
-            render.draft_strip_html(d, text_of),
-            render.side_stats_html(p, "Plain decoding"),
-            p_html,
-            *figures,
-            report if report is not None else gr.skip(),
-            trace_path if trace_path is not None else gr.skip(),
-        )
+        if with_charts:
+            frame.acceptance_chart = charts.acceptance_figure(d)
+            frame.speed_chart = charts.speed_figure(d, p)
+            frame.histogram_chart = charts.histogram_figure(d)
+            frame.positions_chart = charts.position_figure(d)
+        return frame.values()
 
 
 def _as_int(value, name: str) -> int:
@@ -239,21 +268,21 @@ def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None =
             report_json = gr.JSON(label="Summary (JSON)", elem_id="report")
             trace_file = gr.File(label="Trace download (JSON)", elem_id="trace")
 
-        outputs = [
-            summary,
-            d_stats,
-            d_tokens,
-            d_strip,
-            p_stats,
-            p_tokens,
-            acc_plot,
-            speed_plot,
-            hist_plot,
-            pos_plot,
-            report_json,
-            trace_file,
-        ]
-        assert len(outputs) == App.OUTPUTS
+        components = {
+            "summary": summary,
+            "dflash_stats": d_stats,
+            "dflash_tokens": d_tokens,
+            "dflash_strip": d_strip,
+            "plain_stats": p_stats,
+            "plain_tokens": p_tokens,
+            "acceptance_chart": acc_plot,
+            "speed_chart": speed_plot,
+            "histogram_chart": hist_plot,
+            "positions_chart": pos_plot,
+            "report": report_json,
+            "trace_file": trace_file,
+        }
+        outputs = [components[name] for name in FRAME_FIELDS]
         demo.load(app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private")
         pair_choice.change(lambda pid: pid, inputs=[pair_choice], outputs=[pair_state], api_visibility="private").then(
             app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private"

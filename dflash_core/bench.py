@@ -27,7 +27,8 @@ import torch
 from .batch_invariant import describe, is_batch_invariant, rows_alone_layers
 from .cpu_linear import single_row_library
 from .decoding import run
-from .pair import DEFAULT_TARGET, DTYPES, load_pair
+from .default_target import DEFAULT_TARGET
+from .pair import DTYPES, load_pair
 from .prompting import encode_prompt
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "heldout.jsonl"

@@ -30,7 +30,7 @@ from .cpu_linear import single_row_library
 from .drafter import DFlashDrafter
 from .target import Target, default_attention
 
-# Target and drafter shapes of the released Qwen3 DFlash pairs (SPEC §3); "tiny" runs on a CPU.
+# Target and drafter shapes of the released Qwen3 DFlash pairs (docs/design.md §3); "tiny" runs on a CPU.
 SHAPES = {
     "qwen3-8b": dict(hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, head_dim=128,
                      vocab=151936, draft_layers=5, block=16, context=384),

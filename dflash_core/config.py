@@ -1,6 +1,6 @@
 """Drafter configuration: parsing and writing the released DFlash `config.json` format.
 
-A released drafter config is a Qwen3 config plus DFlash keys (SPEC §3). The architecture part is
+A released drafter config is a Qwen3 config plus DFlash keys (docs/design.md §3). The architecture part is
 held by `transformers.Qwen3Config` (which normalises rope settings across versions); the DFlash
 part is read here, from `dflash_config` first and the top level second.
 """
@@ -37,7 +37,7 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
 
     config = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("dflash_config", "auto_map")})
     config.dflash_config = dict(nested)
-    # Qwen3Config drops sliding_window unless use_sliding_window is set; SPEC §2 goes by layer_types.
+    # Qwen3Config drops sliding_window unless use_sliding_window is set; docs/design.md §2 goes by layer_types.
     if raw.get("layer_types"):
         config.layer_types = list(raw["layer_types"])
         config.sliding_window = raw.get("sliding_window")

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from typing import Literal, get_args
 
 import torch
 
 from .drafter import DFlashDrafter
 from .errors import GenerationInputError
-from .events import Block, Prefill, Summary
+from .events import Block, Prefill, StopReason, Summary
 from .sampling import SamplingParams, make_generator, probabilities, sample
 from .target import Target
 from .verify import accept
 
-DRAFT_MODES = ("auto", "argmax", "sample")
+DraftMode = Literal["sample", "argmax"]
+DRAFT_MODES: tuple[str, ...] = get_args(DraftMode)
 
 
 def _clock(device: torch.device) -> float:
@@ -55,14 +57,14 @@ def generate(
     block_size: int | None = None,
     sampling: SamplingParams = SamplingParams(),
     stop_ids: Iterable[int] = (),
-    draft_mode: str = "auto",
+    draft_mode: DraftMode = "sample",
 ) -> Iterator[Prefill | Block | Summary]:
     """Decode after `prompt_ids`, yielding `Prefill`, one `Block` per cycle, then `Summary`.
 
     block_size: tokens verified per cycle (default: the drafter's trained size; 1 = plain).
-    draft_mode: how draft tokens are chosen when sampling: "argmax" (target sampled per slot,
-    drafts kept while they match) or "sample" (draft drawn at the same temperature, speculative
-    rejection sampling); "auto" is "sample". Greedy decoding always drafts the argmax. All are exact.
+    draft_mode: how draft tokens are chosen when sampling: "sample" (drawn at the same temperature,
+    speculative rejection sampling) or "argmax" (target sampled per slot, drafts kept while they
+    match). Greedy decoding always drafts the argmax. Both are exact.
     """
     if drafter is None:
         block_size = 1
@@ -100,7 +102,7 @@ def generate(
 
     output = [bonus]
     blocks: list[Block] = []
-    stop_reason = "stop_token" if bonus in stop_ids else "max_new_tokens"
+    stop_reason: StopReason = "stop_token" if bonus in stop_ids else "max_new_tokens"
     start = len(prompt_ids)  # position of the bonus token, the block's slot 0
     # Like the reference, DFlash runs one more cycle when a cycle ends exactly at the limit: it
     # emits nothing, but keeps tau and the per-cycle trace comparable with published runs.

@@ -2,8 +2,8 @@
 
 It has no embedding and no LM head of its own (it borrows the target's). Target features are fused
 by `fc` + `hidden_norm` into a context `c` that is injected as extra keys/values into every layer
-("KV injection", SPEC §2); block queries attend, without a causal mask, to all cached context and
-to the whole block. Loads and saves the released checkpoint format (SPEC §3).
+("KV injection", docs/design.md §2); block queries attend, without a causal mask, to all cached context and
+to the whole block. Loads and saves the released checkpoint format (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class DrafterLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    """Block-diffusion drafter conditioned on target features (SPEC §2)."""
+    """Block-diffusion drafter conditioned on target features (docs/design.md §2)."""
 
     def __init__(self, config):
         super().__init__()

@@ -7,6 +7,10 @@ the same events with one-token blocks and no draft, so both are measured on equa
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+# Why a run ended; "running" marks a provisional summary of a run still in progress.
+StopReason = Literal["running", "max_new_tokens", "stop_token"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Summary:
     output_ids: tuple[int, ...]
     prompt_len: int
     block_size: int  # 1 for plain decoding
-    stop_reason: str  # "max_new_tokens" or "stop_token"
+    stop_reason: StopReason
     prefill: Prefill
     blocks: tuple[Block, ...] = field(repr=False)
     total_s: float = 0.0  # compute seconds of the whole run, prefill included

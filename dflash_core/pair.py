@@ -11,12 +11,10 @@ from pathlib import Path
 import torch
 
 from .cpu_linear import pack_linears
+from .default_target import resolve_target
 from .drafter import DFlashDrafter
 from .errors import PairMismatchError
 from .target import Target, wants_batch_invariance
-
-# The offline default target is converted on first use (see default_pair.py), never at import.
-DEFAULT_TARGET = "default:smollm2"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -110,11 +108,7 @@ def load_pair(target, drafter=None, *, device="cpu", dtype="float32", drafter_dt
     `dtype` "auto" picks `default_target_dtype`, `drafter_dtype` None `default_drafter_dtype`.
     """
     dtype = parse_dtype(dtype, device)
-    if str(target) == DEFAULT_TARGET:
-        from .default_pair import smollm2_target_dir
-
-        target = smollm2_target_dir()
-    target_model = Target.from_pretrained(target, device=device, dtype=dtype)
+    target_model = Target.from_pretrained(resolve_target(target), device=device, dtype=dtype)
     if drafter is None:
         return ModelPair(target_model, None)
     drafter_dtype = parse_dtype(drafter_dtype) if drafter_dtype else default_drafter_dtype(device, dtype)

@@ -1,6 +1,6 @@
 """Sampling parameters and the target distribution they define.
 
-Temperature, top-k and top-p shape the distribution `p` the output must follow (SPEC §4); the
+Temperature, top-k and top-p shape the distribution `p` the output must follow (docs/design.md §4); the
 same processing is applied to the drafter's logits when a draft is sampled.
 """
 

@@ -120,9 +120,6 @@ class Target:
         """The LM head module (drafters borrow its weight)."""
         return self.model.get_output_embeddings()
 
-    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(hidden)
-
     # --- feature taps ---------------------------------------------------------------------------
     def tap_layers(self, layer_ids) -> None:
         """Record the outputs of these decoder layers (0-based) on every forward."""

@@ -21,9 +21,9 @@ import torch
 
 from dflash_core.drafter import DFlashDrafter
 from dflash_core.target import Target
-from dflash_core.drafter_init import build_drafter_config
-from dflash_core.objective import DrafterTrainer, default_gamma, sample_anchors
-from dflash_core.train import resolve_target
+from dflash_core.training.drafter_init import build_drafter_config
+from dflash_core.training.objective import DrafterTrainer, default_gamma, sample_anchors
+from dflash_core.default_target import resolve_target
 from dflash_core.config import default_target_layer_ids
 
 

@@ -47,10 +47,10 @@ def main() -> None:
         cancel = mismatch_fraction(linear, cancelling_rows(linear.weight, MAX_BLOCK))
         print(f"{in_f:>6} {out_f:>6} {sum(rand) / len(rand):>14.2e} {cancel:>11.2e}")
 
-    from dflash_core.default_pair import smollm2_target_dir
+    from dflash_core.default_target import DEFAULT_TARGET, resolve_target
     from dflash_core.target import Target
 
-    target = Target.from_pretrained(smollm2_target_dir(), dtype=dtype, batch_invariant=False)
+    target = Target.from_pretrained(resolve_target(DEFAULT_TARGET), dtype=dtype, batch_invariant=False)
     t0 = time.perf_counter()
     make_batch_invariant(target.model)
     names = rows_alone_layers(target.model)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,15 +18,14 @@ from dflash_core import DFlashDrafter, Target  # noqa: E402
 # Tiny models gain nothing from threads, and the tests then do not fight other jobs for cores.
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parents[1]
-# The golden traces live in the shared folder beside the checkout (CI lays a copy there).
-GOLDEN = Path(os.environ.get("DFLASH_GOLDEN", REPO.parent / "shared" / "golden"))
+# The reference implementation's traces, copied into the repository (see golden/README.md).
+GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     directory = GOLDEN / "zlab-tiny-a"
-    assert directory.is_dir(), f"golden traces not found at {directory}; set DFLASH_GOLDEN"
+    assert directory.is_dir(), f"golden traces not found at {directory}"
     return directory
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.screenshot import chromium_path, run_race_in_browser
+from browser import chromium_path, run_race_in_browser
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 

@@ -26,9 +26,9 @@ def test_hub_pairs_explain_that_they_need_a_gpu():
 
 
 def test_missing_drafter_says_how_to_train_it(tmp_path):
-    spec = PairSpec("x", "x", "default:smollm2", str(tmp_path / "nope"), train_hint="python -m dflash_core.train")
+    spec = PairSpec("x", "x", "default:smollm2", str(tmp_path / "nope"), train_hint="python -m dflash_core.training.train")
     reason = availability(spec, "cpu")
-    assert "not there yet" in reason and "python -m dflash_core.train" in reason
+    assert "not there yet" in reason and "python -m dflash_core.training.train" in reason
 
 
 def test_unavailable_pair_shows_a_status_and_refuses_to_race(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dflash_core import datagen, prompts
+from dflash_core.training import datagen, prompts
 
 DATA_DIR = prompts.REPO_ROOT / "assets" / "data" / "smollm2-135m-instruct"
 

@@ -9,7 +9,7 @@ Error bounds (also in kernels/kv_injection.py):
   - KV injection, fp32 inputs: |kernel - reference| <= 1e-5 absolute (rtol 1e-5);
   - KV injection, bf16 inputs vs the fp32 reference on the same values: <= 2e-2 absolute plus
     1e-2 relative (a couple of bf16 ulps of outputs of magnitude up to ~5);
-  - verification (greedy and sampled): exactly equal, ties included.
+  - greedy verification: exactly equal, ties included.
 """
 
 from __future__ import annotations
@@ -48,9 +48,7 @@ if DEVICE == "cpu":
 from dflash_core import kernels  # noqa: E402
 from dflash_core.drafter import DrafterCache
 from dflash_core.kernels.kv_injection import inject_kv_reference, inject_kv_triton
-from dflash_core.kernels.verify import verify_triton
-from dflash_core.sampling import SamplingParams, probabilities
-from dflash_core.verify import greedy_verify_reference, match_sampled_verify_reference, truncation_cutoff
+from dflash_core.kernels.verify import greedy_verify_reference, verify_triton
 
 pytest.importorskip("triton")
 
@@ -91,15 +89,14 @@ def test_kernels_compile_for_hopper(monkeypatch):
     kv_sig = {name: "*bf16" for name in ["k_ptr", "v_ptr", "w_ptr", "cos_ptr", "sin_ptr", "ck_ptr", "cv_ptr"]}
     kv_sig.update(n="i32", offset="i32", eps="fp32", **{name: "i32" for name in strides}, HALF="constexpr", BLOCK="constexpr")
     verify_sig = {
-        "logits_ptr": "*bf16", "draft_ptr": "*i64", "u_ptr": "*fp32", "cutoff_ptr": "*fp32", "part_val_ptr": "*fp32",
-        "part_idx_ptr": "*i32", "ws_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32", "n_rows": "i32",
-        "n_splits": "i32", "split_size": "i32", "stride_l": "i32", "stride_u": "i32", "temperature": "fp32",
-        "SAMPLED": "constexpr", "HAS_CUTOFF": "constexpr", "NO_INDEX": "constexpr", "BLOCK": "constexpr",
-        "ROWS": "constexpr", "SPLITS": "constexpr",
+        "logits_ptr": "*bf16", "draft_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32",
+        "ws_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32", "n_rows": "i32", "n_splits": "i32",
+        "split_size": "i32", "stride_l": "i32",
+        "NO_INDEX": "constexpr", "BLOCK": "constexpr", "ROWS": "constexpr", "SPLITS": "constexpr",
     }
     builds = [
         (kv_injection._kv_injection_kernel, kv_sig, {"HALF": 64, "BLOCK": 64}),
-        (verify._verify_kernel, verify_sig, {"SAMPLED": True, "HAS_CUTOFF": True, "NO_INDEX": 2**31 - 1, "BLOCK": 2048, "ROWS": 16, "SPLITS": 16}),
+        (verify._verify_kernel, verify_sig, {"NO_INDEX": 2**31 - 1, "BLOCK": 2048, "ROWS": 16, "SPLITS": 16}),
     ]
     for fn, signature, constexprs in builds:
         compiled = triton.compile(ASTSource(fn=triton.jit(fn), signature=signature, constexprs=constexprs),
@@ -235,39 +232,6 @@ def test_greedy_verify_ties_take_the_first_index(vocab):
     bf16 = logits.bfloat16()
     draft = choice[:-1]
     assert verify_triton(draft, bf16).tolist() == greedy_verify_reference(draft, bf16).tolist() == [15, int(choice[15])]
-
-
-@pytest.mark.parametrize("vocab,block", [(1000, 1), (4099, 8), (4099, 16)])
-@pytest.mark.parametrize(
-    "params",
-    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=50), SamplingParams(temperature=0.6, top_p=0.9, top_k=200)],
-    ids=["t1", "t0.7-k50", "t0.6-p0.9-k200"],
-)
-def test_sampled_verify_exact(vocab, block, params):
-    gen = torch.Generator().manual_seed(vocab * block)
-    logits = (3 * torch.randn(block, vocab, generator=gen)).to(DEVICE)
-    uniforms = torch.rand(block, vocab, generator=gen).to(DEVICE)
-    cutoff = truncation_cutoff(logits, params)
-    # The per-slot samples, recomputed here, so drafts can be built to match them for a while.
-    scores = logits / params.temperature
-    if cutoff is not None:
-        scores = scores.masked_fill(scores < cutoff[:, None], -float("inf"))
-    samples = (scores - torch.log(-torch.log(uniforms))).argmax(-1)
-    for i, draft in enumerate(drafts_from(samples, gen)):
-        ref = match_sampled_verify_reference(draft, logits, params.temperature, cutoff, uniforms)
-        for tiling in ({}, {"block": 256, "split_size": 768})[: 2 if i == 0 else 1]:
-            got = verify_triton(draft, logits, temperature=params.temperature, cutoff=cutoff, uniforms=uniforms, **tiling)
-            assert got.tolist() == ref.tolist()
-
-
-def test_truncation_cutoff_keeps_the_support_of_probabilities():
-    gen = torch.Generator().manual_seed(11)
-    logits = 2 * torch.randn(6, 3001, generator=gen)
-    for params in [SamplingParams(temperature=0.8, top_k=40), SamplingParams(temperature=1.3, top_p=0.8),
-                   SamplingParams(temperature=0.5, top_p=0.95, top_k=100)]:
-        cutoff = truncation_cutoff(logits, params)
-        assert torch.equal(probabilities(logits, params) > 0, logits.float() / params.temperature >= cutoff[:, None])
-    assert truncation_cutoff(logits, SamplingParams(temperature=1.0)) is None
 
 
 def test_dispatch_switch(monkeypatch):

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from dflash_core import DFlashDrafter, Target, run
-from dflash_core.drafter_init import add_feature_layers, grow_drafter, init_from_target
+from dflash_core.training.drafter_init import add_feature_layers, grow_drafter, init_from_target
 from dflash_core.errors import ConfigError
-from dflash_core.objective import (
+from dflash_core.training.objective import (
     DrafterTrainer,
     acceptance_lengths,
     decode_walk,
@@ -25,7 +25,8 @@ from dflash_core.objective import (
     slot_weights,
     walk_anchors,
 )
-from dflash_core.train import frequent_tokens, load_sequences, main, parse_args, shard_range
+from dflash_core.training.data import frequent_tokens, load_sequences, shard_range
+from dflash_core.training.train import main, parse_args
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
 
@@ -47,7 +48,7 @@ def _prompt_ids(target: Target, text: str) -> list[int]:
 
 
 def _write_shard(directory, samples, index=0):
-    """A shard in the datagen format (see dflash_core/datagen.py)."""
+    """A shard in the datagen format (see dflash_core/training/datagen.py)."""
     directory.mkdir(parents=True, exist_ok=True)
     tokens = np.concatenate([np.asarray(ids) for ids, _ in samples]).astype(np.uint16)
     offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in samples])]).astype(np.int64)
@@ -92,7 +93,7 @@ def test_training_forward_equals_inference(tiny_dirs, one_thread):
         block[0, 0] = ids[a]
         with torch.no_grad():
             hidden = drafter(target.embed(block), context, torch.arange(0, a + B)[None], cache=drafter.new_cache())
-            ref = target.lm_head(hidden[0, 1:])
+            ref = target.head(hidden[0, 1:])
         torch.testing.assert_close(out.logits[j], ref, atol=1e-5, rtol=1e-5)
     # Labels past the end of the sequence are skipped, the others are the next tokens.
     assert out.valid[-1].tolist() == [True] + [False] * (B - 2)
@@ -372,7 +373,7 @@ def test_two_process_ddp_run(tiny_dirs, tmp_path):
     _write_shard(data, samples)  # ids test-3, -4, -7 are held out at --heldout-frac 0.5
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "dflash_core.train",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "dflash_core.training.train",
          "--target", str(target_dir), "--data", str(data), "--out", str(out), "--layers", "1", "--block-size", "4",
          "--anchors-per-seq", "16", "--grad-accum", "1", "--epochs", "2", "--heldout-frac", "0.5", "--eval-every", "2",
          "--amp", "none", "--no-progress", "--log-every", "1", "--init-from-target", "--threads", "1"],

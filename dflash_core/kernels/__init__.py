@@ -1,9 +1,9 @@
 """Fused Triton kernels for the decoding hot path, and the switch that picks them or PyTorch.
 
 Two kernels (see their modules): `kv_injection` (k_norm + RoPE + drafter-cache write, one launch
-per drafter layer) and `verify` (argmax or sampled choice per block slot, accepted count and bonus
-token, one launch per cycle). Each has an exact PyTorch reference with the same signature; the
-references are what runs on CPU and what the tests compare against. `cuda_paths` holds the
+per drafter layer) and `verify` (greedy choice per block slot, accepted count and bonus token, one
+launch per cycle). Each module holds its kernel and its exact PyTorch reference with the same
+signature; the references are what runs on CPU and what the tests compare against. `cuda_paths` holds the
 CUDA-only extras (flash-attn for the drafter's attention, CUDA-graph capture), untested without a GPU.
 
 Backend choice, per call, from the environment variable `DFLASH_KERNELS`:
@@ -99,26 +99,8 @@ def greedy_verify(draft_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor
     """[accepted, bonus] (int64, on the logits' device, no host sync) for greedy acceptance."""
     from . import verify
 
-    if use_triton(logits.device):
-        return verify.verify_triton(draft_ids, logits)
-    from ..verify import greedy_verify_reference
-
-    return greedy_verify_reference(draft_ids, logits)
-
-
-def sampled_verify(draft_ids, logits, temperature: float, cutoff, uniforms) -> torch.Tensor:
-    """[accepted, bonus] for a deterministic draft against target samples drawn from `uniforms`.
-
-    See `verify.match_sampled_verify_reference` for the exact rule (Gumbel-max on the given
-    uniforms, tokens below the per-row `cutoff` excluded).
-    """
-    from . import verify
-
-    if use_triton(logits.device):
-        return verify.verify_triton(draft_ids, logits, temperature=temperature, cutoff=cutoff, uniforms=uniforms)
-    from ..verify import match_sampled_verify_reference
-
-    return match_sampled_verify_reference(draft_ids, logits, temperature, cutoff, uniforms)
+    fn = verify.verify_triton if use_triton(logits.device) else verify.greedy_verify_reference
+    return fn(draft_ids, logits)
 
 
 def project_kv(k_proj: torch.nn.Linear, v_proj: torch.nn.Linear, x: torch.Tensor):

@@ -2,7 +2,7 @@
 
 In every drafter layer the keys of [new context; block] go through the per-head RMSNorm `k_norm`,
 are rotated by RoPE at their absolute positions, and are stored with the values in the
-preallocated `DrafterCache` buffers at [cache.length, cache.length + n) (SPEC §2). PyTorch does
+preallocated `DrafterCache` buffers at [cache.length, cache.length + n) (docs/design.md §2). PyTorch does
 that as ~10 kernels plus two strided copies; the Triton kernel does it in one launch per layer,
 reading each projected row once and writing it straight into the cache slot.
 

@@ -1,31 +1,17 @@
-"""Block verification in one launch: the target's choice at every block slot, accepted count, bonus.
+"""Greedy block verification in one launch: the target's argmax at every slot, accepted count, bonus.
 
 Given the target's logits at the B block slots ([B, V]) and the B-1 draft ids, program
-(row, split) finds the best candidate of one vocabulary slice of one slot and stores it as a
+(row, split) finds the first maximum of one vocabulary slice of one slot and stores it as a
 partial result. The last program to finish (an atomic counter) reduces the partials into the
-target's choice at every slot, the accepted count `a` (longest prefix of drafts equal to the
-choice at the previous slot) and the bonus token (the choice at slot `a`), and writes them to a
+target's argmax at every slot, the accepted count `a` (longest prefix of drafts equal to the
+argmax at the previous slot) and the bonus token (the argmax at slot `a`), and writes them to a
 2-element int64 device tensor. Nothing is copied to the host, so the caller decides when to
 synchronise (one `.tolist()` per cycle in the engine).
 
-Two choice rules (SPEC §4):
-  - greedy: row-wise argmax; ties go to the first index, exactly like `torch.argmax`;
-    the vocabulary is scanned in chunks, so it need not be a multiple of the chunk.
-  - sampled ("deterministic draft, sample the target per slot, accept while equal"): the
-    target's sample at each slot is the Gumbel-max draw argmax(logits / T + g), with
-    g = -log(-log(u)) from caller-supplied uniforms u [B, V], restricted to tokens whose
-    tempered score is >= a per-row cutoff (top-k / top-p, see `verify.truncation_cutoff`).
-    Gumbel-max on exact uniforms samples softmax(logits / T) over the kept tokens, and because
-    kernel and reference consume the same uniforms their outputs can be compared exactly.
-
-Results are exact, not approximate: greedy outputs equal `verify.greedy_verify_reference`
-bit for bit; sampled outputs equal `verify.match_sampled_verify_reference` unless two candidates
-differ by less than one float32 ulp after the log (the kernel's and PyTorch's `log` may round
-differently in the last bit).
-
-The only state kept between calls is a per-device counter that the last program resets, so
-consecutive calls (and CUDA-graph replays) need no memset; it assumes one verification in flight
-per device at a time, which is how the batch-1 engine runs.
+Ties go to the first index, exactly like `torch.argmax`, so the kernel equals
+`greedy_verify_reference` (below) bit for bit. The only state kept between calls is a per-device
+counter that the last program resets, so consecutive calls (and CUDA-graph replays) need no
+memset; it assumes one verification in flight per device at a time, as the batch-1 engine runs.
 """
 
 import functools
@@ -41,13 +27,19 @@ except ImportError:
 _NO_INDEX = 2**31 - 1  # larger than any vocabulary index
 BLOCK_V = 2048
 
+
+def greedy_verify_reference(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """[accepted, bonus] as an int64 device tensor, in PyTorch: what the kernel computes."""
+    choice = target_logits.argmax(dim=-1)
+    accepted = torch.cumprod(draft_ids == choice[:-1], dim=0).sum()
+    return torch.stack([accepted, choice[accepted]])
+
+
 if triton is not None:
 
     def _verify_kernel(
-        logits_ptr, draft_ptr, u_ptr, cutoff_ptr, part_val_ptr, part_idx_ptr, ws_ptr, out_ptr,
-        vocab, n_rows, n_splits, split_size, stride_l, stride_u, temperature,
-        SAMPLED: tl.constexpr,
-        HAS_CUTOFF: tl.constexpr,
+        logits_ptr, draft_ptr, part_val_ptr, part_idx_ptr, ws_ptr, out_ptr,
+        vocab, n_rows, n_splits, split_size, stride_l,
         NO_INDEX: tl.constexpr,
         BLOCK: tl.constexpr,
         ROWS: tl.constexpr,
@@ -62,20 +54,10 @@ if triton is not None:
         offs0 = tl.arange(0, BLOCK)
         best_val = -float("inf")
         best_idx = lo
-        if HAS_CUTOFF:
-            cutoff = tl.load(cutoff_ptr + row)
         for start in range(lo, hi, BLOCK):
             offs = start + offs0
             mask = offs < hi
             x = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=-float("inf")).to(tl.float32)
-            if SAMPLED:
-                # Divide (not multiply by 1/T) so the tempered scores round like the reference's.
-                x = x / temperature
-                if HAS_CUTOFF:
-                    x = tl.where(x >= cutoff, x, -float("inf"))
-                u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.5).to(tl.float32)
-                x = x + -tl.log(-tl.log(u))
-                x = tl.where(mask, x, -float("inf"))
             chunk_max = tl.max(x, axis=0)
             # First index holding the chunk's max; a later chunk only wins if strictly greater.
             # With the same rule across splits below, this is torch.argmax's first-occurrence rule.
@@ -127,8 +109,8 @@ def _workspace(device: torch.device) -> torch.Tensor:
     return ws
 
 
-def verify_triton(draft_ids, logits, *, temperature=None, cutoff=None, uniforms=None, block=None, split_size=None):
-    """[accepted, bonus] (int64 device tensor). Greedy when `uniforms` is None, else sampled.
+def verify_triton(draft_ids, logits, *, block=None, split_size=None):
+    """[accepted, bonus] (int64 device tensor) for greedy acceptance of `draft_ids` against `logits`.
 
     `block` (chunk width) and `split_size` (vocabulary slice per program, a multiple of `block`)
     are tuning knobs; the defaults spread the vocabulary over about two programs per SM.
@@ -141,15 +123,6 @@ def verify_triton(draft_ids, logits, *, temperature=None, cutoff=None, uniforms=
     if vocab >= _NO_INDEX:
         raise ValueError("vocabulary too large for int32 indices")
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
-    sampled = uniforms is not None
-    if sampled:
-        if temperature is None or temperature <= 0:
-            raise ValueError("sampled verification needs a temperature > 0")
-        uniforms = uniforms if uniforms.stride(-1) == 1 else uniforms.contiguous()
-        if uniforms.shape != logits.shape:
-            raise ValueError(f"uniforms {tuple(uniforms.shape)} must match logits {tuple(logits.shape)}")
-    if cutoff is not None:
-        cutoff = cutoff.to(torch.float32).contiguous()
     block = block or min(BLOCK_V, triton.next_power_of_2(vocab))
     if split_size is None:
         chunks = triton.cdiv(vocab, block)
@@ -166,12 +139,8 @@ def verify_triton(draft_ids, logits, *, temperature=None, cutoff=None, uniforms=
     part_idx = torch.empty(n_rows * n_splits, dtype=torch.int32, device=logits.device)
     out = torch.empty(2, dtype=torch.int64, device=logits.device)
     _compiled(interpreting())[(n_rows, n_splits)](
-        logits, draft, uniforms if sampled else logits, cutoff if cutoff is not None else logits,
-        part_val, part_idx, _workspace(logits.device), out,
-        vocab, n_rows, n_splits, split_size, logits.stride(0), uniforms.stride(0) if sampled else 0,
-        float(temperature) if sampled else 1.0,
-        SAMPLED=sampled,
-        HAS_CUTOFF=sampled and cutoff is not None,
+        logits, draft, part_val, part_idx, _workspace(logits.device), out,
+        vocab, n_rows, n_splits, split_size, logits.stride(0),
         NO_INDEX=_NO_INDEX,  # compiled kernels may only read constexpr globals: pass it in
         BLOCK=block,
         ROWS=triton.next_power_of_2(n_rows),

@@ -1,7 +1,7 @@
-"""Training a DFlash drafter for any target the engine supports (SPEC §5): the CLI and the loop.
+"""Training a DFlash drafter for any target the engine supports (docs/design.md §5): the CLI and the loop.
 
-The data are prompts with the target's own greedy responses, as written by `dflash_core.datagen`;
-what one step computes (anchors, block mask, loss, held-out tau) is `dflash_core.objective`. This
+The data are prompts with the target's own greedy responses, as written by `dflash_core.training.datagen`;
+what one step computes (anchors, block mask, loss, held-out tau) is `dflash_core.training.objective`. This
 module splits the data, schedules and clips, evaluates, checkpoints and resumes, and writes the
 result in the released format (`config.json` + `model.safetensors`), loadable by
 `DFlashDrafter.from_pretrained`.
@@ -9,7 +9,7 @@ result in the released format (`config.json` + `model.safetensors`), loadable by
 Single process (CPU or one GPU), e.g. a first drafter for the default target, its layers copied
 from the target's top layers::
 
-    python -m dflash_core.train --target default:smollm2 \\
+    python -m dflash_core.training.train --target default:smollm2 \\
         --data assets/data/smollm2-135m-instruct --out runs/drafter-v1 \\
         --init-from-target --layers 3 --block-size 8 --draft-vocab 8192 \\
         --anchors-per-seq 64 --max-len 512 --grad-accum 4 --lr 6e-4 --warmup 0.03 \\
@@ -30,7 +30,7 @@ cache; `--draft-vocab N` cuts the LM head, the rest of the cost, to the N most f
 Several GPUs (DDP; each rank takes every WORLD_SIZE-th sequence, all ranks equally many, and rank 0
 evaluates and saves; tested with two CPU processes over gloo)::
 
-    torchrun --nproc_per_node 8 -m dflash_core.train --target Qwen/Qwen3-8B --data DATA --out OUT ...
+    torchrun --nproc_per_node 8 -m dflash_core.training.train --target Qwen/Qwen3-8B --data DATA --out OUT ...
 
 `--resume` continues from `OUT/checkpoint/` (drafter, optimizer, schedule, step, data position,
 RNG states). `OUT/train_log.jsonl` gets one JSON line per logged step and per evaluation (the first
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -53,69 +52,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import default_target_layer_ids, parse_drafter_config
-from .drafter import DFlashDrafter
+from ..default_target import resolve_target
+from ..config import default_target_layer_ids, parse_drafter_config
+from ..drafter import DFlashDrafter
 from .drafter_init import add_feature_layers, build_drafter_config, grow_drafter, init_from_target, pick_mask_token_id
-from .errors import DFlashError
+from ..errors import DFlashError
+from .data import frequent_tokens, heldout, load_sequences, shard_range
 from .objective import DrafterTrainer, default_gamma, evaluate, is_every_anchor, sample_anchors
-from .pair import has_fast_bf16
-from .target import Target
+from ..pair import has_fast_bf16
+from ..target import Target
 
 CHECKPOINT_DIR = "checkpoint"
 LOG_FILE = "train_log.jsonl"
-
-
-# ------------------------------------------------------------------------------------ target
-
-
-def resolve_target(spec: str) -> str:
-    if spec.startswith("default:"):
-        name = spec.split(":", 1)[1]
-        if name != "smollm2":
-            raise SystemExit(f"unknown default target {spec!r}; the only one is default:smollm2")
-        from .default_pair import smollm2_target_dir
-
-        return str(smollm2_target_dir())
-    return spec
-
-
-# ------------------------------------------------------------------------------------ data
-
-
-def heldout(sample_key: str, frac: float) -> bool:
-    """Stable by-sample split: the same sample stays on the same side as the data grows."""
-    digest = hashlib.sha1(sample_key.encode()).digest()
-    return int.from_bytes(digest[:4], "big") / 2**32 < frac
-
-
-def frequent_tokens(seqs, k: int, vocab_size: int, always=()) -> torch.Tensor:
-    """The `k` ids most frequent in the responses (ties by id), plus `always`: a draft vocabulary.
-
-    A drafter proposing only these pays for k rows of the LM head instead of the whole vocabulary;
-    a response token outside them can never be drafted, so k should cover nearly all of the data.
-    """
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for ids, plen, _ in seqs:
-        counts += torch.bincount(ids[plen:], minlength=vocab_size)
-    for t in always:
-        counts[t] = counts.max() + 1
-    # Stable sort on -count keeps equal counts in id order.
-    order = torch.sort(-counts, stable=True).indices
-    return order[: min(k, vocab_size)].clone()
-
-
-def load_sequences(data_dir: str | Path, max_len: int, min_response: int = 2,
-                   shards: list[slice] | None = None):
-    """[(ids int64 tensor, prompt_len, key)] from datagen shards, truncated to `max_len` tokens."""
-    from .datagen import load_dataset
-
-    out = []
-    for i, item in enumerate(load_dataset(data_dir, with_ids=True, shards=shards)):
-        ids, plen, key = item
-        ids = torch.as_tensor(np.asarray(ids[:max_len], dtype=np.int64))
-        if len(ids) - plen >= min_response:
-            out.append((ids, int(plen), key or f"#{i}"))
-    return out
 
 
 # ------------------------------------------------------------------------------------ loop
@@ -155,26 +103,8 @@ def choose_amp(name: str, device: torch.device):
     return {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def shard_range(text: str) -> list[slice]:
-    """'40:', ':12', '3:9' or '0:40:4', comma-separated for several -> slices over the shard list."""
-    try:
-        out = []
-        for part in text.split(","):
-            bounds = part.split(":")
-            if not 2 <= len(bounds) <= 3:
-                raise ValueError
-            start, stop, *step = (int(b) if b.strip() else None for b in bounds)
-            if step == [0]:  # a zero step selects nothing meaningful; slicing would raise later
-                raise ValueError
-            out.append(slice(start, stop, *step))
-        return out
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected START:STOP[:STEP] (each may be empty), comma-separated for several, got {text!r}") from None
-
-
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dflash_core.train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dflash_core.training.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="target dir or Hub id, or default:smollm2")
     p.add_argument("--data", required=True, help="directory of datagen shards")
     p.add_argument("--shards", type=shard_range, default=None, metavar="START:STOP[:STEP][,...]",
@@ -185,7 +115,7 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=None,
                    help="drafter layers (default 3; with --init-from: grow the warm drafter to this many)")
     p.add_argument("--block-size", type=int, default=None, help="default 16 (with --init-from: the warm drafter's)")
-    p.add_argument("--gamma", type=float, default=None, help="loss decay (default by block size, SPEC §5)")
+    p.add_argument("--gamma", type=float, default=None, help="loss decay (default by block size, docs/design.md §5)")
     p.add_argument("--anchors-per-seq", type=int, default=32)
     p.add_argument("--walk-weight", type=float, default=1.0,
                    help="loss weight of the blocks greedy decoding would run, against 1 for the other anchors; "

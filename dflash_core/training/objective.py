@@ -1,4 +1,4 @@
-"""What a drafter is trained on, shared by `train` (the loop), evaluation and the tests (SPEC §5).
+"""What a drafter is trained on, shared by `train` (the loop), evaluation and the tests (docs/design.md §5).
 
 The frozen target runs once over a sequence (prompt + its own greedy response) and gives the
 features of the tapped layers. Each anchor inside the response makes a block
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .target import Target
+from ..target import Target
 
 
 # ------------------------------------------------------------------------------------ recipe
 
 
 def default_gamma(block_size: int) -> float:
-    """Loss decay of SPEC §5 (7 for 16, 5 for 10, 4 for 8), linearly interpolated elsewhere."""
+    """Loss decay of docs/design.md §5 (7 for 16, 5 for 10, 4 for 8), linearly interpolated elsewhere."""
     known = [(8, 4.0), (10, 5.0), (16, 7.0)]
     if block_size <= 8:
         return max(1.0, 4.0 * block_size / 8)

@@ -3,9 +3,9 @@
 Used by the browser test and to make the README screenshot::
 
     python app.py --target ... --drafter ... --port 7861 &
-    python -m app.screenshot http://127.0.0.1:7861 assets/screenshot.png --max-new-tokens 96
+    python tests/browser.py http://127.0.0.1:7861 assets/screenshot.png --max-new-tokens 96
 
-Playwright is imported only here, never by the app itself; it must not download a browser.
+Playwright is imported only here, never by the app; it must not download a browser.
 """
 
 from __future__ import annotations

@@ -1,0 +1,11 @@
+"""Drafter training, apart from the decoding engine that it builds on.
+
+- `prompts`: the prompt pool (packaged corpora, generated tasks, self-written user messages);
+- `datagen`: the target's greedy answers to those prompts, written as shards;
+- `data`: shards as training sequences, the held-out split, the draft vocabulary;
+- `objective`: what one step computes (anchors, block mask, loss, held-out tau);
+- `drafter_init`: a new drafter's config and weights, or a warm one grown;
+- `train`: the training loop and its CLI (`python -m dflash_core.training.train`).
+
+The engine (`dflash_core`) never imports from here.
+"""
