@@ -18,7 +18,8 @@ from the target's top layers::
 
 Later versions warm-start from the previous one (`--init-from`, optionally `--layers N` to grow it
 or `--target-layer-ids` to add target layers it reads,
-`--shards START:` for the data it has not seen, `--soft-labels 8`); the shipped drafter's model
+`--shards START:` for the data it has not seen, `--soft-labels 8`, `--text-data DIR` for text the target
+did not write, labelled by its own greedy tokens: `text_data`); the shipped drafter's model
 card (`assets/drafters/smollm2-135m-instruct-dflash/README.md`) has the exact chain of commands.
 
 `--time-budget` is training time (evaluations excluded) and the cosine schedule follows it, so a
@@ -111,6 +112,11 @@ def parse_args(argv=None):
                    help="use only these shards, by position in name order (e.g. 40: for a warm "
                         "drafter that has seen the first 40; 101:,84:101:4 adds every 4th of 84-100 "
                         "to replay what it learnt there)")
+    p.add_argument("--text-data", default=None, metavar="DIR",
+                   help="also train on these shards of text the target did not write (`text_data`), labelled by "
+                        "the target's own greedy tokens in the forward that gives the features; never evaluated on")
+    p.add_argument("--text-shards", type=shard_range, default=None, metavar="START:STOP[:STEP][,...]",
+                   help="use only these shards of --text-data")
     p.add_argument("--out", required=True, help="output dir: released-format drafter + checkpoint/ + train_log.jsonl")
     p.add_argument("--layers", type=int, default=None,
                    help="drafter layers (default 3; with --init-from: grow the warm drafter to this many)")
@@ -269,6 +275,14 @@ def main(argv=None) -> dict:
     train = [s for s in seqs if not heldout(s[2], args.heldout_frac)]
     log(f"data: {len(train)} train / {len(val)} held-out sequences, "
         f"{sum(len(s[0]) - s[1] for s in train)} train response tokens")
+    text_keys = set()
+    if args.text_data:
+        # Text the target did not write: training only; its labels come from the target's forward.
+        text = load_sequences(args.text_data, args.max_len, shards=args.text_shards)
+        text_keys = {key for _, _, key in text}
+        train = train + text
+        log(f"text data: {len(text)} sequences, {sum(len(s[0]) - s[1] for s in text)} response tokens, "
+            "labelled by the target")
     calibration = [s[0] for s in train[:16]]  # text for measuring the target's q/k scales
     # Spread over the whole held-out split (shards are written source by source, in time order),
     # not its first sequences; runs before drafter v5 used val[:eval_seqs].
@@ -409,8 +423,10 @@ def main(argv=None) -> dict:
             sync = j == grad_accum - 1 or world == 1
             ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
             every = is_every_anchor(anchors, len(ids), plen)
+            text = key in text_keys
             with ctx:
-                out = trainer.forward(ids, anchors, key=key, walk_weight=args.walk_weight if every else 1.0)
+                out = trainer.forward(ids, anchors, key=key, walk_weight=args.walk_weight if every and not text else 1.0,
+                                      target_labels=text)
                 (out.loss / grad_accum).backward()
             step_loss += float(out.loss.detach()) / grad_accum
             step_tokens += out.block_tokens
