@@ -1,7 +1,8 @@
 """Launcher for the DFlash Studio web app: `python app.py [--host H] [--port P] [--share]`.
 
 Flags override the usual Gradio environment variables (GRADIO_SERVER_NAME, GRADIO_SERVER_PORT);
-`--target/--drafter` add a pair from the command line and select it.
+`--target/--drafter` add a pair from the command line and select it; `--replay FILE` serves a
+recorded race with no model (torch is not even imported) and plays it when the page opens.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs.json)")
     parser.add_argument(
+        "--replay", metavar="FILE",
+        help="replay a recorded trace (dflash-trace/1 JSON, e.g. assets/traces/*.json) with no model loaded",
+    )
+    parser.add_argument(
         "--threads", type=int,
         help="torch CPU threads (default: all cores but one when serving on this machine's loopback, "
         "where the browser shares the CPU; all cores otherwise)",
@@ -40,6 +45,9 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     if bool(args.target) != bool(args.drafter):
         raise SystemExit("error: --target and --drafter go together")
+    if args.replay:
+        serve_replay(args)
+        return
 
     import torch
 
@@ -60,6 +68,19 @@ def main(argv=None) -> None:
     if args.pair:
         default_id = args.pair
     demo = build_demo(pairs, default_id, PairCache(args.device))
+    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share)
+
+
+def serve_replay(args) -> None:
+    """A replay-only app: no model pairs, no torch, so it serves within seconds."""
+    from app.replay import ReplayError, load_trace
+    from app.ui import build_demo
+
+    try:
+        load_trace(args.replay)  # a bad file is named here, not as a broken page
+    except ReplayError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    demo = build_demo([], "", replay=args.replay, live=False)
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share)
 
 
