@@ -13,7 +13,7 @@ import html
 from collections.abc import Callable
 
 from .render import COLORS
-from .tips import explain_of, slot_decision, topk_rows, visible, why
+from .tips import explain_of, prob, slot_decision, topk_rows, visible, why
 
 CYCLE_CSS = """
 .cycle { font: 13px/1.4 ui-sans-serif, system-ui, sans-serif; color: #111; }
@@ -119,7 +119,8 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
         entry = slot_decision(explain or {}, s)
         detail = ""
         if entry and entry.get("u") is not None:
-            detail = f'<div style="font-size:11px;color:#444">p={entry.get("p", 0):.3f} q={entry.get("q", 0):.3f} u={entry["u"]:.3f}</div>'
+            values = " ".join(f"{name}={prob(entry[name]):.3f}" for name in ("p", "q", "u") if entry.get(name) is not None)
+            detail = f'<div style="font-size:11px;color:#444">{values}</div>'
         verdict_cells.append(f'<td title="{html.escape(why(block, s, text_of), quote=True)}">{mark}{table}{detail}</td>')
         if s <= block.accepted:
             commit_cells.append(f"<td>{_tok(text_of(block.draft_ids[s - 1]), COLORS['accepted'])}</td>")

@@ -6,7 +6,7 @@ running the two decoders separately would measure.
 
 from __future__ import annotations
 
-from dflash_core.events import Summary
+from dflash_core import Summary
 
 
 def first_difference(a, b) -> int | None:
@@ -47,38 +47,3 @@ def race_report(dflash: Summary, plain: Summary, temperature: float, block_size:
         "per_position_acceptance": [round(x, 4) for x in dflash.per_position_acceptance],
     }
 
-
-def trace(
-    dflash: Summary, plain: Summary, report: dict, settings: dict, text_of, vocab_size: int, pieces: dict | None = None
-) -> dict:
-    """Download format (`dflash-trace/1`): both sides' engine traces, the race report, and the text
-    of every token they name, so the race replays with no tokenizer (`replay.py`).
-
-    pieces: side -> the panes' text per output token, which a replay shows as it was shown live.
-    """
-    import platform
-
-    ids = set(dflash.output_ids) | set(plain.output_ids) | {dflash.prefill.token_id, plain.prefill.token_id}
-    for run in (dflash, plain):
-        for block in run.blocks:
-            ids.update(block.draft_ids)
-            ids.update(block.committed_ids)
-            ids.add(block.bonus_id)
-            explain = getattr(block, "explain", None) or {}
-            for key in ("draft_topk", "target_topk"):
-                for row in explain.get(key) or []:
-                    ids.update(int(t) for t, _ in row)
-            if explain.get("slot0_id") is not None:
-                ids.add(int(explain["slot0_id"]))
-    return {
-        "schema": "dflash-trace/1",
-        "settings": settings,
-        "pair": {"target": settings.get("target"), "drafter": settings.get("drafter")},
-        "hardware": {"machine": platform.machine(), "processor": platform.processor(), "device": settings.get("device")},
-        "versions": {"python": platform.python_version()},
-        "runs": {"dflash": dflash.to_trace(), "plain": plain.to_trace()},
-        "report": report,
-        "tokens": {str(i): text_of(i) for i in sorted(ids)},
-        "vocab_size": vocab_size,
-        "pieces": pieces or {},
-    }

@@ -27,6 +27,15 @@ TIP_CSS = """
 """
 
 
+# Probabilities are shown as a trace stores them (rounded to 4 digits by `build_trace`), so a
+# replay shows the same numbers as the live run did.
+DIGITS = 4
+
+
+def prob(x) -> float:
+    return round(float(x), DIGITS)
+
+
 def explain_of(block) -> dict | None:
     """The block's explanation, when the run recorded one."""
     explain = getattr(block, "explain", None)
@@ -40,11 +49,11 @@ def visible(text: str) -> str:
 
 def topk_rows(pairs, text_of: Callable[[int], str], pick: int | None = None, k: int = 5) -> str:
     rows = []
-    for token, prob in list(pairs or [])[:k]:
+    for token, p in list(pairs or [])[:k]:
         cls = ' class="pick"' if token == pick else ""
         rows.append(
             f"<tr{cls}><td>{html.escape(repr(visible(text_of(int(token))))[1:-1])}</td>"
-            f"<td>{100 * float(prob):5.1f}%</td></tr>"
+            f"<td>{100 * prob(p):5.1f}%</td></tr>"
         )
     return "<table>" + "".join(rows) + "</table>" if rows else "<i>not recorded</i>"
 
@@ -57,7 +66,7 @@ def slot_decision(explain: dict, slot: int) -> dict | None:
 
 
 def _num(x) -> str:
-    return "—" if x is None else f"{float(x):.3f}"
+    return "—" if x is None else f"{prob(x):.3f}"
 
 
 def why(block, slot: int, text_of: Callable[[int], str]) -> str:

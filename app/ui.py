@@ -8,7 +8,6 @@ so a replay-only app (`python app.py --replay FILE`) starts without them.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import dataclass, fields
@@ -25,8 +24,8 @@ from .examples import EXAMPLES
 from .howto import howto_html
 from .pairs import PairSpec, availability
 from .race import SideView, Snapshot, race
-from .replay import Recording, RecordedPieces, ReplayError, load_trace, shipped_traces
-from .report import race_report, trace
+from .replay import RecordedPieces, ReplayError, load_trace, shipped_traces
+from .report import race_report
 from .speedup import FORMULA_MD, speedup_figure
 from .tips import TIP_CSS
 from .tokens import TokenPieces
@@ -34,6 +33,7 @@ from .tokens import TokenPieces
 MAX_PROMPT_CHARS = 16_000
 MAX_NEW_TOKENS = 512
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
+EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for the views and the trace
 
 INTRO = """# ⚡ DFlash Studio
 Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
@@ -118,6 +118,7 @@ class App:
     ):
         """Stream a DFlash vs plain race; the last update carries the JSON summary and the trace."""
         from dflash_core import SamplingParams, generate
+        from dflash_core.trace import build_trace, settings_of, write_trace
 
         if self.cache is None:
             raise gr.Error("This app was started with --replay: no model is loaded. Replay a recorded run instead.")
@@ -147,7 +148,10 @@ class App:
         try:
             pair = self.cache.get(spec)
             prompt_ids = pair.encode(prompt)
-            common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids}
+            common = {
+                "max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids,
+                "explain": EXPLAIN_TOP_K,
+            }
             dflash_events = generate(pair.target, prompt_ids, pair.drafter, block_size=block_size, **common)
             plain_events = generate(pair.plain, prompt_ids, None, **common)
             pieces = {"dflash": TokenPieces(pair.tokenizer), "plain": TokenPieces(pair.tokenizer)}
@@ -168,23 +172,22 @@ class App:
             raise gr.Error(str(exc)) from None
 
         report = race_report(snapshot.dflash.summary, snapshot.plain.summary, sampling.temperature, block_size)
-        settings = {
-            "pair": spec.id,
-            "target": spec.target,
-            "drafter": spec.drafter,
-            "prompt": prompt,
-            "max_new_tokens": max_new_tokens,
-            "block_size": block_size,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "seed": seed,
-            "device": self.cache.device,
-        }
-        path = Path(tempfile.mkdtemp(prefix="dflash-trace-")) / "dflash_trace.json"
+        trace = build_trace(
+            settings=settings_of(prompt, prompt_ids, max_new_tokens, block_size, sampling, explain=EXPLAIN_TOP_K),
+            pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
+                  "trained_block_size": pair.trained_block_size},
+            runs={"dflash": snapshot.dflash.summary, "plain": snapshot.plain.summary},
+            vocab_size=pair.target.vocab_size,
+            text_of=text_of,
+            device=self.cache.device,
+            report=report,
+        )
+        # The panes' exact text per token: a replay shows it as it was shown live (a byte-level
+        # token that completes a character decodes differently on its own).
         d_sum, p_sum = snapshot.dflash.summary, snapshot.plain.summary
-        shown = {"dflash": pieces["dflash"].extend(d_sum.output_ids), "plain": pieces["plain"].extend(p_sum.output_ids)}
-        data = trace(d_sum, p_sum, report, settings, text_of, pair.target.vocab_size, shown)
-        path.write_text(json.dumps(data, indent=1))
+        trace["pieces"] = {"dflash": pieces["dflash"].extend(d_sum.output_ids), "plain": pieces["plain"].extend(p_sum.output_ids)}
+        # The per-block CSV is written beside the JSON (same folder, same name, .csv).
+        path, _ = write_trace(trace, Path(tempfile.mkdtemp(prefix="dflash-trace-")) / "dflash_trace.json")
         yield self._frame(snapshot, pieces, text_of, report, True, str(path), control=control)
 
     # --- replay ----------------------------------------------------------------------------------

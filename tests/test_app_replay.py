@@ -7,8 +7,6 @@ and the replay of that file must give the same final text, token colours, draft 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import gradio as gr
@@ -17,7 +15,7 @@ import pytest
 from app.models import PairCache
 from app.pairs import cli_pair
 from app.replay import ReplayError, load_trace
-from app.ui import FRAME_FIELDS, build_demo, App
+from app.ui import FRAME_FIELDS, App
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,10 +58,10 @@ def test_trace_carries_the_schema_and_token_texts(live):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("{not json", "is not a JSON file"),
-        ('{"schema": "dflash-trace/99"}', "expected schema 'dflash-trace/1'"),
-        ('[1, 2]', "is not a DFlash trace"),
-        ('{"schema": "dflash-trace/1", "runs": {}}', "missing"),
+        ("{not json", "is not JSON"),
+        ('{"schema": "dflash-trace/99"}', 'this version reads "dflash-trace/1"'),
+        ("[1, 2]", "not an object"),
+        ('{"schema": "dflash-trace/1", "runs": {}}', "missing field trace.settings"),
     ],
 )
 def test_bad_trace_files_give_a_clear_error(app, tmp_path, content, message):
@@ -72,6 +70,15 @@ def test_bad_trace_files_give_a_clear_error(app, tmp_path, content, message):
     with pytest.raises(gr.Error) as excinfo:
         list(app.replay(str(path), None, 1.0))
     assert message in str(excinfo.value)
+
+
+def test_a_trace_of_one_side_is_not_a_race(app, live, tmp_path):
+    data = json.loads(Path(live["trace_file"]).read_text())
+    del data["runs"]["plain"]
+    path = tmp_path / "one-side.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(gr.Error, match="holds no plain run"):
+        list(app.replay(str(path), None, 1.0))
 
 
 def test_replay_speed_and_missing_file_are_checked(app, live, tmp_path):
