@@ -91,8 +91,15 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
     head = "".join(f"<th>slot {s}" + (" (bonus)" if s == size else "") + "</th>" for s in columns)
     pos_row = "".join(f"<td>{positions[s] if s < len(positions) else positions[-1] + 1}</td>" for s in columns)
     noisy = "".join(
-        f"<td>{_tok(slot0_text, COLORS['bonus'])}</td>" if s == 0 else ("<td></td>" if s == size else '<td><span class="mask">[MASK]</span></td>')
-        for s in columns
+        f"<td>{_tok(slot0_text, COLORS['bonus'])}</td>" if s == 0 else '<td><span class="mask">[MASK]</span></td>'
+        for s in range(size)
+    )
+    mask_id = (explain or {}).get("mask_id")
+    noisy_table = (
+        '<table class="grid"><tr><th>slot</th>' + "".join(f"<th>{s}</th>" for s in range(size)) + "</tr>"
+        "<tr><th>position</th>" + "".join(f"<td>{positions[s]}</td>" for s in range(min(size, len(positions)))) + "</tr>"
+        f"<tr><th>drafter input</th>{noisy}</tr></table>"
+        + (f'<div style="color:#555">slot 0 is the token committed last; slots 1..{drafts} hold mask_id {int(mask_id)}.</div>' if mask_id is not None else "")
     )
     draft_cells, verdict_cells, commit_cells = [], [], []
     for s in columns:
@@ -132,10 +139,9 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
     grid = (
         f'<table class="grid"><tr><th></th>{head}</tr>'
         f"<tr><th>position</th>{pos_row}</tr>"
-        f"<tr><th>1 · noisy block (drafter input)</th>{noisy}</tr>"
         f"<tr><th>3 · drafter's one pass: top-3</th>{''.join(draft_cells)}</tr>"
         f"<tr><th>4 · target's verdict: its top-3</th>{''.join(verdict_cells)}</tr>"
-        f"<tr><th>5 · committed</th>{''.join(commit_cells)}</tr></table>"
+        f"<tr><th>committed</th>{''.join(commit_cells)}</tr></table>"
     )
 
     if explain and explain.get("injected"):
@@ -173,16 +179,22 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
         [(f"{drafts}× draft", drafts * draft_s, SPLIT_COLORS["draft"]), ("verify", verify_s, SPLIT_COLORS["verify"]), ("other", other_s, SPLIT_COLORS["other"])],
         scale,
     )
-    per_plain = f" = {(draft_s + verify_s + other_s) / step:.2f} plain steps for {block.acceptance_length} tokens" if step else ""
+    n = block.acceptance_length
+    per_plain = (
+        f". This cycle cost {(draft_s + verify_s + other_s) / step:.2f} plain steps and committed {n} token{'s' if n > 1 else ''}"
+        if step
+        else ""
+    )
     note = "" if explain else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
     return (
         f'{style}<div class="cycle" id="cycle-{block.index}">'
         f"<h4>Cycle {block.index} of {last + 1} · block at positions {positions[0]}–{positions[0] + drafts} · "
         f"acceptance length {block.acceptance_length} of {size}</h4>{note}"
-        f"<h4>2 · target features injected</h4><div>{injected}</div>"
-        f"<h4>1, 3, 4, 5 · the block, the drafter's single pass, the target's verdict</h4>{grid}"
+        f"<h4>1 · the noisy block the drafter sees</h4>{noisy_table}"
+        f"<h4>2 · target features injected into every drafter layer</h4><div>{injected}</div>"
+        f"<h4>3, 4 · the drafter's single pass proposes every slot; the target's verdict on each</h4>{grid}"
         f"<h4>5 · accepted prefix and bonus</h4><div>{accepted_text} + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
-        f" → {block.acceptance_length} token(s) from one target pass.</div>"
+        f" → {block.acceptance_length} token{'s' if block.acceptance_length > 1 else ''} from one target pass.</div>"
         f"<h4>6 · caches kept</h4><div>{cache_line}</div>"
         f"<h4>7 · where the time went</h4>{bars}"
         f"<div>The block-diffusion drafter proposed all {drafts} slots in <b>1</b> pass; an autoregressive "

@@ -65,8 +65,8 @@ class Recording:
 
 
 def shipped_traces() -> list[Path]:
-    """The recorded traces that ship with the app (assets/traces/*.json), sorted by name."""
-    return sorted(SHIPPED.glob("*.json")) if SHIPPED.is_dir() else []
+    """The recorded traces that ship with the app (assets/traces/*.json but index.json), by name."""
+    return sorted(p for p in SHIPPED.glob("*.json") if p.name != "index.json") if SHIPPED.is_dir() else []
 
 
 def load_trace(path) -> Recording:

@@ -158,7 +158,7 @@ def speedup_figure(dflash, plain, measured: float | None = None, max_block: int 
         "xaxis2": {"domain": [0.56, 1], "title": {"text": f"per-slot acceptance a (B={b_run})"}, "anchor": "y2", "range": [0, 1]},
         "yaxis2": {"anchor": "x2", "title": {"text": "expected speedup"}},
         "shapes": [
-            {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": 1, "y1": 1,
+            {"type": "line", "xref": "x", "x0": 1, "x1": sizes[-1], "yref": "y", "y0": 1, "y1": 1,
              "line": {"color": "#999", "width": 1, "dash": "dash"}},
         ],
     })

@@ -217,7 +217,10 @@ class App:
             if with_charts:
                 last_chart = now
             if not snapshot.done:
-                yield self._frame(snapshot, pieces, recording.text_of, None, with_charts, control=control)
+                yield self._frame(
+                    snapshot, pieces, recording.text_of, None, with_charts, control=control,
+                    running=f"Replaying {recording.name} at {speed:g}× (recorded compute clocks)…",
+                )
         report = recording.report()
         note = f"Replay of a recorded run ({recording.name}); times are the recorded compute clocks."
         yield self._frame(snapshot, pieces, recording.text_of, report, True, None, control=control, note=note)
@@ -229,16 +232,16 @@ class App:
     def pause(self, request: gr.Request = None):
         control = self._control(request)
         control.pause(self._shown(control))
-        return f"⏸ Paused after cycle {self._shown(control)}: **Step** shows one more DFlash cycle, **Continue** resumes."
+        return f"**Paused** after cycle {self._shown(control)}: *Step* shows one more DFlash cycle, *Continue* resumes."
 
     def step(self, request: gr.Request = None):
         control = self._control(request)
         control.step(self._shown(control))
-        return f"⏯ Stepping to cycle {control.limit} (the plain side is advanced to the same compute time)."
+        return f"**Stepping** to cycle {control.limit} (the plain side is advanced to the same compute time)."
 
     def resume(self, request: gr.Request = None):
         self._control(request).resume()
-        return "▶ Playing."
+        return "**Playing.**"
 
     @staticmethod
     def _shown(control) -> int:
@@ -272,7 +275,8 @@ class App:
         ).values()
 
     def _frame(
-        self, snap: Snapshot, pieces, text_of, report, with_charts: bool, trace_path=None, control=None, note=None
+        self, snap: Snapshot, pieces, text_of, report, with_charts: bool, trace_path=None, control=None, note=None,
+        running=None,
     ):
         diff = None if report is None else report["first_difference"]
         d, p = snap.dflash, snap.plain
@@ -289,7 +293,7 @@ class App:
             )
         note = note or ""
         frame = Frame(
-            summary=render.summary_html(report, note) if report else render.summary_html(None, "Racing…"),
+            summary=render.summary_html(report, note) if report else render.summary_html(None, running or "Racing…"),
             dflash_stats=render.side_stats_html(d, f"DFlash (block {d.block_size})"),
             dflash_tokens=d_html,
             dflash_strip=render.draft_strip_html(d, text_of, tips=tips),
@@ -303,18 +307,20 @@ class App:
             frame.speed_chart = charts.speed_figure(d, p)
             frame.histogram_chart = charts.histogram_figure(d)
             frame.positions_chart = charts.position_figure(d)
+        if report is not None or snap.paused:  # a model of the whole run: drawn when it stands still
             frame.speedup_chart = speedup_figure(
                 d.as_summary(), p.as_summary(), None if report is None else report["speedup"]
             )
         if control is not None:
             control.latest = snap
-            if getattr(control, "follow", True) and d.blocks:
+            # The cycle view goes out with the charts (a few times a second), not with every frame.
+            if getattr(control, "follow", True) and d.blocks and with_charts:
                 frame.cycle_view = cycle_html(d, p, None, text_of)
                 frame.cycle_pick = gr.update(maximum=max(len(d.blocks) - 1, 1), value=len(d.blocks) - 1)
             if snap.paused:
-                frame.control_status = f"⏸ Paused after cycle {len(d.blocks)}."
+                frame.control_status = f"**Paused** after cycle {len(d.blocks)}: *Step* shows one more, *Continue* resumes."
             elif report is not None:
-                frame.control_status = "■ Finished: pick any cycle to look inside it."
+                frame.control_status = "**Finished**: pick any cycle under *Inside a cycle* to look inside it."
         return frame.values()
 
 
@@ -395,16 +401,18 @@ def build_demo(
                         choices=traces, value=traces[0][1] if traces else None, label="Recorded run", scale=3,
                         elem_id="trace-choice",
                     )
-                    trace_upload = gr.File(label="…or upload a trace (.json)", file_types=[".json"], scale=2, elem_id="trace-upload")
+                    trace_upload = gr.File(
+                        label="…or upload a trace (.json)", file_types=[".json"], scale=2, height=110, elem_id="trace-upload"
+                    )
                 with gr.Row():
                     speed = gr.Slider(0.25, 4.0, value=1.0, step=0.25, label="Replay speed (× real time)", elem_id="replay-speed")
                     replay_button = gr.Button("Replay ▶", variant="primary", elem_id="replay-run")
             with gr.Tab("How it works", id="howto"):
                 gr.HTML(howto_html(), elem_id="howto")
         with gr.Row(elem_id="race-controls"):
-            pause_button = gr.Button("⏸ Pause", elem_id="pause", size="sm")
-            step_button = gr.Button("⏭ Step one cycle", elem_id="step", size="sm")
-            resume_button = gr.Button("▶ Continue", elem_id="continue", size="sm")
+            pause_button = gr.Button("Pause", elem_id="pause", size="sm")
+            step_button = gr.Button("Step one cycle", elem_id="step", size="sm")
+            resume_button = gr.Button("Continue", elem_id="continue", size="sm")
             control_status = gr.Markdown("", elem_id="control-status")
         gr.HTML(render.legend_html())
         summary = gr.HTML(render.summary_html(None), elem_id="summary")
