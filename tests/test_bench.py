@@ -59,7 +59,7 @@ def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
         assert list(r["speedup"]) == [t for t in ("2", "3", "4") if int(t) <= int(b)]
         for tau, x in r["speedup"].items():
             assert abs(x - int(tau) * r["plain_ms"] / r["cycle_ms"]) < 1e-9
-    # One table per block size, without issue 4's H200 verdicts (those are for the released shapes).
+    # One table per block size, without the H200 target verdicts (those are for the released shapes).
     assert sum(line.startswith(str(target_dir)) for line in out) == 2
     assert not any("target <=" in line for line in out)
 

@@ -98,8 +98,7 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 def choose_amp(name: str, device: torch.device):
     if name == "auto":
-        # bf16 autocast only where matmuls run it natively; emulated bf16 is slower than fp32
-        # (docs/benchmarks.md).
+        # bf16 autocast only where matmuls run it natively; emulated bf16 is slower than fp32.
         if has_fast_bf16(device):
             return torch.bfloat16
         return None
