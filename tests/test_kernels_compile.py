@@ -46,6 +46,7 @@ def compile_for_hopper() -> None:
         print(f"{fn.__name__}: {len(compiled.asm['cubin'])} bytes of sm_90 cubin")
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_hopper():
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
