@@ -6,7 +6,6 @@ the snapshots to the renderers; they translate every `DFlashError` into a messag
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import field, make_dataclass
@@ -15,18 +14,20 @@ from pathlib import Path
 import gradio as gr
 
 from dflash_core import DFlashError, SamplingParams, generate
+from dflash_core.trace import build_trace, settings_of, write_trace
 
 from . import charts, render
 from .examples import EXAMPLES
 from .models import PairCache
 from .pairs import PairSpec, availability
 from .race import SideView, Snapshot, race
-from .report import race_report, trace
+from .report import race_report
 from .tokens import TokenPieces
 
 MAX_PROMPT_CHARS = 16_000
 MAX_NEW_TOKENS = 512
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
+EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for the views and the trace
 
 INTRO = """# ⚡ DFlash Studio
 Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
@@ -113,7 +114,10 @@ class App:
         try:
             pair = self.cache.get(spec)
             prompt_ids = pair.encode(prompt)
-            common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids}
+            common = {
+                "max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids,
+                "explain": EXPLAIN_TOP_K,
+            }
             dflash_events = generate(pair.target, prompt_ids, pair.drafter, block_size=block_size, **common)
             plain_events = generate(pair.plain, prompt_ids, None, **common)
             pieces = {"dflash": TokenPieces(pair.tokenizer), "plain": TokenPieces(pair.tokenizer)}
@@ -132,20 +136,18 @@ class App:
             raise gr.Error(str(exc)) from None
 
         report = race_report(snapshot.dflash.summary, snapshot.plain.summary, sampling.temperature, block_size)
-        settings = {
-            "pair": spec.id,
-            "target": spec.target,
-            "drafter": spec.drafter,
-            "prompt": prompt,
-            "max_new_tokens": max_new_tokens,
-            "block_size": block_size,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "seed": seed,
-            "device": self.cache.device,
-        }
-        path = Path(tempfile.mkdtemp(prefix="dflash-trace-")) / "dflash_trace.json"
-        path.write_text(json.dumps(trace(snapshot.dflash.summary, snapshot.plain.summary, report, settings), indent=1))
+        trace = build_trace(
+            settings=settings_of(prompt, prompt_ids, max_new_tokens, block_size, sampling, explain=EXPLAIN_TOP_K),
+            pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
+                  "trained_block_size": pair.trained_block_size},
+            runs={"dflash": snapshot.dflash.summary, "plain": snapshot.plain.summary},
+            vocab_size=pair.target.vocab_size,
+            text_of=text_of,
+            device=self.cache.device,
+            report=report,
+        )
+        # The per-block CSV is written beside the JSON (same folder, same name, .csv).
+        path, _ = write_trace(trace, Path(tempfile.mkdtemp(prefix="dflash-trace-")) / "dflash_trace.json")
         yield self._frame(snapshot, pieces, text_of, report, True, str(path))
 
     # --- frames ----------------------------------------------------------------------------------

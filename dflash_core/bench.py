@@ -10,7 +10,8 @@ and, as the last line of stdout, one JSON object with the headline figures.
 
 `--cycle-times` instead times the parts of one cycle (draft, verify, bookkeeping) of this pair
 against one plain step, and `--synthetic SHAPE` does so for random-weight models in the released
-Qwen3 shapes (see `bench_cycle.py`).
+Qwen3 shapes (see `bench_cycle.py`). `--explain [K]` measures what the cycle explanation costs
+(`bench_explain.py`).
 """
 
 from __future__ import annotations
@@ -170,6 +171,24 @@ def cycle_times(args) -> dict:
     return result
 
 
+def explain_costs(args) -> dict:
+    """`bench_explain.explain_overhead` for the loaded pair at its first block size."""
+    from .bench_explain import explain_overhead
+
+    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+    tokenizer = pair.tokenizer
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+    block_size = (args.block_sizes or [pair.drafter.block_size])[0]
+    common = dict(max_new_tokens=args.max_new_tokens, stop_ids=[eos] if eos is not None else [], block_size=block_size)
+    run(pair.target, encoded[0][:8], pair.drafter, explain=args.explain, **common)  # warm up outside the clock
+    result = explain_overhead(pair.target, pair.drafter, encoded, k=args.explain, **common)
+    result.update(target=str(args.target), drafter=str(args.drafter), dtype=args.dtype, block_size=block_size,
+                  threads=torch.get_num_threads(), num_prompts=len(encoded), max_new_tokens=args.max_new_tokens)
+    return result
+
+
 def print_table(result: dict) -> None:
     plain = result["plain_tok_s"]
     print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
@@ -204,6 +223,8 @@ def main(argv=None) -> int:
                         help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
     parser.add_argument("--context", type=int, default=200, help="context length for --cycle-times")
     parser.add_argument("--synthetic", metavar="SHAPE", help="time one cycle of random-weight models (qwen3-8b, qwen3-4b, tiny)")
+    parser.add_argument("--explain", type=int, nargs="?", const=5, default=0, metavar="K",
+                        help="measure the per-cycle cost of explain=K (default 5): same prompts, explain off and on")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores); match the app's to compare")
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -217,6 +238,11 @@ def main(argv=None) -> int:
         print_cycle(result)
     elif args.cycle_times:
         result = cycle_times(args)
+    elif args.explain:
+        from .bench_explain import print_table as print_explain
+
+        result = explain_costs(args)
+        print_explain(result)
     else:
         result = benchmark(args)
         print_table(result)

@@ -71,3 +71,20 @@ def test_synthetic_tiny_prints_its_table_once(capsys):
     assert result["shape"] == "tiny" and result["block_size"] == 16 and set(result["speedup"]) == {"4", "6", "8"}
     assert sum(line.startswith("synthetic tiny") for line in out) == 1
     assert sum("target <=" in line for line in out) == 3
+
+
+def test_bench_explain_reports_the_overhead_per_side_and_mode(tiny_dirs, tmp_path, capsys):
+    target_dir, drafter_dir = tiny_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 2+3?"}))
+    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
+                 "--num-prompts", "1", "--max-new-tokens", "10", "--explain", "3"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["explain_k"] == 3 and result["num_prompts"] == 1
+    assert set(result["modes"]) == {"dflash greedy", "plain greedy", "dflash T=0.7", "plain T=0.7"}
+    for r in result["modes"].values():
+        assert r["identical_outputs"] is True
+        assert r["ms_per_cycle_off"] > 0 and r["ms_per_cycle_on"] > 0
+        assert r["overhead_pct"] == pytest.approx(100 * (r["ms_per_cycle_on"] / r["ms_per_cycle_off"] - 1))
+    assert "overhead" in out
