@@ -96,7 +96,8 @@ class App:
         trained = pair.trained_block_size
         status = (
             f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
-            f"target in {pair.numerics}; drafter trained with block size {trained}."
+            f"target in {pair.numerics}; drafter trained with block size {trained}; "
+            f"prompts through {pair.chat_template}."
         )
         yield status, gr.update(maximum=trained, value=trained)
 
@@ -158,6 +159,7 @@ class App:
             "top_p": sampling.top_p,
             "seed": seed,
             "device": self.cache.device,
+            "chat_template": pair.chat_template,
         }
         path = Path(tempfile.mkdtemp(prefix="dflash-trace-")) / "dflash_trace.json"
         path.write_text(json.dumps(trace(snapshot.dflash.summary, snapshot.plain.summary, report, settings), indent=1))

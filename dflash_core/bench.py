@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .batch_invariant import describe, is_batch_invariant, rows_alone_layers
+from .chat_template import THINKING_CHOICES, describe_template, template_args
 from .cpu_linear import single_row_library
 from .decoding import run
 from .default_target import DEFAULT_TARGET
@@ -73,7 +74,8 @@ def benchmark(args) -> dict:
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     stop_ids = [eos] if eos is not None else []
     prompts = load_prompts(args.prompts, args.num_prompts)
-    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+    chat_args = template_args(tokenizer, args.thinking) if tokenizer is not None else {}
+    encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]
 
     def decode(prompt_ids, block_size=None, use_drafter=True):
         return run(
@@ -140,6 +142,7 @@ def benchmark(args) -> dict:
         "batch_invariant": is_batch_invariant(target.model),
         "rows_alone_linears": len(rows_alone_layers(target.model)),  # exact but slower on this CPU
         "numerics": describe(target.model),
+        "chat_template": describe_template(tokenizer, chat_args),
         "num_prompts": len(encoded),
         "max_new_tokens": args.max_new_tokens,
         "block_size": block_sizes[0],
@@ -176,6 +179,7 @@ def print_table(result: dict) -> None:
           f"on {result['device']} ({result['threads']} threads"
           + (f", one-row matmuls by {result['cpu_single_row']}" if result.get("cpu_single_row") else "")
           + (f", {result['numerics']}" if result.get("numerics") else "") + ")")
+    print(f"prompts through {result['chat_template']}")
     print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
     print(f"{'plain (ours)':<22}{plain:>9.1f}{1.0:>9.2f}")
     for b, r in result["per_block_size"].items():
@@ -199,6 +203,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
     parser.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--thinking", choices=THINKING_CHOICES,
+                        help="Qwen3-style thinking in the chat template (default: off where the template has the "
+                        "switch, as the released DFlash drafters were trained)")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--cycle-times", action="store_true",
                         help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
