@@ -15,6 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from dflash_core import DFlashError, SamplingParams, generate
+from dflash_core.lossless import compare as lossless_check
 
 from . import charts, render
 from .examples import EXAMPLES
@@ -147,7 +148,9 @@ class App:
         except DFlashError as exc:
             raise gr.Error(str(exc)) from None
 
-        report = race_report(snapshot.dflash.summary, snapshot.plain.summary, sampling.temperature, block_size)
+        d_sum, p_sum = snapshot.dflash.summary, snapshot.plain.summary
+        verdict = lossless_check(pair.plain, prompt_ids, d_sum.output_ids, p_sum.output_ids) if sampling.greedy else None
+        report = race_report(d_sum, p_sum, sampling.temperature, block_size, verdict)
         settings = {
             "pair": spec.id,
             "target": spec.target,

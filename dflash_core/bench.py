@@ -28,6 +28,7 @@ from .batch_invariant import describe, is_batch_invariant, rows_alone_layers
 from .chat_template import THINKING_CHOICES, describe_template, template_args
 from .cpu_linear import single_row_library
 from .decoding import run
+from .lossless import compare as lossless_check
 from .default_target import DEFAULT_TARGET
 from .pair import DTYPES, load_pair
 from .prompting import encode_prompt
@@ -67,7 +68,8 @@ def timed_hf_generate(model, prompt_ids, max_new_tokens, eos_id, **kwargs):
 
 def benchmark(args) -> dict:
     pair = load_pair(
-        args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype
+        args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+        batch_invariant={"on": True, "off": False, "auto": None}[args.batch_invariant],
     )
     target, drafter, tokenizer = pair.target, pair.drafter, pair.tokenizer
     block_sizes = args.block_sizes or [drafter.block_size]
@@ -89,6 +91,7 @@ def benchmark(args) -> dict:
     rows = {"plain": [], "hf_generate": [], "prompt_lookup": [], **{f"dflash_b{b}": [] for b in block_sizes}}
     summaries = {b: [] for b in block_sizes}
     identical = {b: 0 for b in block_sizes}
+    verdicts = {b: [] for b in block_sizes}
     for i, prompt_ids in enumerate(encoded):
         plain = decode(prompt_ids, use_drafter=False)
         rows["plain"].append((plain.total_s, len(plain.output_ids)))
@@ -97,6 +100,7 @@ def benchmark(args) -> dict:
             summaries[b].append(s)
             rows[f"dflash_b{b}"].append((s.total_s, len(s.output_ids)))
             identical[b] += s.output_ids == plain.output_ids
+            verdicts[b].append(lossless_check(target, prompt_ids, s.output_ids, plain.output_ids))
         for name, kwargs in (("hf_generate", {}), ("prompt_lookup", {"prompt_lookup_num_tokens": 10})):
             seconds, ids = timed_hf_generate(target.model, prompt_ids, args.max_new_tokens, eos, **kwargs)
             rows[name].append((seconds, len(ids)))
@@ -117,6 +121,9 @@ def benchmark(args) -> dict:
             "tok_s": tok_s(f"dflash_b{b}"),
             "speedup": tok_s(f"dflash_b{b}") / plain_tok_s,
             "identical": identical[b] / len(encoded),
+            # identical / near_tie / diverged counts, and every difference (lossless.py)
+            "lossless": {kind: sum(v.kind == kind for v in verdicts[b]) for kind in ("identical", "near_tie", "diverged")},
+            "differences": [v.to_dict() for v in verdicts[b] if v.kind != "identical"],
             "per_position_acceptance": [
                 sum(blk.accepted >= k for s in summaries[b] for blk in s.blocks) / cycles for k in range(1, b)
             ],
@@ -149,6 +156,7 @@ def benchmark(args) -> dict:
         "tau": head["tau"],
         "speedup": head["speedup"],
         "identical": head["identical"],
+        "lossless": head["lossless"],
         "dflash_tok_s": head["tok_s"],
         "plain_tok_s": plain_tok_s,
         "per_position_acceptance": head["per_position_acceptance"],
@@ -183,7 +191,10 @@ def print_table(result: dict) -> None:
     print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
     print(f"{'plain (ours)':<22}{plain:>9.1f}{1.0:>9.2f}")
     for b, r in result["per_block_size"].items():
-        print(f"{f'DFlash block {b}':<22}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}{r['tau']:>7.2f}{r['identical']:>11.2f}")
+        print(f"{f'DFlash block {b}':<22}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}{r['tau']:>7.2f}{r['identical']:>11.2f}"
+              "   lossless: " + ", ".join(f"{n} {k}" for k, n in r["lossless"].items()))
+        for d in r["differences"]:
+            print(f"    {d['message']}")
     for name, label in (("hf_generate", "HF generate"), ("prompt_lookup", "HF prompt lookup")):
         speedup = result[f"speedup_{name}"]
         print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
@@ -206,6 +217,8 @@ def main(argv=None) -> int:
     parser.add_argument("--thinking", choices=THINKING_CHOICES,
                         help="Qwen3-style thinking in the chat template (default: off where the template has the "
                         "switch, as the released DFlash drafters were trained)")
+    parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
+                        help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--cycle-times", action="store_true",
                         help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
