@@ -15,6 +15,7 @@ import gradio as gr
 
 from dflash_core import DFlashError, SamplingParams, generate
 from dflash_core.trace import build_trace, settings_of, write_trace
+from dflash_core.lossless import compare as lossless_check
 
 from . import charts, render
 from .examples import EXAMPLES
@@ -82,7 +83,8 @@ class App:
         trained = pair.trained_block_size
         status = (
             f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
-            f"target in {pair.numerics}; drafter trained with block size {trained}."
+            f"target in {pair.numerics}; drafter trained with block size {trained}; "
+            f"prompts through {pair.chat_template}."
         )
         yield status, gr.update(maximum=trained, value=trained)
 
@@ -135,12 +137,14 @@ class App:
         except DFlashError as exc:
             raise gr.Error(str(exc)) from None
 
-        report = race_report(snapshot.dflash.summary, snapshot.plain.summary, sampling.temperature, block_size)
+        d_sum, p_sum = snapshot.dflash.summary, snapshot.plain.summary
+        verdict = lossless_check(pair.plain, prompt_ids, d_sum.output_ids, p_sum.output_ids) if sampling.greedy else None
+        report = race_report(d_sum, p_sum, sampling.temperature, block_size, verdict)
         trace = build_trace(
             settings=settings_of(prompt, prompt_ids, max_new_tokens, block_size, sampling, explain=EXPLAIN_TOP_K),
             pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
-                  "trained_block_size": pair.trained_block_size},
-            runs={"dflash": snapshot.dflash.summary, "plain": snapshot.plain.summary},
+                  "trained_block_size": pair.trained_block_size, "chat_template": pair.chat_template},
+            runs={"dflash": d_sum, "plain": p_sum},
             vocab_size=pair.target.vocab_size,
             text_of=text_of,
             device=self.cache.device,
