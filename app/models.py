@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +31,7 @@ class LoadedPair:
     plain: Target  # same model object as `target`, separate cache
     drafter: DFlashDrafter
     load_s: float
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
 
     @property
     def tokenizer(self):
@@ -46,6 +47,11 @@ class LoadedPair:
     @property
     def trained_block_size(self) -> int:
         return self.drafter.block_size
+
+    @property
+    def context_length(self) -> int | None:
+        """Positions the target can attend to (None when its config does not say)."""
+        return getattr(self.target.model.config, "max_position_embeddings", None)
 
     @property
     def stop_ids(self) -> list[int]:
@@ -95,8 +101,10 @@ def _warm_up(pair: LoadedPair) -> None:
 class PairCache:
     """Loads each pair on first use; later calls return the same objects."""
 
-    def __init__(self, device: str | None = None):
+    def __init__(self, device: str | None = None, warm_up: bool = True):
+        """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU)."""
         self.device = device or default_device()
+        self.warm_up = warm_up
         self._pairs: dict[str, LoadedPair] = {}
         self._lock = threading.Lock()
 
@@ -116,6 +124,7 @@ class PairCache:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
             loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0)
-            _warm_up(loaded)
+            if self.warm_up:
+                _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded

@@ -29,7 +29,7 @@ def launch_app(target_dir, drafter_dir):
     pairs, _ = load_pairs()
     pair = cli_pair(str(target_dir), str(drafter_dir))
     demo = build_demo([pair, *pairs], pair.id, PairCache("cpu"))
-    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     return demo, demo.local_url
 
 
