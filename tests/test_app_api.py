@@ -24,12 +24,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_app(target_dir, drafter_dir):
+def launch_app(target_dir, drafter_dir, limits=None, cache=None, **launch):
     """Serve the app in this process on a free port; returns (demo, url)."""
     pairs, _ = load_pairs()
     pair = cli_pair(str(target_dir), str(drafter_dir))
-    demo = build_demo([pair, *pairs], pair.id, PairCache("cpu"))
-    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = build_demo([pair, *pairs], pair.id, cache or PairCache("cpu"), limits)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch)
     return demo, demo.local_url
 
 
