@@ -363,6 +363,9 @@ def build_demo(
             show_progress_on=[summary],
             concurrency_limit=limits.concurrency,
             concurrency_id="race",
+            # Raw values reach `check_request`, which names any bad one; Gradio's own conversion
+            # would answer a string or null in a number field with an unexplained error.
+            preprocess=False,
         )
         # A running race stops itself within one cycle and reports what it showed; the cancel
         # that follows takes a race still waiting in the queue out of it.

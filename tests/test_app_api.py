@@ -95,9 +95,10 @@ def test_sampling_reports_no_lossless_check(client):
         (("x" * 20_000, 16, 4, 0.0, 1.0, 0), "limit"),
         # Past the drafter's trained size (8) but inside the slider: the engine's message.
         (("hi", 16, 12, 0.0, 1.0, 0), "block_size 12"),
-        # Outside a slider's range: Gradio's own bounds check names the limit.
-        (("hi", 16, 4, -1.0, 1.0, 0), "less than minimum"),
-        (("hi", 0, 4, 0.0, 1.0, 0), "less than minimum"),
+        # Outside a slider's range, or not a number at all: the app's checks name the bounds.
+        (("hi", 16, 4, -1.0, 1.0, 0), "temperature must be in [0, 100], got -1.0"),
+        (("hi", 0, 4, 0.0, 1.0, 0), "max_new_tokens must be between 1 and 512, got 0"),
+        (("hi", "ten", 4, 0.0, 1.0, 0), "max_new_tokens must be a number, got 'ten'"),
         (("hi", 500, 4, 0.0, 1.0, 0), "exceeds the target's context"),
     ],
 )
