@@ -33,6 +33,7 @@ class LoadedPair:
     drafter: DFlashDrafter
     load_s: float
     template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
 
     @property
     def tokenizer(self):
@@ -48,6 +49,11 @@ class LoadedPair:
     @property
     def trained_block_size(self) -> int:
         return self.drafter.block_size
+
+    @property
+    def context_length(self) -> int | None:
+        """Positions the target can attend to (None when its config does not say)."""
+        return getattr(self.target.model.config, "max_position_embeddings", None)
 
     @property
     def stop_ids(self) -> list[int]:
@@ -102,8 +108,10 @@ def _warm_up(pair: LoadedPair) -> None:
 class PairCache:
     """Loads each pair on first use; later calls return the same objects."""
 
-    def __init__(self, device: str | None = None):
+    def __init__(self, device: str | None = None, warm_up: bool = True):
+        """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU)."""
         self.device = device or default_device()
+        self.warm_up = warm_up
         self._pairs: dict[str, LoadedPair] = {}
         self._lock = threading.Lock()
 
@@ -124,6 +132,7 @@ class PairCache:
             plain = Target(pair.target.model, pair.target.tokenizer)
             args = template_args(pair.tokenizer, None, spec.chat_template_args)
             loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args)
-            _warm_up(loaded)
+            if self.warm_up:
+                _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dflash_core import Block, Prefill, Summary
+from dflash_core.events import StopReason
 
 Event = Prefill | Block | Summary
 
@@ -53,7 +54,7 @@ class SideView:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
-    def as_summary(self) -> Summary | None:
+    def as_summary(self, stop_reason: StopReason = "running") -> Summary | None:
         """The engine's summary, or a provisional one over the blocks shown so far."""
         if self.summary is not None:
             return self.summary
@@ -63,7 +64,7 @@ class SideView:
             output_ids=tuple(self.output_ids),
             prompt_len=self.prefill.prompt_len,
             block_size=self.block_size,
-            stop_reason="running",
+            stop_reason=stop_reason,
             prefill=self.prefill,
             blocks=self.blocks,
             total_s=self.elapsed_s,
@@ -76,6 +77,7 @@ class Snapshot:
     plain: SideView
     wall_s: float  # since the race started
     done: bool
+    stopped: bool = False  # the race was cut short by `stop`: what is shown is all there is
 
 
 class _Runner:
@@ -146,8 +148,12 @@ def race(
     frame_s: float = 0.08,
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
+    stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[Snapshot]:
-    """Yield snapshots of both sides until both have finished on screen.
+    """Yield snapshots of both sides until both have finished on screen, or until `stop()`.
+
+    stop: asked before every engine step (one cycle of one side); once it returns True the race
+    computes nothing more and ends with a snapshot of what is on screen, marked `stopped`.
 
     pace: after the faster side finishes, only one side is left to compute, so its events would
     arrive twice as fast as during the shared phase; pacing keeps the on-screen clock running at
@@ -164,6 +170,9 @@ def race(
     dirty = False  # released events not yet in a frame
     display = 0.0
     while True:
+        if stop():
+            yield Snapshot(runners[0].view(display), runners[1].view(display), clock() - t0, True, stopped=True)
+            return
         active = [r for r in runners if not r.finished]
         if active:
             started = clock()

@@ -9,26 +9,30 @@ from __future__ import annotations
 import tempfile
 import time
 from dataclasses import field, make_dataclass
-from pathlib import Path
 
 import gradio as gr
+from gradio.utils import abspath as gradio_abspath
+from gradio.utils import get_upload_folder
 
 from dflash_core import DFlashError, SamplingParams, generate
-from dflash_core.trace import build_trace, settings_of, write_trace
 from dflash_core.lossless import compare as lossless_check
+from dflash_core.trace import build_trace, settings_of
 
 from . import charts, render
 from .examples import EXAMPLES
+from .limits import Limits, check_prompt_tokens, check_request
 from .models import PairCache
 from .pairs import PairSpec, availability
 from .race import SideView, Snapshot, race
 from .report import race_report
+from .space import explain_gpu_errors, gpu_task
+from .stopping import StopRequests
 from .tokens import TokenPieces
+from .traces import TraceStore
 
-MAX_PROMPT_CHARS = 16_000
-MAX_NEW_TOKENS = 512
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
 EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for the views and the trace
+STOP_WAIT_S = 30.0  # a race ends within one engine step of Stop; this only bounds a stuck one
 
 INTRO = """# ⚡ DFlash Studio
 Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
@@ -52,15 +56,28 @@ def _frame_values(frame) -> tuple:
 Frame = make_dataclass(
     "Frame", [(name, object, field(default_factory=gr.skip)) for name in FRAME_FIELDS], namespace={"values": _frame_values}
 )
+Frame.__module__ = __name__  # frames cross process boundaries (ZeroGPU) by pickle
 
 
 class App:
     """Holds the pair registry and the model cache; its methods are the event handlers."""
 
-    def __init__(self, pairs: list[PairSpec], default_id: str, cache: PairCache):
+    def __init__(
+        self,
+        pairs: list[PairSpec],
+        default_id: str,
+        cache: PairCache,
+        limits: Limits | None = None,
+        traces: TraceStore | None = None,
+    ):
         self.pairs = {p.id: p for p in pairs}
         self.default_id = default_id if default_id in self.pairs else pairs[0].id
         self.cache = cache
+        self.limits = limits or Limits()
+        self.traces = traces or TraceStore()
+        self.stops = StopRequests()
+        # On ZeroGPU the model work runs in a GPU worker process, for a time computed per request.
+        self.race_stream, self.in_process = gpu_task(self.race_frames, pairs)
 
     # --- pair selection and loading -----------------------------------------------------------
     def load_selected(self, pair_id: str):
@@ -89,70 +106,124 @@ class App:
         yield status, gr.update(maximum=trained, value=trained)
 
     # --- the race --------------------------------------------------------------------------------
-    def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_id=None):
-        """Stream a DFlash vs plain race; the last update carries the JSON summary and the trace."""
+    def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_id=None, request: gr.Request = None):
+        """Race DFlash speculative decoding against plain decoding of the same target on one prompt.
+
+        Both sides decode the same prompt (sent through the target's chat template) with the same
+        target model; DFlash drafts a block of tokens per cycle and the target verifies it in one
+        pass. Updates stream while the race runs; the last one carries the summary and the trace.
+
+        Args:
+            prompt: the user message to answer (plain text, not empty).
+            max_new_tokens: tokens each side generates at most (a whole number from 1 to the server's limit).
+            block_size: tokens DFlash verifies per cycle, 1 to the drafter's trained block size (1 = no drafting).
+            temperature: 0 for greedy decoding, where both outputs must be identical; above 0 samples.
+            top_p: nucleus sampling mass in (0, 1]; 1 keeps the whole distribution.
+            seed: random seed for sampling (a whole number >= 0).
+
+        Returns:
+            The race's outputs; the `report` one is a JSON summary: `tau` (mean tokens accepted per
+            DFlash cycle, the target's own bonus token included), `speedup` (plain seconds per token
+            over DFlash seconds per token, each side on its own compute clock), `identical` (at
+            temperature 0, whether both outputs are the same tokens; null when sampling or stopped
+            before both sides reached the same length), `first_difference`, `dflash_tok_s`,
+            `plain_tok_s`, the times to first token, token counts, `cycles`, `stopped`, the
+            acceptance histogram and per-position acceptance. `trace_file` is the full trace (JSON).
+        """
         spec = self.pairs.get(pair_id or self.default_id)
         if spec is None:
             raise gr.Error(f"Unknown model pair {pair_id!r}.")
-        prompt = "" if prompt is None else str(prompt)
-        if not prompt.strip():
-            raise gr.Error("The prompt is empty: type a message or pick an example.")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise gr.Error(f"The prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}.")
         try:
-            max_new_tokens, block_size = _as_int(max_new_tokens, "max_new_tokens"), _as_int(block_size, "block_size")
-            seed = None if seed in (None, "") else _as_int(seed, "seed")
-            if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-                raise ValueError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {max_new_tokens}")
-            sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed)
-        except (TypeError, ValueError) as exc:  # DFlashError is a ValueError too
+            req = check_request(self.limits, prompt, max_new_tokens, block_size, temperature, top_p, seed)
+        except ValueError as exc:  # DFlashError is a ValueError too
             raise gr.Error(str(exc)) from None
-
-        if block_size == 1:
+        if req.block_size == 1:
             gr.Warning("Block size 1 means no drafting: both sides decode plainly, one token per step.")
+        session = getattr(request, "session_hash", None)
         # Clear the previous race at once, so old tokens and numbers never mix with new ones.
         loading = not self.cache.is_loaded(spec)
         yield self._frame_start(f"Loading {spec.label}… (first time only)" if loading else "Racing…")
         try:
             pair = self.cache.get(spec)
-            prompt_ids = pair.encode(prompt)
-            common = {
-                "max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids,
-                "explain": EXPLAIN_TOP_K,
-            }
+            prompt_ids = pair.encode(req.prompt)
+            check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        sampling = req.sampling
+        args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
+        with self.stops.running(session) as stop:
+            # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
+            # closed from here instead, and the summary can only say that it stopped.
+            stream = self.race_stream(*args, prompt=req.prompt, stop=stop.is_set if self.in_process else None)
+            try:
+                for frame, data in explain_gpu_errors(stream):
+                    if stop.is_set() and not self.in_process:
+                        yield Frame(summary=render.summary_html(None, "Stopped.")).values()
+                        return
+                    if data is not None:
+                        frame.trace_file = self.traces.write(session, data)
+                    yield frame.values()
+            finally:
+                stream.close()
+
+    def race_frames(self, pair_id, prompt_ids, max_new_tokens, block_size, temperature, top_p, seed, prompt=None,
+                    stop=None):
+        """The model work of one race: yields (Frame, None) while it runs, then (Frame, trace).
+
+        Takes and yields only plain data, so that it can run in a GPU worker process (ZeroGPU).
+        """
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+        pair = self.cache.get(self.pairs[pair_id])
+        common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids,
+                  "explain": EXPLAIN_TOP_K}
+        pieces = {"dflash": TokenPieces(pair.tokenizer), "plain": TokenPieces(pair.tokenizer)}
+        text_of = _single_token_text(pair.tokenizer)
+        # The first frames carry text only, so the first tokens are not held up by figures.
+        last_chart = time.perf_counter()
+        snapshot = None
+        try:
             dflash_events = generate(pair.target, prompt_ids, pair.drafter, block_size=block_size, **common)
             plain_events = generate(pair.plain, prompt_ids, None, **common)
-            pieces = {"dflash": TokenPieces(pair.tokenizer), "plain": TokenPieces(pair.tokenizer)}
-            text_of = _single_token_text(pair.tokenizer)
-            # The first frames carry text only, so the first tokens are not held up by figures.
-            last_chart = time.perf_counter()
-            snapshot = None
-            for snapshot in race(dflash_events, plain_events, dflash_block_size=block_size):
-                now = time.perf_counter()
-                with_charts = snapshot.done or now - last_chart >= CHART_EVERY_S
-                if with_charts:
-                    last_chart = now
-                if not snapshot.done:
-                    yield self._frame(snapshot, pieces, text_of, None, with_charts)
+            with pair.lock:  # a pair's targets hold the KV caches of one race at a time
+                for snapshot in race(dflash_events, plain_events, dflash_block_size=block_size, stop=stop or _never):
+                    now = time.perf_counter()
+                    with_charts = snapshot.done or now - last_chart >= CHART_EVERY_S
+                    if with_charts:
+                        last_chart = now
+                    if not snapshot.done:
+                        yield self._frame(snapshot, pieces, text_of, None, with_charts), None
         except DFlashError as exc:
             raise gr.Error(str(exc)) from None
 
-        d_sum, p_sum = snapshot.dflash.summary, snapshot.plain.summary
-        verdict = lossless_check(pair.plain, prompt_ids, d_sum.output_ids, p_sum.output_ids) if sampling.greedy else None
-        report = race_report(d_sum, p_sum, sampling.temperature, block_size, verdict)
+        how = "stopped" if snapshot.stopped else "running"
+        d_summary, p_summary = snapshot.dflash.as_summary(how), snapshot.plain.as_summary(how)
+        if d_summary is None or p_summary is None:
+            yield Frame(summary=render.summary_html(None, "Stopped before both sides had a token.")), None
+            return
+        verdict = None
+        if sampling.greedy and not snapshot.stopped:
+            verdict = lossless_check(pair.plain, prompt_ids, d_summary.output_ids, p_summary.output_ids)
+        report = race_report(d_summary, p_summary, sampling.temperature, block_size, verdict, stopped=snapshot.stopped)
         trace = build_trace(
             settings=settings_of(prompt, prompt_ids, max_new_tokens, block_size, sampling, explain=EXPLAIN_TOP_K),
-            pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
+            pair={"id": pair_id, "target": pair.spec.target, "drafter": pair.spec.drafter,
                   "trained_block_size": pair.trained_block_size, "chat_template": pair.chat_template},
-            runs={"dflash": d_sum, "plain": p_sum},
+            runs={"dflash": d_summary, "plain": p_summary},
             vocab_size=pair.target.vocab_size,
             text_of=text_of,
             device=self.cache.device,
             report=report,
         )
-        # The per-block CSV is written beside the JSON (same folder, same name, .csv).
-        path, _ = write_trace(trace, Path(tempfile.mkdtemp(prefix="dflash-trace-")) / "dflash_trace.json")
-        yield self._frame(snapshot, pieces, text_of, report, True, str(path))
+        yield self._frame(snapshot, pieces, text_of, report, True), trace
+
+    def end_session(self, request: gr.Request = None) -> None:
+        """The visitor closed the page: their trace files go."""
+        self.traces.end_session(getattr(request, "session_hash", None))
+
+    def stop(self, request: gr.Request = None) -> None:
+        """The Stop button: asks this session's race to end; returns once it has (or after STOP_WAIT_S)."""
+        self.stops.request(getattr(request, "session_hash", None), wait_s=STOP_WAIT_S)
+
 
     # --- frames ----------------------------------------------------------------------------------
     def _frame_start(self, text: str) -> tuple:
@@ -163,19 +234,17 @@ class App:
             plain_stats="", plain_tokens=waiting, report=gr.update(value=None), trace_file=gr.update(value=None),
         ).values()
 
-    def _frame(self, snap: Snapshot, pieces, text_of, report, with_charts: bool, trace_path=None):
+    def _frame(self, snap: Snapshot, pieces, text_of, report, with_charts: bool, trace_path=None) -> Frame:
         diff = None if report is None else report["first_difference"]
         d, p = snap.dflash, snap.plain
         d_html = render.tokens_html(render.dflash_marks(d), pieces["dflash"].extend(d.output_ids), text_of, diff)
         p_html = render.tokens_html(render.plain_marks(p), pieces["plain"].extend(p.output_ids), text_of, diff)
-        note = (
-            ""
-            if report is None
-            else (
-                "Times are each side's own compute time: the two runs were interleaved in one worker, "
-                "so neither slowed the other down."
-            )
+        note = "" if report is None else (
+            "Times are each side's own compute time: the two runs were interleaved in one worker, "
+            "so neither slowed the other down."
         )
+        if report is not None and report["stopped"]:
+            note = f"Stopped: {d.num_tokens} DFlash and {p.num_tokens} plain tokens shown, numbers up to there. " + note
         frame = Frame(
             summary=render.summary_html(report, note) if report else render.summary_html(None, "Racing…"),
             dflash_stats=render.side_stats_html(d, f"DFlash (block {d.block_size})"),
@@ -191,14 +260,11 @@ class App:
             frame.speed_chart = charts.speed_figure(d, p)
             frame.histogram_chart = charts.histogram_figure(d)
             frame.positions_chart = charts.position_figure(d)
-        return frame.values()
+        return frame
 
 
-def _as_int(value, name: str) -> int:
-    number = float(value)
-    if number != int(number):
-        raise ValueError(f"{name} must be a whole number, got {value}")
-    return int(number)
+def _never() -> bool:
+    return False
 
 
 def _single_token_text(tokenizer):
@@ -213,8 +279,13 @@ def _single_token_text(tokenizer):
     return text_of
 
 
-def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None = None) -> gr.Blocks:
-    app = App(pairs, default_id, cache or PairCache())
+def build_demo(
+    pairs: list[PairSpec], default_id: str, cache: PairCache | None = None, limits: Limits | None = None
+) -> gr.Blocks:
+    """The app's Blocks, its queue configured from `limits` (launch it without calling `queue` again)."""
+    limits = limits or Limits()
+    traces = TraceStore(tempfile.mkdtemp(prefix="dflash-traces-", dir=get_upload_folder()))
+    app = App(pairs, default_id, cache or PairCache(), limits, traces)
     with gr.Blocks(title="DFlash Studio", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
         pair_state = gr.State(app.default_id)
@@ -228,13 +299,17 @@ def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None =
                 prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Ask something…", elem_id="prompt")
                 gr.Examples(EXAMPLES, inputs=[prompt], label="Examples: math, code, chat, story")
             with gr.Column(scale=2):
-                max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
+                max_new_tokens = gr.Slider(
+                    1, limits.max_new_tokens, value=min(128, limits.max_new_tokens), step=1, label="Max new tokens"
+                )
                 block_size = gr.Slider(1, 16, value=16, step=1, label="Block size (1 = no drafting)")
                 with gr.Row():
                     temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                     top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
                 seed = gr.Number(value=0, precision=0, label="Seed (sampling only)")
-                run_button = gr.Button("Race ▶", variant="primary", elem_id="run")
+                with gr.Row():
+                    run_button = gr.Button("Race ▶", variant="primary", elem_id="run", scale=3)
+                    stop_button = gr.Button("Stop ■", variant="stop", elem_id="stop", scale=1)
         gr.HTML(render.legend_html())
         summary = gr.HTML(render.summary_html(None), elem_id="summary")
         with gr.Row(equal_height=False):
@@ -278,11 +353,28 @@ def build_demo(pairs: list[PairSpec], default_id: str, cache: PairCache | None =
         pair_choice.change(lambda pid: pid, inputs=[pair_choice], outputs=[pair_state], api_visibility="private").then(
             app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private"
         )
-        run_button.click(
+        race_event = run_button.click(
             app.compare,
             inputs=[prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_state],
             outputs=outputs,
             api_name="compare",
-            show_progress="hidden",  # the panes show their own state; an overlay would hide the tokens
+            # Progress (the queue position while waiting) on the summary only: on the panes an
+            # overlay would hide the tokens.
+            show_progress="full",
+            show_progress_on=[summary],
+            concurrency_limit=limits.concurrency,
+            concurrency_id="race",
+            # Raw values reach `check_request`, which names any bad one; Gradio's own conversion
+            # would answer a string or null in a number field with an unexplained error.
+            preprocess=False,
         )
+        # A running race stops itself within one cycle and reports what it showed; the cancel
+        # that follows takes a race still waiting in the queue out of it.
+        stop_button.click(app.stop, queue=False, api_visibility="private").then(
+            None, cancels=[race_event], queue=False, api_visibility="private"
+        )
+        demo.unload(app.end_session)
+    # Beyond max_size waiting requests Gradio answers "busy, try again" without queueing.
+    demo.queue(max_size=limits.max_queue)
+    app.traces.on_delete = lambda path: trace_file.temp_files.discard(str(gradio_abspath(path)))
     return demo
