@@ -62,10 +62,11 @@ class Control:
         with self._lock:
             return self.paused and not self.stopped and self.limit is not None and shown >= self.limit
 
-    def hold(self, shown: int, poll_s: float = 0.05) -> None:
-        """Block while `holding(shown)`; the time blocked is left out of `clock()`."""
+    def hold(self, shown: int, poll_s: float = 0.05, until=lambda: False) -> None:
+        """Block while `holding(shown)` and not `until()` (the race's Stop); the time blocked is
+        left out of `clock()`."""
         started = self._clock()
-        while self.holding(shown):
+        while self.holding(shown) and not until():
             self._wake.wait(poll_s)
             self._wake.clear()
         self._held += self._clock() - started

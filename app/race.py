@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from dflash_core.events import Block, Prefill, Summary
+from dflash_core.events import Block, Prefill, StopReason, Summary
 
 from .control import Control
 
@@ -59,7 +59,7 @@ class SideView:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
-    def as_summary(self) -> Summary | None:
+    def as_summary(self, stop_reason: StopReason = "running") -> Summary | None:
         """The engine's summary, or a provisional one over the blocks shown so far."""
         if self.summary is not None:
             return self.summary
@@ -69,7 +69,7 @@ class SideView:
             output_ids=tuple(self.output_ids),
             prompt_len=self.prefill.prompt_len,
             block_size=self.block_size,
-            stop_reason="running",
+            stop_reason=stop_reason,
             prefill=self.prefill,
             blocks=self.blocks,
             total_s=self.elapsed_s,
@@ -82,6 +82,7 @@ class Snapshot:
     plain: SideView
     wall_s: float  # since the race started
     done: bool
+    stopped: bool = False  # the race was cut short by `stop`: what is shown is all there is
     paused: bool = False  # the viewer paused the race at this snapshot
 
 
@@ -155,10 +156,14 @@ def race(
     frame_s: float = 0.08,
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
+    stop: Callable[[], bool] = lambda: False,
     speed: float | None = None,
     control: Control | None = None,
 ) -> Iterator[Snapshot]:
-    """Yield snapshots of both sides until both have finished on screen.
+    """Yield snapshots of both sides until both have finished on screen, or until `stop()`.
+
+    stop: asked before every engine step (one cycle of one side); once it returns True the race
+    computes nothing more and ends with a snapshot of what is on screen, marked `stopped`.
 
     speed: for recorded events (a replay): show compute time at `speed` times real time.
     control: pause / step / continue; the race then runs on `control.clock`, which stops while
@@ -181,11 +186,14 @@ def race(
     display = 0.0
     while True:
         shown = len(runners[0].blocks)
-        if control is not None and control.holding(shown):
+        if control is not None and control.holding(shown) and not stop():
             # Show what was released (the stepped cycle) and mark the pause, then wait.
             dirty, last_frame = False, clock() - t0
             yield Snapshot(runners[0].view(display), runners[1].view(display), last_frame, False, paused=True)
-            control.hold(shown)
+            control.hold(shown, until=stop)
+        if stop():
+            yield Snapshot(runners[0].view(display), runners[1].view(display), clock() - t0, True, stopped=True)
+            return
         active = [r for r in runners if not r.finished]
         if active:
             started = clock()

@@ -15,7 +15,6 @@ from pathlib import Path
 from dflash_core.events import Block, Prefill, Summary
 from dflash_core.trace import TraceError, validate_trace
 
-from .report import race_report
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = REPO_ROOT / "assets" / "traces"
@@ -36,6 +35,7 @@ class Recording:
     plain: Summary
     tokens: dict[int, str]
     pieces: dict[str, list[str]]  # side -> the live pane's text per output token, when recorded
+    recorded_report: dict | None = None  # the race's report as shown live (its lossless verdict too)
 
     def text_of(self, token_id: int) -> str:
         return self.tokens.get(int(token_id), f"<{int(token_id)}>")
@@ -56,6 +56,11 @@ class Recording:
         yield summary
 
     def report(self) -> dict:
+        """The live run's report; recomputed from the events (no lossless verdict) when absent."""
+        if isinstance(self.recorded_report, dict):
+            return self.recorded_report
+        from .report import race_report  # the engine's lossless module, torch with it: only here
+
         return race_report(self.dflash, self.plain, self.temperature, self.block_size)
 
     def label(self) -> str:
@@ -85,7 +90,9 @@ def load_trace(path) -> Recording:
         raise ReplayError(f"{path.name} holds no {' and no '.join(missing)} run: a race replay needs both sides")
     tokens = {int(k): v for k, v in data["tokens"].items()}
     pieces = data.get("pieces") if isinstance(data.get("pieces"), dict) else {}
-    return Recording(path.stem, data["settings"], _summary(runs["dflash"]), _summary(runs["plain"]), tokens, pieces)
+    return Recording(
+        path.stem, data["settings"], _summary(runs["dflash"]), _summary(runs["plain"]), tokens, pieces, data.get("report")
+    )
 
 
 def _summary(run: dict) -> Summary:
