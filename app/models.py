@@ -66,10 +66,8 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 def default_threads(host: str, cores: int) -> int | None:
     """Threads to use when --threads is not given; None keeps torch's default (all cores).
 
-    Served on loopback, the browser runs on the same CPU and repaints while both sides decode.
-    Measured on a 2-core box: with 2 torch threads the page showed 7-13 tok/s and speedups that
-    swung from 0.9x to 1.1x between runs (the benchmark: 17 tok/s, 1.25x); with 1 thread it showed
-    14-15 tok/s and agreed with the benchmark at 1 thread within 7%. Remote viewers (a Space, --host
+    Served on loopback, the browser runs on the same CPU and repaints while both sides decode, so
+    one core is left to it (docs/benchmarks.md has the figures). Remote viewers (a Space, --host
     0.0.0.0) leave the whole CPU to the app.
     """
     if host in LOOPBACK and cores > 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, fields
+from dataclasses import field, make_dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -36,36 +36,21 @@ its own. Both panes decode the same prompt with the same target; the race is pac
 compute time, so what you see matches the measured speeds."""
 
 
-@dataclass
-class Frame:
-    """One update of the race's outputs, by name; a field left as `gr.skip()` keeps what is shown.
-
-    The field order is the order of the `compare` endpoint's outputs.
-    """
-
-    summary: object = None
-    dflash_stats: object = None
-    dflash_tokens: object = None
-    dflash_strip: object = None
-    plain_stats: object = None
-    plain_tokens: object = None
-    acceptance_chart: object = None
-    speed_chart: object = None
-    histogram_chart: object = None
-    positions_chart: object = None
-    report: object = None
-    trace_file: object = None
-
-    def __post_init__(self):
-        for f in fields(self):
-            if getattr(self, f.name) is None:
-                setattr(self, f.name, gr.skip())
-
-    def values(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in fields(self))
+# The race's outputs by name, in the order of the `compare` endpoint's outputs.
+FRAME_FIELDS = (
+    "summary", "dflash_stats", "dflash_tokens", "dflash_strip", "plain_stats", "plain_tokens",
+    "acceptance_chart", "speed_chart", "histogram_chart", "positions_chart", "report", "trace_file",
+)
 
 
-FRAME_FIELDS = [f.name for f in fields(Frame)]
+def _frame_values(frame) -> tuple:
+    return tuple(getattr(frame, name) for name in FRAME_FIELDS)
+
+
+# One update of the race's outputs; a field left at its default (`gr.skip()`) keeps what is shown.
+Frame = make_dataclass(
+    "Frame", [(name, object, field(default_factory=gr.skip)) for name in FRAME_FIELDS], namespace={"values": _frame_values}
+)
 
 
 class App:

@@ -84,10 +84,7 @@ def has_fast_bf16(device: str | torch.device) -> bool:
 def default_target_dtype(device: str | torch.device) -> torch.dtype:
     """The fastest target dtype that stays lossless: bfloat16 on CPUs with AMX, else float32.
 
-    With AMX a batch-invariant bf16 target ran DFlash at 21.0 tok/s against float32's 16.8 (Intel
-    Xeon). With AVX512-BF16 alone (AMD EPYC) a bf16 verify already cost more than a float32 one
-    (56 vs 51 ms a cycle), and staying exact there runs the MLPs' down_proj row by row
-    (batch_invariant.py), so float32 is faster. On CUDA the row-wise attention is not measured yet.
+    Without AMX a batch-invariant bf16 verify costs more than a float32 one (docs/benchmarks.md).
     """
     exact = wants_batch_invariance(device, torch.bfloat16)  # CPU only
     return torch.bfloat16 if exact and "amx_bf16" in _cpu_flags() else torch.float32
