@@ -203,8 +203,10 @@ class App:
         last_chart = time.perf_counter()
         snapshot = None
         if control is not None:
-            control.reset()
+            run = control.reset()
             control.text_of = text_of
+            outer_stop = stop or _never
+            stop = lambda: outer_stop() or control.superseded(run)  # noqa: E731  (a newer run ends this one)
         try:
             dflash_events = generate(pair.target, prompt_ids, pair.drafter, block_size=block_size, **common)
             plain_events = generate(pair.plain, prompt_ids, None, **common)
@@ -267,7 +269,7 @@ class App:
         except (ReplayError, TypeError, ValueError) as exc:
             raise gr.Error(str(exc)) from None
         control = self._control(request)
-        control.reset()
+        run = control.reset()
         control.text_of = recording.text_of
         yield self._frame_start(f"Replaying {recording.label()} at {speed:g}×")
         pieces = {side: RecordedPieces(recording, side) for side in ("dflash", "plain")}
@@ -275,12 +277,14 @@ class App:
         snapshot = None
         for snapshot in race(
             recording.events("dflash"), recording.events("plain"), dflash_block_size=recording.block_size,
-            speed=speed, control=control,
+            speed=speed, control=control, stop=lambda: control.superseded(run),
         ):
             now = time.perf_counter()
             with_charts = snapshot.done or snapshot.paused or now - last_chart >= CHART_EVERY_S
             if with_charts:
                 last_chart = now
+            if snapshot.stopped:
+                return  # a newer replay or race of this viewer took over the panes
             if not snapshot.done:
                 yield self._frame(
                     snapshot, pieces, recording.text_of, None, with_charts, control=control,
@@ -568,15 +572,15 @@ def build_demo(
                 None, cancels=[race_event], queue=False, api_visibility="private"
             )
         replay_inputs = [trace_choice, trace_upload, speed]
+        if replay:
+            runs.append(demo.load(
+                app.replay, inputs=replay_inputs, outputs=outputs, api_visibility="private", show_progress="hidden"
+            ))
         replay_event = replay_button.click(
             app.replay, inputs=replay_inputs, outputs=outputs, api_name="replay", show_progress="hidden",
             cancels=list(runs),
         )
         runs.append(replay_event)
-        if replay:
-            runs.append(demo.load(
-                app.replay, inputs=replay_inputs, outputs=outputs, api_visibility="private", show_progress="hidden"
-            ))
         if live:
             # A race started while a replay plays replaces it (both fill the same panes).
             run_button.click(None, cancels=[e for e in runs if e is not race_event], queue=False, api_visibility="private")
