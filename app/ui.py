@@ -31,7 +31,7 @@ from .replay import RecordedPieces, ReplayError, load_trace, shipped_traces
 from .space import explain_gpu_errors, gpu_task
 from .speedup import FORMULA_MD, speedup_figure
 from .stopping import StopRequests
-from .tips import TIP_CSS
+from .tips import TIP_CSS, TIP_JS
 from .tokens import TokenPieces
 from .traces import TraceStore
 
@@ -497,18 +497,18 @@ def build_demo(
         with gr.Row(equal_height=False):
             with gr.Column():
                 d_stats = gr.HTML(elem_id="dflash-stats")
-                d_tokens = gr.HTML(elem_id="dflash-tokens", css_template=TIP_CSS)
-                d_strip = gr.HTML(elem_id="dflash-strip", css_template=TIP_CSS)
+                d_tokens = gr.HTML(elem_id="dflash-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
+                d_strip = gr.HTML(elem_id="dflash-strip", css_template=TIP_CSS, js_on_load=TIP_JS)
             with gr.Column():
                 p_stats = gr.HTML(elem_id="plain-stats")
-                p_tokens = gr.HTML(elem_id="plain-tokens", css_template=TIP_CSS)
+                p_tokens = gr.HTML(elem_id="plain-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
         with gr.Accordion(
             "Inside a cycle: what the drafter saw and proposed, what the target decided", open=False, elem_id="cycle-panel"
         ):
             with gr.Row():
                 cycle_pick = gr.Slider(0, 1, value=0, step=1, label="Cycle", elem_id="cycle-pick", scale=3)
                 follow = gr.Checkbox(value=True, label="Follow the current cycle", elem_id="cycle-follow", scale=1)
-            cycle_view = gr.HTML(cycle_html(None, None, None, str), elem_id="cycle-view", css_template=TIP_CSS)
+            cycle_view = gr.HTML(cycle_html(None, None, None, str), elem_id="cycle-view", js_on_load=None)
         # Empty figures at page load also make the browser fetch plotly before the first race.
         empty = SideView("", None, (), None, 0.0, 16)
         with gr.Row():

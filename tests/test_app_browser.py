@@ -82,6 +82,7 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
     assert "block " in tip and "slot " in tip and "rejected draft token" in tip
     assert "drafter top-5" in tip and "target top-5" in tip and "Rejected:" in tip
     assert seen["tip_rows"] >= 6 and "%" in tip
+    assert seen["tip_inside_window"]  # placed in the window, not clipped by the scrolling strip
     assert "speedup" in seen["summary"]
     for name in ("replay-paused.png", "inside-a-cycle.png", "hover-rejected.png"):
         assert (ARTIFACTS / name).stat().st_size > 5_000
