@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
 from dflash_core.batch_invariant import describe
+from dflash_core.chat_template import describe_template, template_args
 from dflash_core.default_target import DefaultTargetError, resolve_target
 from dflash_core.prompting import encode_prompt
 
@@ -31,6 +32,8 @@ class LoadedPair:
     plain: Target  # same model object as `target`, separate cache
     drafter: DFlashDrafter
     load_s: float
+    template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
 
     @property
     def tokenizer(self):
@@ -48,12 +51,22 @@ class LoadedPair:
         return self.drafter.block_size
 
     @property
+    def context_length(self) -> int | None:
+        """Positions the target can attend to (None when its config does not say)."""
+        return getattr(self.target.model.config, "max_position_embeddings", None)
+
+    @property
     def stop_ids(self) -> list[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return [] if eos is None else [int(eos)]
 
+    @property
+    def chat_template(self) -> str:
+        """The template prompts go through, in words (the status line names it)."""
+        return describe_template(self.tokenizer, self.template_args)
+
     def encode(self, prompt: str) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt)
+        return encode_prompt(self.tokenizer, prompt, template_args=self.template_args)
 
 
 def default_device() -> str:
@@ -95,8 +108,10 @@ def _warm_up(pair: LoadedPair) -> None:
 class PairCache:
     """Loads each pair on first use; later calls return the same objects."""
 
-    def __init__(self, device: str | None = None):
+    def __init__(self, device: str | None = None, warm_up: bool = True):
+        """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU)."""
         self.device = device or default_device()
+        self.warm_up = warm_up
         self._pairs: dict[str, LoadedPair] = {}
         self._lock = threading.Lock()
 
@@ -115,7 +130,9 @@ class PairCache:
             if pair.tokenizer is None:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
-            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0)
-            _warm_up(loaded)
+            args = template_args(pair.tokenizer, None, spec.chat_template_args)
+            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args)
+            if self.warm_up:
+                _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded

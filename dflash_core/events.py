@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
-# Why a run ended; "running" marks a provisional summary of a run still in progress.
-StopReason = Literal["running", "max_new_tokens", "stop_token"]
+# Why a run ended; "running" marks a provisional summary of a run still in progress, "stopped" one
+# its caller cut short (the engine itself never stops early).
+StopReason = Literal["running", "stopped", "max_new_tokens", "stop_token"]
 
 
 @dataclass(frozen=True)

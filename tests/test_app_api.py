@@ -24,12 +24,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_app(target_dir, drafter_dir):
+def launch_app(target_dir, drafter_dir, limits=None, cache=None, **launch):
     """Serve the app in this process on a free port; returns (demo, url)."""
     pairs, _ = load_pairs()
     pair = cli_pair(str(target_dir), str(drafter_dir))
-    demo = build_demo([pair, *pairs], pair.id, PairCache("cpu"))
-    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = build_demo([pair, *pairs], pair.id, cache or PairCache("cpu"), limits)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch)
     return demo, demo.local_url
 
 
@@ -96,9 +96,10 @@ def test_sampling_reports_no_lossless_check(client):
         (("x" * 20_000, 16, 4, 0.0, 1.0, 0), "limit"),
         # Past the drafter's trained size (8) but inside the slider: the engine's message.
         (("hi", 16, 12, 0.0, 1.0, 0), "block_size 12"),
-        # Outside a slider's range: Gradio's own bounds check names the limit.
-        (("hi", 16, 4, -1.0, 1.0, 0), "less than minimum"),
-        (("hi", 0, 4, 0.0, 1.0, 0), "less than minimum"),
+        # Outside a slider's range, or not a number at all: the app's checks name the bounds.
+        (("hi", 16, 4, -1.0, 1.0, 0), "temperature must be in [0, 100], got -1.0"),
+        (("hi", 0, 4, 0.0, 1.0, 0), "max_new_tokens must be between 1 and 512, got 0"),
+        (("hi", "ten", 4, 0.0, 1.0, 0), "max_new_tokens must be a number, got 'ten'"),
         (("hi", 500, 4, 0.0, 1.0, 0), "exceeds the target's context"),
     ],
 )
