@@ -90,6 +90,7 @@ def test_bench_explain_reports_the_overhead_per_side_and_mode(tiny_dirs, tmp_pat
         assert r["ms_per_cycle_off"] > 0 and r["ms_per_cycle_on"] > 0
         assert r["overhead_pct"] == pytest.approx(100 * (r["ms_per_cycle_on"] / r["ms_per_cycle_off"] - 1))
         assert r["in_cycle_overhead_pct"] > 0  # building an explanation takes time, and it is counted
+        assert r["cpu_ms_per_cycle_off"] > 0 and r["cpu_ms_per_cycle_on"] > 0
     assert "overhead" in out
 
 
