@@ -411,16 +411,18 @@ def _single_token_text(tokenizer):
 
 
 def _trace_choices(extra: str | None = None) -> list[tuple[str, str]]:
-    """(label, path) of the shipped traces, plus `extra` (a --replay file) first."""
-    paths = [Path(extra)] if extra else []
-    paths += [p for p in shipped_traces() if not extra or p.resolve() != Path(extra).resolve()]
+    """(label, path) of the shipped traces, plus `extra` (a --replay file) first; a file is read
+    only when it is replayed."""
     choices = []
-    for path in paths:
+    if extra:
         try:
-            label = load_trace(path).label()
+            label = load_trace(extra).label()
         except ReplayError as exc:
-            label = f"{path.name} (cannot be replayed: {exc})"
-        choices.append((label, str(path)))
+            label = f"{Path(extra).name} (cannot be replayed: {exc})"
+        choices.append((label, str(extra)))
+    for path, label in shipped_traces():
+        if not extra or path.resolve() != Path(extra).resolve():
+            choices.append((label, str(path)))
     return choices
 
 

@@ -48,7 +48,7 @@ def replay_url(tiny_dirs, request):
     from test_app_api import free_port
 
     shipped = shipped_traces()
-    path = shipped[0] if shipped else record_tiny_trace(tiny_dirs, request)
+    path = shipped[0][0] if shipped else record_tiny_trace(tiny_dirs, request)
     demo = build_demo([], "", replay=str(path), live=False)
     demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     yield demo.local_url
