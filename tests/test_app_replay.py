@@ -132,3 +132,33 @@ def test_a_replay_only_app_never_imports_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_live_race_pauses_steps_one_cycle_and_stays_lossless(app):
+    from types import SimpleNamespace
+
+    request = SimpleNamespace(session_hash="live-step")
+    frames = app.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, request)
+
+    def bonus_count(frame):
+        html = frame.get("dflash_tokens")
+        return html.count("tok-bonus") if isinstance(html, str) else -1
+
+    frame = {}
+    while bonus_count(frame) < 1:
+        frame = dict(zip(FRAME_FIELDS, next(frames)))
+    app.pause(request)
+    while "Paused" not in str(frame["control_status"]):
+        frame = dict(zip(FRAME_FIELDS, next(frames)))
+    paused = bonus_count(frame)
+    assert "block 0 · slot" in frame["dflash_tokens"]  # paused frames carry the hover boxes
+    for k in (1, 2):
+        app.step(request)
+        frame = dict(zip(FRAME_FIELDS, next(frames)))
+        while "Paused" not in str(frame["control_status"]):
+            frame = dict(zip(FRAME_FIELDS, next(frames)))
+        assert bonus_count(frame) == paused + k  # one DFlash cycle per Step
+    app.resume(request)
+    *_, last = frames
+    report = dict(zip(FRAME_FIELDS, last))["report"]
+    assert report["identical"] is True and report["dflash_tokens"] == report["plain_tokens"]
