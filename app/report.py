@@ -52,7 +52,3 @@ def race_report(dflash: Summary, plain: Summary, temperature: float, block_size:
         "per_position_acceptance": [round(x, 4) for x in dflash.per_position_acceptance],
     }
 
-
-def trace(dflash: Summary, plain: Summary, report: dict, settings: dict) -> dict:
-    """Download format: the engine's trace of each side plus the race report."""
-    return {"settings": settings, "report": report, "dflash": dflash.to_trace(), "plain": plain.to_trace()}

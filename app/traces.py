@@ -39,8 +39,12 @@ class TraceStore:
         self._all: OrderedDict[Path, str | None] = OrderedDict()  # oldest first
         self._count = 0
 
-    def write(self, session: str | None, data: dict) -> str:
-        """Write `data` as this session's newest trace; returns its path."""
+    def write(self, session: str | None, data: dict, writer: Callable[[dict, Path], object] | None = None) -> str:
+        """Write `data` as this session's newest trace; returns its path.
+
+        writer(data, path): writes the file at `path` and any companions beside it (they share its
+        folder, and go with it); default: the JSON alone.
+        """
         with self._lock:
             self._count += 1
             # One folder per file keeps the download's name `dflash_trace.json`.
@@ -57,7 +61,10 @@ class TraceStore:
             for old in doomed:
                 self._forget(old)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1))
+        if writer is None:
+            path.write_text(json.dumps(data, indent=1))
+        else:
+            writer(data, path)
         for old in doomed:
             self._delete(old)
         return str(path)
@@ -80,9 +87,14 @@ class TraceStore:
             self.on_delete(str(path))
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def files(self) -> list[Path]:
-        """The trace files on disk now."""
-        return sorted(self.root.glob("*/*.json"))
+    def files(self, session: str | None = ...) -> list[Path]:
+        """The trace files on disk now: all of them, or those of one session."""
+        found = sorted(self.root.glob("*/*.json"))
+        if session is ...:
+            return found
+        with self._lock:
+            mine = set(self._by_session.get(session, ()))
+        return [path for path in found if path in mine]
 
     def _forget(self, path: Path) -> None:
         session = self._all.pop(path, None)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, fields
+from dataclasses import field, make_dataclass
 
 import gradio as gr
 from gradio.utils import abspath as gradio_abspath
 from gradio.utils import get_upload_folder
 
 from dflash_core import DFlashError, SamplingParams, generate
+from dflash_core.trace import build_trace, settings_of, write_trace
 
 from . import charts, render
 from .examples import EXAMPLES
@@ -22,7 +23,7 @@ from .limits import Limits, check_prompt_tokens, check_request
 from .models import PairCache
 from .pairs import PairSpec, availability
 from .race import SideView, Snapshot, race
-from .report import race_report, trace
+from .report import race_report
 from .space import explain_gpu_errors, gpu_task
 from .stopping import StopRequests
 from .tokens import TokenPieces
@@ -30,6 +31,7 @@ from .traces import TraceStore
 
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
 STOP_WAIT_S = 30.0  # a race ends within one engine step of Stop; this only bounds a stuck one
+EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for the views and the trace
 
 INTRO = """# ⚡ DFlash Studio
 Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
@@ -38,36 +40,21 @@ its own. Both panes decode the same prompt with the same target; the race is pac
 compute time, so what you see matches the measured speeds."""
 
 
-@dataclass
-class Frame:
-    """One update of the race's outputs, by name; a field left as `gr.skip()` keeps what is shown.
-
-    The field order is the order of the `compare` endpoint's outputs.
-    """
-
-    summary: object = None
-    dflash_stats: object = None
-    dflash_tokens: object = None
-    dflash_strip: object = None
-    plain_stats: object = None
-    plain_tokens: object = None
-    acceptance_chart: object = None
-    speed_chart: object = None
-    histogram_chart: object = None
-    positions_chart: object = None
-    report: object = None
-    trace_file: object = None
-
-    def __post_init__(self):
-        for f in fields(self):
-            if getattr(self, f.name) is None:
-                setattr(self, f.name, gr.skip())
-
-    def values(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in fields(self))
+# The race's outputs by name, in the order of the `compare` endpoint's outputs.
+FRAME_FIELDS = (
+    "summary", "dflash_stats", "dflash_tokens", "dflash_strip", "plain_stats", "plain_tokens",
+    "acceptance_chart", "speed_chart", "histogram_chart", "positions_chart", "report", "trace_file",
+)
 
 
-FRAME_FIELDS = [f.name for f in fields(Frame)]
+def _frame_values(frame) -> tuple:
+    return tuple(getattr(frame, name) for name in FRAME_FIELDS)
+
+
+# One update of the race's outputs; a field left at its default (`gr.skip()`) keeps what is shown.
+Frame = make_dataclass(
+    "Frame", [(name, object, field(default_factory=gr.skip)) for name in FRAME_FIELDS], namespace={"values": _frame_values}
+)
 
 
 class App:
@@ -160,7 +147,7 @@ class App:
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
         sampling = req.sampling
-        args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
+        args = (spec.id, req.prompt, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
         with self.stops.running(session) as stop:
             # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
             # closed from here instead, and the summary can only say that it stopped.
@@ -170,22 +157,22 @@ class App:
                     if stop.is_set() and not self.in_process:
                         yield Frame(summary=render.summary_html(None, "Stopped.")).values()
                         return
-                    if data is not None:
-                        data["settings"] = {"pair": spec.id, "target": spec.target, "drafter": spec.drafter,
-                                            "prompt": req.prompt, **data["settings"], "device": self.cache.device}
-                        frame.trace_file = self.traces.write(session, data)
+                    if data is not None:  # the trace, written here: files belong to this process
+                        frame.trace_file = self.traces.write(session, data, write_trace)
                     yield frame.values()
             finally:
                 stream.close()
 
-    def race_frames(self, pair_id, prompt_ids, max_new_tokens, block_size, temperature, top_p, seed, stop=None):
+    def race_frames(self, pair_id, prompt, prompt_ids, max_new_tokens, block_size, temperature, top_p, seed, stop=None):
         """The model work of one race: yields (Frame, None) while it runs, then (Frame, trace data).
 
         Takes and yields only plain data, so that it can run in a GPU worker process (ZeroGPU).
         """
         sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
         pair = self.cache.get(self.pairs[pair_id])
-        common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids}
+        common = {
+            "max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids, "explain": EXPLAIN_TOP_K,
+        }
         pieces = {"dflash": TokenPieces(pair.tokenizer), "plain": TokenPieces(pair.tokenizer)}
         text_of = _single_token_text(pair.tokenizer)
         # The first frames carry text only, so the first tokens are not held up by figures.
@@ -211,9 +198,18 @@ class App:
             yield Frame(summary=render.summary_html(None, "Stopped before both sides had a token.")), None
             return
         report = race_report(d_summary, p_summary, sampling.temperature, block_size, stopped=snapshot.stopped)
-        settings = {"max_new_tokens": max_new_tokens, "block_size": block_size, "temperature": temperature,
-                    "top_p": top_p, "seed": seed}
-        yield self._frame(snapshot, pieces, text_of, report, True), trace(d_summary, p_summary, report, settings)
+        spec = self.pairs[pair_id]
+        trace = build_trace(
+            settings=settings_of(prompt, prompt_ids, max_new_tokens, block_size, sampling, explain=EXPLAIN_TOP_K),
+            pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
+                  "trained_block_size": pair.trained_block_size},
+            runs={"dflash": d_summary, "plain": p_summary},
+            vocab_size=pair.target.vocab_size,
+            text_of=text_of,
+            device=self.cache.device,
+            report=report,
+        )
+        yield self._frame(snapshot, pieces, text_of, report, True), trace
 
     def end_session(self, request: gr.Request = None) -> None:
         """The visitor closed the page: their trace files go."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from pathlib import Path
@@ -14,6 +13,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 gradio_client = pytest.importorskip("gradio_client")
 
 from app.models import PairCache
+from dflash_core.trace import validate_trace
 from app.pairs import cli_pair, load_pairs
 from app.ui import build_demo
 
@@ -78,8 +78,9 @@ def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
     # Token panes carry colored spans; the trace file is the engine's trace of both sides.
     assert 'class="tok tok-' in result[2] and "tok-plain" in result[5]
     trace_path = result[-1]
-    trace = json.loads(Path(trace_path).read_text())
-    assert trace["dflash"]["output_ids"] == trace["plain"]["output_ids"]
+    trace = validate_trace(trace_path)
+    assert trace["runs"]["dflash"]["output_ids"] == trace["runs"]["plain"]["output_ids"]
+    assert all("explain" in b for b in trace["runs"]["dflash"]["blocks"] + trace["runs"]["plain"]["blocks"])
     assert trace["report"]["tau"] == summary["tau"]
 
 

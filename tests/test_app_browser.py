@@ -28,6 +28,7 @@ def app_url(tiny_dirs, request):
     demo.close()
 
 
+@pytest.mark.slow
 def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
     shot = ARTIFACTS / "app-race.png"
     seen = run_race_in_browser(app_url, "What is the capital of France?", shot, max_new_tokens=24, timeout_s=60)

@@ -18,7 +18,8 @@ from the target's top layers::
 
 Later versions warm-start from the previous one (`--init-from`, optionally `--layers N` to grow it
 or `--target-layer-ids` to add target layers it reads,
-`--shards START:` for the data it has not seen, `--soft-labels 8`); the shipped drafter's model
+`--shards START:` for the data it has not seen, `--soft-labels 8`, `--text-data DIR` for text the target
+did not write, labelled by its own greedy tokens: `text_data`); the shipped drafter's model
 card (`assets/drafters/smollm2-135m-instruct-dflash/README.md`) has the exact chain of commands.
 
 `--time-budget` is training time (evaluations excluded) and the cosine schedule follows it, so a
@@ -113,6 +114,11 @@ def parse_args(argv=None):
                    help="use only these shards, by position in name order (e.g. 40: for a warm "
                         "drafter that has seen the first 40; 101:,84:101:4 adds every 4th of 84-100 "
                         "to replay what it learnt there)")
+    p.add_argument("--text-data", default=None, metavar="DIR",
+                   help="also train on these shards of text the target did not write (`text_data`), labelled by "
+                        "the target's own greedy tokens in the forward that gives the features; never evaluated on")
+    p.add_argument("--text-shards", type=shard_range, default=None, metavar="START:STOP[:STEP][,...]",
+                   help="use only these shards of --text-data")
     p.add_argument("--out", required=True, help="output dir: released-format drafter + checkpoint/ + train_log.jsonl")
     p.add_argument("--layers", type=int, default=None,
                    help="drafter layers (default 3; with --init-from: grow the warm drafter to this many)")
@@ -330,8 +336,11 @@ def run_eval(trainer, eval_seqs, args, progress: Progress, position: float, draf
     return metrics
 
 
-def train_step(trainer, model, batch, args, anchor_gen, world: int) -> tuple[float, int]:
-    """Forward and backward over one optimizer step's sequences; returns (mean loss, block tokens)."""
+def train_step(trainer, model, batch, args, anchor_gen, world: int, text_keys=frozenset()) -> tuple[float, int]:
+    """Forward and backward over one optimizer step's sequences; returns (mean loss, block tokens).
+
+    Sequences whose key is in `text_keys` are text the target did not write: their labels come from
+    the target's own forward (`--text-data`)."""
     loss, tokens = 0.0, 0
     for j, (ids, plen, key) in enumerate(batch):
         anchors = sample_anchors(len(ids), plen, args.anchors_per_seq, anchor_gen)
@@ -340,9 +349,10 @@ def train_step(trainer, model, batch, args, anchor_gen, world: int) -> tuple[flo
         # DDP reduces gradients on the last sequence of the step only.
         sync = j == len(batch) - 1 or world == 1
         ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
-        walk_weight = args.walk_weight if is_every_anchor(anchors, len(ids), plen) else 1.0
+        text = key in text_keys
+        walk_weight = args.walk_weight if is_every_anchor(anchors, len(ids), plen) and not text else 1.0
         with ctx:
-            out = trainer.forward(ids, anchors, key=key, walk_weight=walk_weight)
+            out = trainer.forward(ids, anchors, key=key, walk_weight=walk_weight, target_labels=text)
             (out.loss / len(batch)).backward()
         loss += float(out.loss.detach()) / len(batch)
         tokens += out.block_tokens
@@ -379,6 +389,14 @@ def main(argv=None) -> dict:
     train = [s for s in seqs if not heldout(s[2], args.heldout_frac)]
     log.say(f"data: {len(train)} train / {len(val)} held-out sequences, "
             f"{sum(len(s[0]) - s[1] for s in train)} train response tokens")
+    text_keys = set()
+    if args.text_data:
+        # Text the target did not write: training only; its labels come from the target's forward.
+        text = load_sequences(args.text_data, args.max_len, shards=args.text_shards)
+        text_keys = {key for _, _, key in text}
+        train = train + text
+        log.say(f"text data: {len(text)} sequences, {sum(len(s[0]) - s[1] for s in text)} response tokens, "
+            "labelled by the target")
     calibration = [s[0] for s in train[:16]]  # text for measuring the target's q/k scales
     # Spread over the whole held-out split: shards are written source by source.
     eval_seqs = val[:: max(1, len(val) // args.eval_seqs)][: args.eval_seqs]
@@ -454,7 +472,7 @@ def main(argv=None) -> dict:
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
         batch = [my_train[order[(progress.pos + j) % len(my_train)]] for j in range(grad_accum)]
-        step_loss, step_tokens = train_step(trainer, model, batch, args, anchor_gen, dist.world)
+        step_loss, step_tokens = train_step(trainer, model, batch, args, anchor_gen, dist.world, text_keys)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip))
         opt.step()
         now = time.perf_counter()
