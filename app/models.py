@@ -14,6 +14,7 @@ import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
 from dflash_core.batch_invariant import describe
+from dflash_core.chat_template import describe_template, template_args
 from dflash_core.default_target import DefaultTargetError, resolve_target
 from dflash_core.prompting import encode_prompt
 
@@ -32,6 +33,7 @@ class LoadedPair:
     drafter: DFlashDrafter
     load_s: float
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
+    template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
 
     @property
     def tokenizer(self):
@@ -58,8 +60,13 @@ class LoadedPair:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return [] if eos is None else [int(eos)]
 
+    @property
+    def chat_template(self) -> str:
+        """The template prompts go through, in words (the status line names it)."""
+        return describe_template(self.tokenizer, self.template_args)
+
     def encode(self, prompt: str) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt)
+        return encode_prompt(self.tokenizer, prompt, template_args=self.template_args)
 
 
 def default_device() -> str:
@@ -123,7 +130,8 @@ class PairCache:
             if pair.tokenizer is None:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
-            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0)
+            args = template_args(pair.tokenizer, None, spec.chat_template_args)
+            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, template_args=args)
             if self.warm_up:
                 _warm_up(loaded)
             self._pairs[spec.id] = loaded

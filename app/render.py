@@ -177,13 +177,20 @@ def side_stats_html(view: SideView, label: str) -> str:
 def summary_html(report: dict | None, note: str = "") -> str:
     if report is None:
         return f'<div class="race-summary" style="color:#667">{html.escape(note) or "Run a prompt to start the race."}</div>'
+    verdict = report.get("lossless")
     if report["identical"] is None:
         lossless = "not checked (sampling: outputs may differ by design)"
     elif report["identical"]:
         lossless = '<span style="color:#127a2a">identical ✓</span>'
+    elif verdict and verdict["kind"] == "near_tie":
+        lossless = (
+            f'<span style="color:#9a6700">near-tie at token {verdict["position"]}</span> '
+            f'(target top-2 margin {verdict["top2_margin"]:.3g}; {verdict["dtype"]} rounding, not a bug)'
+        )
     else:
         lossless = (
-            f'<span style="color:{DIFF}">differ at token {report["first_difference"]}</span> (outlined in both panes)'
+            f'<span style="color:{DIFF}">✗ BUG: differ at token {report["first_difference"]}</span> '
+            "where the target's choice was clear (outlined in both panes)"
         )
     cells = [
         ("speedup", f"{report['speedup']:.2f}×"),

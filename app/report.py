@@ -7,23 +7,26 @@ running the two decoders separately would measure.
 from __future__ import annotations
 
 from dflash_core import Summary
+from dflash_core.lossless import Verdict, first_difference
 
-
-def first_difference(a, b) -> int | None:
-    """Index of the first position where the two outputs differ (None when identical)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+__all__ = ["first_difference", "race_report", "seconds_per_token", "trace"]
 
 
 def seconds_per_token(summary: Summary) -> float:
     return summary.total_s / len(summary.output_ids) if summary.output_ids else 0.0
 
 
-def race_report(dflash: Summary, plain: Summary, temperature: float, block_size: int, stopped: bool = False) -> dict:
+def race_report(
+    dflash: Summary,
+    plain: Summary,
+    temperature: float,
+    block_size: int,
+    verdict: Verdict | None = None,
+    stopped: bool = False,
+) -> dict:
     """The JSON summary of a race (also the last update of the `compare` API).
 
+    verdict: the engine's lossless check of a greedy race (`dflash_core.lossless.compare`).
     stopped: the race was cut short, so the outputs are prefixes; they are compared for the
     lossless check only when both sides reached the same length.
     """
@@ -37,6 +40,8 @@ def race_report(dflash: Summary, plain: Summary, temperature: float, block_size:
         "speedup": round(p_spt / d_spt, 4) if d_spt > 0 else 0.0,
         "identical": (diff is None) if checked else None,
         "first_difference": diff if checked else None,
+        # identical / near_tie (rounding of a tie, with where and by how much) / diverged (a bug)
+        "lossless": verdict.to_dict() if checked and verdict is not None else None,
         "dflash_tok_s": round(dflash.tokens_per_s, 3),
         "plain_tok_s": round(plain.tokens_per_s, 3),
         "dflash_ttft_s": round(dflash.ttft_s, 4),

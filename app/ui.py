@@ -16,6 +16,7 @@ from gradio.utils import get_upload_folder
 
 from dflash_core import DFlashError, SamplingParams, generate
 from dflash_core.trace import build_trace, settings_of, write_trace
+from dflash_core.lossless import compare as lossless_check
 
 from . import charts, render
 from .examples import EXAMPLES
@@ -98,7 +99,8 @@ class App:
         trained = pair.trained_block_size
         status = (
             f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
-            f"target in {pair.numerics}; drafter trained with block size {trained}."
+            f"target in {pair.numerics}; drafter trained with block size {trained}; "
+            f"prompts through {pair.chat_template}."
         )
         yield status, gr.update(maximum=trained, value=trained)
 
@@ -193,17 +195,20 @@ class App:
             raise gr.Error(str(exc)) from None
 
         how = "stopped" if snapshot.stopped else "running"
-        d_summary, p_summary = snapshot.dflash.as_summary(how), snapshot.plain.as_summary(how)
-        if d_summary is None or p_summary is None:
+        d_sum, p_sum = snapshot.dflash.as_summary(how), snapshot.plain.as_summary(how)
+        if d_sum is None or p_sum is None:
             yield Frame(summary=render.summary_html(None, "Stopped before both sides had a token.")), None
             return
-        report = race_report(d_summary, p_summary, sampling.temperature, block_size, stopped=snapshot.stopped)
+        checked = sampling.greedy and len(d_sum.output_ids) == len(p_sum.output_ids)
+        with pair.lock:  # the check may run the plain target where the outputs differ
+            verdict = lossless_check(pair.plain, prompt_ids, d_sum.output_ids, p_sum.output_ids) if checked else None
+        report = race_report(d_sum, p_sum, sampling.temperature, block_size, verdict, stopped=snapshot.stopped)
         spec = self.pairs[pair_id]
         trace = build_trace(
             settings=settings_of(prompt, prompt_ids, max_new_tokens, block_size, sampling, explain=EXPLAIN_TOP_K),
             pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
-                  "trained_block_size": pair.trained_block_size},
-            runs={"dflash": d_summary, "plain": p_summary},
+                  "trained_block_size": pair.trained_block_size, "chat_template": pair.chat_template},
+            runs={"dflash": d_sum, "plain": p_sum},
             vocab_size=pair.target.vocab_size,
             text_of=text_of,
             device=self.cache.device,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .chat_template import THINKING_CHOICES, describe_template, template_args
 from .decoding import generate
 from .errors import DFlashError
 from .events import Block, Prefill, Summary
@@ -49,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     gen.add_argument("--plain", action="store_true", help="plain decoding with the target alone")
     gen.add_argument("--no-chat-template", action="store_true", help="tokenize --prompt as raw text")
+    gen.add_argument(
+        "--thinking", choices=THINKING_CHOICES,
+        help="Qwen3-style thinking in the chat template (default: off where the template has the switch, "
+        "as the released DFlash drafters were trained)",
+    )
     gen.add_argument("--trace-json", help="write the trace (dflash-trace/1: ids, blocks, metrics) here, and a CSV beside it")
     gen.add_argument(
         "--explain", type=int, nargs="?", const=5, default=0, metavar="K",
@@ -76,7 +82,11 @@ def main(argv=None) -> int:
         if args.prompt_ids is not None:
             prompt_ids = args.prompt_ids
         else:
-            prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat_template)
+            chat = not args.no_chat_template
+            chat_args = template_args(tokenizer, args.thinking) if chat and tokenizer is not None else {}
+            prompt_ids = encode_prompt(tokenizer, args.prompt, chat=chat, template_args=chat_args)
+            if not args.quiet:
+                print(f"[prompt: {describe_template(tokenizer, chat_args, chat)}]", file=sys.stderr)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
         stop_ids = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else []
         events = generate(

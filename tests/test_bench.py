@@ -32,6 +32,8 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     result = json.loads(lines[-1])
     assert result["num_prompts"] == 2 and result["block_size"] == 8 and result["threads"] == 1
     assert result["identical"] == 1.0 and result["per_block_size"]["4"]["identical"] == 1.0
+    assert result["lossless"] == {"identical": 2, "near_tie": 0, "diverged": 0}
+    assert result["per_block_size"]["4"]["differences"] == []
     assert result["tau"] >= 1.0 and len(result["per_position_acceptance"]) == 7
     for key in ("speedup", "dflash_tok_s", "plain_tok_s", "speedup_prompt_lookup", "speedup_hf_generate"):
         assert result[key] > 0
