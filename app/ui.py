@@ -75,8 +75,8 @@ class App:
         self.limits = limits or Limits()
         self.traces = traces or TraceStore()
         self.stops = StopRequests()
-        # On ZeroGPU the model work runs in a GPU worker process, for a time computed per request.
-        self.race_stream, self.in_process = gpu_task(self.race_frames, pairs)
+        # On ZeroGPU the model work of GPU pairs runs in a GPU worker process, for a time computed per request.
+        self.race_stream, self.runs_in_process = gpu_task(self.race_frames, pairs)
 
     # --- pair selection and loading -----------------------------------------------------------
     def load_selected(self, pair_id: str):
@@ -85,12 +85,13 @@ class App:
         if spec is None:
             yield f"⚠ Unknown pair {pair_id!r}.", gr.skip()
             return
-        reason = availability(spec, self.cache.device)
+        device = self.cache.device_for(spec)
+        reason = availability(spec, device)
         if reason:
             yield f"⚠ **Unavailable:** {reason}", gr.skip()
             return
         if not self.cache.is_loaded(spec):
-            yield f"Loading **{spec.label}** on {self.cache.device} (first time only)…", gr.skip()
+            yield f"Loading **{spec.label}** on {device} (first time only)…", gr.skip()
         try:
             pair = self.cache.get(spec)
         except (DFlashError, OSError) as exc:
@@ -98,7 +99,7 @@ class App:
             return
         trained = pair.trained_block_size
         status = (
-            f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
+            f"✓ **{spec.label}** ready on {device} (loaded in {pair.load_s:.1f} s); "
             f"target in {pair.numerics}; drafter trained with block size {trained}; "
             f"prompts through {pair.chat_template}."
         )
@@ -113,7 +114,7 @@ class App:
         pass. Updates stream while the race runs; the last one carries the summary and the trace.
 
         Args:
-            prompt: the user message to answer (plain text, not empty).
+            prompt: the user message to answer (plain text, not empty); the server wraps it in the target's chat template.
             max_new_tokens: tokens each side generates at most (a whole number from 1 to the server's limit).
             block_size: tokens DFlash verifies per cycle, 1 to the drafter's trained block size (1 = no drafting).
             temperature: 0 for greedy decoding, where both outputs must be identical; above 0 samples.
@@ -150,13 +151,14 @@ class App:
             raise gr.Error(str(exc)) from None
         sampling = req.sampling
         args = (spec.id, req.prompt, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
+        in_process = self.runs_in_process(spec.id)
         with self.stops.running(session) as stop:
             # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
             # closed from here instead, and the summary can only say that it stopped.
-            stream = self.race_stream(*args, stop=stop.is_set if self.in_process else None)
+            stream = self.race_stream(*args, stop=stop.is_set if in_process else None)
             try:
                 for frame, data in explain_gpu_errors(stream):
-                    if stop.is_set() and not self.in_process:
+                    if stop.is_set() and not in_process:
                         yield Frame(summary=render.summary_html(None, "Stopped.")).values()
                         return
                     if data is not None:  # the trace, written here: files belong to this process
@@ -211,7 +213,7 @@ class App:
             runs={"dflash": d_sum, "plain": p_sum},
             vocab_size=pair.target.vocab_size,
             text_of=text_of,
-            device=self.cache.device,
+            device=self.cache.device_for(spec),
             report=report,
         )
         yield self._frame(snapshot, pieces, text_of, report, True), trace
