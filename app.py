@@ -1,7 +1,8 @@
 """Launcher for the DFlash Studio web app: `python app.py [--host H] [--port P] [--share]`.
 
 Flags override the usual Gradio environment variables (GRADIO_SERVER_NAME, GRADIO_SERVER_PORT);
-`--target/--drafter` add a pair from the command line and select it.
+`--target/--drafter` add a pair from the command line and select it; `--replay FILE` serves a
+recorded race with no model (torch is not even imported) and plays it when the page opens.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mcp", action="store_true", help="also serve the compare endpoint as an MCP tool")
     add_flags(parser, default_limits())
     parser.add_argument(
+        "--replay", metavar="FILE",
+        help="replay a recorded trace (dflash-trace/1 JSON, e.g. assets/traces/*.json) with no model loaded",
+    )
+    parser.add_argument(
         "--threads", type=int,
         help="torch CPU threads (default: all cores but one when serving on this machine's loopback, "
         "where the browser shares the CPU; all cores otherwise)",
@@ -50,6 +55,9 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     if bool(args.target) != bool(args.drafter):
         raise SystemExit("error: --target and --drafter go together")
+    if args.replay:
+        serve_replay(args)
+        return
 
     import torch
 
@@ -83,6 +91,20 @@ def main(argv=None) -> None:
         cache.get(next(p for p in pairs if p.id == default_id))
     # A Space serves the compare endpoint as an MCP tool too.
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp or on_space())
+
+
+def serve_replay(args) -> None:
+    """A replay-only app: no model pairs, no torch, so it serves within seconds."""
+    from app.limits import from_args
+    from app.replay import ReplayError, load_trace
+    from app.ui import build_demo
+
+    try:
+        load_trace(args.replay)  # a bad file is named here, not as a broken page
+    except ReplayError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    demo = build_demo([], "", None, from_args(args), replay=args.replay, live=False)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ import argparse
 import math
 import re
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-from dflash_core import SamplingParams
+if TYPE_CHECKING:  # torch comes with it: imported when a request is checked, not with the flags
+    from dflash_core import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperatur
     max_new_tokens = _whole(max_new_tokens, "max_new_tokens", 1, limits.max_new_tokens)
     block_size = _whole(block_size, "block_size", 1, None)
     seed = None if seed is None or seed == "" else _whole(seed, "seed", 0, SEED_MAX)
+    from dflash_core import SamplingParams
+
     sampling = SamplingParams(
         temperature=_real(temperature, "temperature"), top_p=_real(top_p, "top_p"), seed=seed
     )  # its own checks name the ranges

@@ -32,8 +32,8 @@ class LoadedPair:
     plain: Target  # same model object as `target`, separate cache
     drafter: DFlashDrafter
     load_s: float
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
     template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
 
     @property
     def tokenizer(self):
@@ -140,7 +140,7 @@ class PairCache:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
             args = template_args(pair.tokenizer, None, spec.chat_template_args)
-            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, template_args=args)
+            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args)
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)
             self._pairs[spec.id] = loaded

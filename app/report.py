@@ -9,7 +9,7 @@ from __future__ import annotations
 from dflash_core import Summary
 from dflash_core.lossless import Verdict, first_difference
 
-__all__ = ["first_difference", "race_report", "seconds_per_token", "trace"]
+__all__ = ["first_difference", "race_report", "seconds_per_token"]
 
 
 def seconds_per_token(summary: Summary) -> float:
@@ -17,11 +17,7 @@ def seconds_per_token(summary: Summary) -> float:
 
 
 def race_report(
-    dflash: Summary,
-    plain: Summary,
-    temperature: float,
-    block_size: int,
-    verdict: Verdict | None = None,
+    dflash: Summary, plain: Summary, temperature: float, block_size: int, verdict: Verdict | None = None,
     stopped: bool = False,
 ) -> dict:
     """The JSON summary of a race (also the last update of the `compare` API).

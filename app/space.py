@@ -37,8 +37,8 @@ GPU_S_BASE = 10
 GPU_S_MAX = 120  # ZeroGPU refuses longer requests from most visitors, and quota is counted in them
 
 REPLAY_HINT = (
-    "Meanwhile you can watch a recorded race: the Space ships race traces (assets/traces/) that the "
-    "replay view plays back without a GPU."
+    "Meanwhile, the Replay tab plays recorded races (the ones shipped in assets/traces/, or a trace you "
+    "downloaded) without a GPU, and the offline SmolLM2 pair races on the CPU."
 )
 
 
@@ -60,7 +60,7 @@ def default_limits():
     return SPACE_LIMITS if on_space() or on_zerogpu() else Limits()
 
 
-def race_seconds(pair_id: str, prompt, prompt_ids, max_new_tokens: int, *_args, **_kwargs) -> int:
+def race_seconds(pair_id: str, prompt_ids, max_new_tokens: int, *_args, **_kwargs) -> int:
     """GPU seconds to ask ZeroGPU for one race (called with the race function's own arguments)."""
     per_token = GPU_S_PER_TOKEN.get(pair_id, GPU_S_PER_TOKEN_DEFAULT)
     prefill = len(prompt_ids) / 2000  # a prefill runs thousands of tokens per second
@@ -103,6 +103,7 @@ def explain_gpu_errors(stream: Iterator) -> Iterator:
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DRAFTER = "assets/drafters/smollm2-135m-instruct-dflash"
 DRAFTER_FILES = ("config.json", "model.safetensors", "README.md")  # not the training logs
+APP_ASSETS = ("assets/howto", "assets/traces")  # the How-it-works diagrams, the recorded races
 ENGINE_SKIP = ("training", "bench")  # the engine's training code and benchmarks are not the app's
 ZEROGPU_TORCH = "2.8.0"  # the newest release in the Spaces ZeroGPU documentation's supported list
 ZEROGPU_PYTHON = "3.10.13"  # the Python ZeroGPU documents
@@ -212,9 +213,9 @@ def export(out: Path, hardware: str = "zerogpu") -> Path:
     drafter.mkdir(parents=True)
     for name in DRAFTER_FILES:
         shutil.copy2(ROOT / DEFAULT_DRAFTER / name, drafter / name)
-    traces = ROOT / "assets" / "traces"
-    if traces.is_dir():
-        shutil.copytree(traces, out / "assets" / "traces", ignore=ignore)
+    for folder in APP_ASSETS:  # those present: the recorded traces ship once they are recorded
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, out / folder, ignore=ignore)
 
     meta = yaml.safe_dump(front_matter(hardware, pairs, gr.__version__), sort_keys=False, allow_unicode=True)
     text = VISITOR_TEXT.format(hardware_text=HARDWARE_TEXT[hardware])

@@ -1,19 +1,20 @@
 """The trace files a race offers for download, kept on disk only within bounds.
 
-Each finished race writes one JSON file. A session keeps its last `per_session` files and the
+Each finished race writes one trace (JSON, with its per-block CSV beside it). A session keeps its last `per_session` files and the
 server its last `total`; older ones, a session's files when the session ends (its tab closed),
 and everything at shutdown are deleted, so files do not pile up however many races are run.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
+
+from dflash_core.trace import write_trace
 
 
 class TraceStore:
@@ -39,12 +40,8 @@ class TraceStore:
         self._all: OrderedDict[Path, str | None] = OrderedDict()  # oldest first
         self._count = 0
 
-    def write(self, session: str | None, data: dict, writer: Callable[[dict, Path], object] | None = None) -> str:
-        """Write `data` as this session's newest trace; returns its path.
-
-        writer(data, path): writes the file at `path` and any companions beside it (they share its
-        folder, and go with it); default: the JSON alone.
-        """
+    def write(self, session: str | None, data: dict) -> str:
+        """Write `data` as this session's newest trace; returns its path."""
         with self._lock:
             self._count += 1
             # One folder per file keeps the download's name `dflash_trace.json`.
@@ -61,10 +58,7 @@ class TraceStore:
             for old in doomed:
                 self._forget(old)
         path.parent.mkdir(parents=True, exist_ok=True)
-        if writer is None:
-            path.write_text(json.dumps(data, indent=1))
-        else:
-            writer(data, path)
+        write_trace(data, path)  # and the per-block CSV beside it, removed with its folder
         for old in doomed:
             self._delete(old)
         return str(path)
@@ -87,14 +81,9 @@ class TraceStore:
             self.on_delete(str(path))
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def files(self, session: str | None = ...) -> list[Path]:
-        """The trace files on disk now: all of them, or those of one session."""
-        found = sorted(self.root.glob("*/*.json"))
-        if session is ...:
-            return found
-        with self._lock:
-            mine = set(self._by_session.get(session, ()))
-        return [path for path in found if path in mine]
+    def files(self) -> list[Path]:
+        """The trace files on disk now."""
+        return sorted(self.root.glob("*/*.json"))
 
     def _forget(self, path: Path) -> None:
         session = self._all.pop(path, None)

@@ -24,12 +24,16 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import DFlashError
 from .events import Summary
-from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .sampling import SamplingParams
+
+# torch is imported only by the builders: validating and replaying a trace must not load it
+# (the app's --replay serves a recorded race within seconds, without torch).
 
 SCHEMA = "dflash-trace/1"
 MAX_BYTES = 20_000_000  # 20 MB: far above any real race (the shipped 128-token ones are listed in docs/benchmarks.md)
@@ -92,6 +96,8 @@ def _cpu_model() -> str:
 
 
 def hardware(device) -> dict:
+    import torch
+
     device = torch.device(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"device": str(device), "cpu": _cpu_model(), "threads": torch.get_num_threads(), "gpu": gpu}
@@ -109,6 +115,7 @@ def _project_version() -> str:
 
 
 def versions() -> dict:
+    import torch
     import transformers
 
     return {

@@ -80,6 +80,76 @@ def run_race_in_browser(
             browser.close()
 
 
+def _bonus_count(page) -> int:
+    """DFlash cycles on screen: each commits exactly one bonus token (the last may be cut at the limit)."""
+    return page.locator("#dflash-tokens .tok-bonus").count()
+
+
+def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: float = 60.0) -> dict:
+    """In an app serving a replay: restart it at 0.25x, Pause, Step `steps` cycles, open "Inside a
+    cycle", hover the first rejected draft token; screenshots (replay, cycle view, hover box) go to
+    `artifacts`. Returns what the page showed at each point."""
+    from playwright.sync_api import sync_playwright
+
+    timeout_ms = timeout_s * 1000
+    artifacts.mkdir(parents=True, exist_ok=True)
+    seen: dict = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(timeout_ms)  # a busy shared CPU can hold up a click for seconds
+            page.goto(url)
+            page.wait_for_selector("#replay-run", timeout=timeout_ms)
+            page.wait_for_selector("#dflash-tokens .tok", timeout=timeout_ms)  # it plays on load
+            box = page.locator("#replay-speed input[type=number]")
+            box.fill("0.25")
+            box.press("Enter")
+            page.locator("#replay-run").click()
+            page.wait_for_selector("#summary :text('Replaying')", timeout=timeout_ms)
+            page.wait_for_selector("#dflash-tokens .tok-bonus", timeout=timeout_ms)
+            page.locator("#pause").click()
+            page.wait_for_selector("#control-status :text('Paused')", timeout=timeout_ms)
+            page.wait_for_timeout(600)  # the paused frame (with hover boxes) arrives
+            seen["paused_at"] = paused = _bonus_count(page)
+            page.wait_for_timeout(800)
+            seen["still_paused_at"] = _bonus_count(page)  # nothing moves while paused
+            counts = []
+            for k in range(1, steps + 1):
+                page.locator("#step").click()
+                page.wait_for_function(
+                    f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {paused + k}", timeout=timeout_ms
+                )
+                page.wait_for_selector("#control-status :text('Paused')", timeout=timeout_ms)
+                counts.append(_bonus_count(page))
+            seen["after_steps"] = counts
+            page.wait_for_timeout(500)
+            seen["plain_stats"] = page.locator("#plain-stats").inner_text()
+            seen["dflash_stats"] = page.locator("#dflash-stats").inner_text()
+            page.screenshot(path=str(artifacts / "replay-paused.png"), full_page=True)
+            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
+            page.wait_for_selector("#cycle-view .cycle h4", timeout=timeout_ms)
+            seen["cycle_title"] = page.locator("#cycle-view .cycle h4").first.inner_text()
+            seen["cycle_text"] = page.locator("#cycle-view").inner_text()
+            page.locator("#cycle-view").screenshot(path=str(artifacts / "inside-a-cycle.png"))
+            # The first rejected draft (the one the target replaced) in the strip.
+            chip = page.locator("#dflash-strip .chip-rejected").filter(has=page.locator(".tip", has_text="Rejected:")).last
+            chip.scroll_into_view_if_needed()
+            chip.hover()
+            tip = chip.locator(".tip")
+            tip.wait_for(state="visible", timeout=timeout_ms)
+            seen["tip_text"] = tip.inner_text()
+            seen["tip_rows"] = tip.locator("tr").count()
+            page.locator("#dflash-strip").screenshot(path=str(artifacts / "hover-rejected.png"))
+            page.mouse.move(0, 0)
+            page.locator("#continue").click()
+            page.wait_for_selector("#summary :text('speedup')", timeout=timeout_ms * 4)
+            seen["summary"] = page.locator("#summary").inner_text()
+            return seen
+        finally:
+            browser.close()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")

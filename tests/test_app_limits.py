@@ -133,11 +133,11 @@ def test_stop_requests_reach_only_a_running_race_and_leave_nothing_behind():
 def test_trace_files_are_bounded_per_session_and_in_total_and_go_with_their_session(tmp_path):
     forgotten = []
     store = TraceStore(tmp_path / "traces", per_session=3, total=5, on_delete=forgotten.append)
-    paths = [store.write("a", {"i": i}) for i in range(20)]
+    paths = [store.write("a", {"runs": {}, "i": i}) for i in range(20)]
     assert [p.name for p in store.files()] == ["dflash_trace.json"] * 3
     assert sorted(map(str, store.files())) == sorted(paths[-3:])
     for session in "bcd":
-        store.write(session, {"s": session})
+        store.write(session, {"runs": {}, "s": session})
     assert len(store.files()) == 5 and len(forgotten) == 23 - 5
     store.end_session("a")
     assert len(store.files()) == 3

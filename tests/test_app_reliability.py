@@ -105,12 +105,13 @@ def test_token_limit_names_the_prompt_the_limit_and_the_context(bounded):
 def test_trace_files_do_not_accumulate_over_20_races(bounded):
     demo, url, _ = bounded
     store = app_of(demo).traces
-    before = len(store.files())  # earlier tests' sessions (deleted when Gradio sees them end)
+    before = set(store.files())  # earlier tests' sessions (they may end, and their files go, meanwhile)
     clients = [gradio_client.Client(url, verbose=False) for _ in range(2)]
     for i in range(20):
         clients[i % 2].predict(f"race {i}", 2, 4, 0.0, 1.0, 0, api_name="/compare")
-        assert len(store.files()) <= before + 2 * store.per_session
-    assert [len(store.files(c.session_hash)) for c in clients] == [store.per_session] * 2
+        assert len(set(store.files()) - before) <= 2 * store.per_session
+    assert len(set(store.files()) - before) == 2 * store.per_session
+    before = len(before)
     # Gradio serves them from where they are: no copies pile up in its cache either.
     served = demo.blocks[next(k for k, b in demo.blocks.items() if getattr(b, "elem_id", None) == "trace")]
     assert len(served.temp_files) <= before + 2 * store.per_session

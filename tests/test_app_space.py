@@ -43,6 +43,7 @@ def test_export_writes_a_space_with_its_front_matter_requirements_and_only_what_
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"app.py", "app/ui.py", "app/pairs.json", "dflash_core/decoding.py"} <= files
     assert f"{space.DEFAULT_DRAFTER}/model.safetensors" in files
+    assert any(f.startswith("assets/howto/") for f in files)
     assert not any(f.startswith(("tests/", "assets/data/", "scripts/", "dflash_core/training/")) for f in files)
     assert not any("train_log" in f or "__pycache__" in f for f in files)
     with pytest.raises(FileExistsError):
@@ -80,16 +81,16 @@ def test_on_zerogpu_gpu_pairs_are_wrapped_with_a_duration_that_follows_the_reque
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert space.on_zerogpu()
 
-    def fn(pair_id, prompt, prompt_ids, max_new_tokens, *args, stop=None):
+    def fn(pair_id, prompt_ids, max_new_tokens, *args, prompt=None, stop=None):
         yield pair_id, max_new_tokens
 
     stream, in_process = space.gpu_task(fn, load_pairs()[0])
-    assert list(stream("qwen3-8b", "hi", [1] * 100, 256, 16, 0.0, 1.0, 0)) == [("qwen3-8b", 256)]
-    assert list(stream("qwen3-8b", "hi", [1] * 100, 32, 16, 0.0, 1.0, 0)) == [("qwen3-8b", 32)]
+    assert list(stream("qwen3-8b", [1] * 100, 256, 16, 0.0, 1.0, 0, prompt="hi")) == [("qwen3-8b", 256)]
+    assert list(stream("qwen3-8b", [1] * 100, 32, 16, 0.0, 1.0, 0, prompt="hi")) == [("qwen3-8b", 32)]
     assert calls == [36, 14]  # 10 s + prefill + 2 sides x tokens x 0.05 s, rounded up
-    assert space.race_seconds("qwen3-8b", "hi", [1] * 100, 10_000) == space.GPU_S_MAX
+    assert space.race_seconds("qwen3-8b", [1] * 100, 10_000) == space.GPU_S_MAX
     # The offline pair races on the CPU, outside any GPU call and its quota.
-    assert list(stream("smollm2-135m", "hi", [1], 8)) == [("smollm2-135m", 8)] and len(calls) == 2
+    assert list(stream("smollm2-135m", [1], 8)) == [("smollm2-135m", 8)] and len(calls) == 2
     assert not in_process("qwen3-8b") and in_process("smollm2-135m")
 
 

@@ -89,6 +89,8 @@ def test_bench_explain_reports_the_overhead_per_side_and_mode(tiny_dirs, tmp_pat
         assert r["identical_outputs"] is True
         assert r["ms_per_cycle_off"] > 0 and r["ms_per_cycle_on"] > 0
         assert r["overhead_pct"] == pytest.approx(100 * (r["ms_per_cycle_on"] / r["ms_per_cycle_off"] - 1))
+        assert r["in_cycle_overhead_pct"] > 0  # building an explanation takes time, and it is counted
+        assert r["cpu_ms_per_cycle_off"] > 0 and r["cpu_ms_per_cycle_on"] > 0
     assert "overhead" in out
 
 
@@ -119,3 +121,18 @@ def test_bench_reports_the_natural_set_beside_the_generated_split(tiny_dirs, tmp
     assert "natural/app" in result["tau_per_category"] and "generated/chat" in result["tau_per_category"]
     assert result["speedup_prompt_lookup"] is None and result["speedup_hf_generate"] is None
     assert any(line.startswith("natural") for line in out) and any(line.startswith("  app") for line in out)
+
+
+def test_in_cycle_overhead_is_compute_time_beyond_the_cycle_split():
+    from dflash_core.bench_explain import in_cycle_overhead
+    from dflash_core.events import Block, Prefill, Summary
+
+    def block(i, elapsed, draft, verify, other):
+        times = {"draft_s": draft, "verify_s": verify, "other_s": other}
+        return Block(i, i, (), 0, 1, (1,), draft, verify, elapsed, explain={"time": times})
+
+    # Cycles of 0.10 s and 0.20 s whose explanations took 0.01 s and 0.03 s.
+    blocks = (block(0, 0.5 + 0.11, 0.04, 0.05, 0.01), block(1, 0.61 + 0.23, 0.08, 0.1, 0.02))
+    summary = Summary((1, 1), 3, 4, "max_new_tokens", Prefill(3, 1, 0.5), blocks, 0.84)
+    cycle, explain = in_cycle_overhead(summary)
+    assert cycle == pytest.approx(0.30) and explain == pytest.approx(0.04)

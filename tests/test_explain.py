@@ -6,8 +6,9 @@ incremental decoding only by rounding: probabilities are compared with an absolu
 
 import pytest
 import torch
+from tiny import build_drafter
 
-from dflash_core import SamplingParams, run
+from dflash_core import DFlashDrafter, SamplingParams, run
 from dflash_core.errors import GenerationInputError
 from dflash_core.explain import distribution
 
@@ -137,3 +138,18 @@ def test_explain_must_be_a_top_k_size(golden_pair, golden_expected, bad):
     target, drafter = golden_pair
     with pytest.raises(GenerationInputError, match=f"explain must be 0 \\(off\\) or a top-k size >= 1, got {bad!r}"):
         run(target, prompt_of(golden_expected), drafter, max_new_tokens=4, explain=bad)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, seed=2)], ids=["greedy", "sampled"])
+def test_a_draft_vocabulary_is_explained_in_target_ids(tmp_path, tiny_dirs, tiny_pair, sampling):
+    """The drafter's top-k names target ids from its vocabulary, and a greedy draft is its top-1."""
+    target_dir, _ = tiny_dirs
+    target, _ = tiny_pair
+    vocab = list(range(target.vocab_size - 2, 3, -7))
+    drafter = DFlashDrafter.from_pretrained(build_drafter(tmp_path / "d", target_dir, draft_vocab=vocab))
+    summary = run(target, [5, 9, 11], drafter, max_new_tokens=16, block_size=4, sampling=sampling, explain=3)
+    for block in summary.blocks:
+        rows = block.explain["draft_topk"]
+        assert {t for row in rows for t, _ in row} <= set(vocab)
+        if sampling.greedy:
+            assert [row[0][0] for row in rows] == list(block.draft_ids)

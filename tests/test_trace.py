@@ -150,3 +150,27 @@ def test_cli_explain_round_trip_validates(golden_dir, tmp_path, capsys):
     assert all(len(row) == 3 for b in blocks for row in b["explain"]["target_topk"])
     assert trace["tokens"][str(blocks[0]["bonus_id"])] == f"<{blocks[0]['bonus_id']}>"  # no tokenizer
     assert path.with_suffix(".csv").read_text().count("\n") == len(blocks) + 1
+
+
+def test_shipped_traces_validate_and_cover_every_example_at_both_temperatures():
+    from pathlib import Path
+
+    from app.examples import EXAMPLES
+
+    folder = Path(__file__).resolve().parent.parent / "assets" / "traces"
+    index = json.loads((folder / "index.json").read_text())["traces"]
+    prompts = [prompt for (prompt,) in EXAMPLES]
+    assert sorted((e["prompt"], e["temperature"]) for e in index) == sorted((p, t) for p in prompts for t in (0.0, 0.7))
+    for entry in index:
+        path = folder / entry["file"]
+        assert path.stat().st_size < 1_000_000
+        trace = tr.validate_trace(path)
+        settings = trace["settings"]
+        assert (settings["prompt"], settings["temperature"], settings["block_size"]) == (entry["prompt"], entry["temperature"], 4)
+        assert settings["max_new_tokens"] == 128 and settings["seed"] == 0
+        assert set(trace["runs"]) == {"dflash", "plain"}
+        assert all("explain" in b for run in trace["runs"].values() for b in run["blocks"])
+        assert trace["report"]["tau"] == entry["tau"]
+        if entry["temperature"] == 0.0:  # lossless: a replay shows the same text on both sides
+            assert trace["report"]["identical"] is True
+            assert trace["runs"]["dflash"]["output_ids"] == trace["runs"]["plain"]["output_ids"]

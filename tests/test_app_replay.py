@@ -1,0 +1,90 @@
+"""Replay with no model: a race recorded by the app and replayed from its trace file looks the same.
+
+Runs the app's own handlers in-process (no server): a live race on the tiny pair writes its trace,
+and the replay of that file must give the same final text, token colours, draft strip and summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from app.models import PairCache
+from app.pairs import cli_pair
+from app.replay import ReplayError, load_trace
+from app.ui import FRAME_FIELDS, App
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def final_frame(frames) -> dict:
+    *_, last = frames
+    return dict(zip(FRAME_FIELDS, last))
+
+
+@pytest.fixture(scope="module")
+def app(tiny_dirs):
+    spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    return App([spec], spec.id, PairCache("cpu"))
+
+
+@pytest.fixture(scope="module", params=[0.0, 0.8], ids=["greedy", "sampled"])
+def live(app, request):
+    frames = list(app.compare("What is the capital of France?", 24, 4, request.param, 0.9, 3))
+    return final_frame(frames)
+
+
+def test_replay_reproduces_the_live_race(app, live):
+    replayed = final_frame(app.replay(live["trace_file"], None, 4.0))
+    for name in ("dflash_tokens", "plain_tokens", "dflash_strip", "report"):
+        assert replayed[name] == live[name], name
+    # Same summary numbers (the note under them says it is a replay).
+    assert replayed["summary"].split("</div></div></div>")[0] == live["summary"].split("</div></div></div>")[0]
+    assert 'class="tok tok-' in replayed["dflash_tokens"] and "tok-plain" in replayed["plain_tokens"]
+
+
+def test_trace_carries_the_schema_and_token_texts(live):
+    data = json.loads(Path(live["trace_file"]).read_text())
+    assert data["schema"] == "dflash-trace/1"
+    recording = load_trace(live["trace_file"])
+    ids = set(recording.dflash.output_ids) | {t for b in recording.dflash.blocks for t in b.draft_ids}
+    assert ids <= set(recording.tokens)
+    assert recording.report() == data["report"]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not JSON"),
+        ('{"schema": "dflash-trace/99"}', 'this version reads "dflash-trace/1"'),
+        ("[1, 2]", "not an object"),
+        ('{"schema": "dflash-trace/1", "runs": {}}', "missing field trace.settings"),
+    ],
+)
+def test_bad_trace_files_give_a_clear_error(app, tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(gr.Error) as excinfo:
+        list(app.replay(str(path), None, 1.0))
+    assert message in str(excinfo.value)
+
+
+def test_a_trace_of_one_side_is_not_a_race(app, live, tmp_path):
+    data = json.loads(Path(live["trace_file"]).read_text())
+    del data["runs"]["plain"]
+    path = tmp_path / "one-side.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(gr.Error, match="holds no plain run"):
+        list(app.replay(str(path), None, 1.0))
+
+
+def test_replay_speed_and_missing_file_are_checked(app, live, tmp_path):
+    with pytest.raises(gr.Error, match="between 0.25x and 4x"):
+        list(app.replay(live["trace_file"], None, 8.0))
+    with pytest.raises(gr.Error, match="not found"):
+        list(app.replay(str(tmp_path / "none.json"), None, 1.0))
+    with pytest.raises(ReplayError, match="no trace chosen"):
+        load_trace(None)
