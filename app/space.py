@@ -29,8 +29,9 @@ import gradio as gr
 # Nothing here imports torch at module level: app.py imports this module to decide whether
 # `spaces` must be imported first, which ZeroGPU requires to happen before torch.
 
-# Seconds per generated token of one side on a ZeroGPU slice (bfloat16, eager transformers); a
-# race computes both sides, and the first call of a worker also pays CUDA start-up.
+# Seconds per generated token of one side on a ZeroGPU slice (bfloat16, eager transformers):
+# estimates with headroom, not measured (no ZeroGPU here). A race computes both sides, and the
+# first call of a worker also pays CUDA start-up; asking for less than needed cuts a race short.
 GPU_S_PER_TOKEN = {"qwen3-4b": 0.04, "qwen3-8b": 0.05}
 GPU_S_PER_TOKEN_DEFAULT = 0.03
 GPU_S_BASE = 10

@@ -94,6 +94,19 @@ def test_on_zerogpu_gpu_pairs_are_wrapped_with_a_duration_that_follows_the_reque
     assert not in_process("qwen3-8b") and in_process("smollm2-135m")
 
 
+def test_zerogpu_quota_errors_offer_the_recorded_races_and_other_errors_pass_through():
+    def failing(error):
+        yield "first frame"
+        raise error
+
+    with pytest.raises(gradio.Error) as quota:
+        list(space.explain_gpu_errors(failing(gradio.Error("You have exceeded your GPU quota.", title="ZeroGPU quota exceeded"))))
+    assert "exceeded your GPU quota" in quota.value.message and "Replay tab" in quota.value.message
+    with pytest.raises(gradio.Error) as other:
+        list(space.explain_gpu_errors(failing(gradio.Error("block_size 12 is too large"))))
+    assert other.value.message == "block_size 12 is too large"
+
+
 def test_the_bundle_starts_from_its_folder_and_serves(tmp_path, tiny_dirs):
     gradio_client = pytest.importorskip("gradio_client")
     out = space.export(tmp_path / "space", "cpu")
