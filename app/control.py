@@ -24,15 +24,23 @@ class Control:
         self.limit: int | None = None  # DFlash cycles allowed on screen while paused
         self.stopped = False
         self._held = 0.0  # seconds spent blocked in `hold`, left out of `clock()`
+        self.run = 0  # which run of this viewer the control drives; a newer one supersedes the rest
 
     def clock(self) -> float:
         return self._clock() - self._held
 
-    def reset(self) -> None:
-        """A new race starts playing (not paused)."""
+    def reset(self) -> int:
+        """A new race starts playing (not paused); returns its run number."""
         with self._lock:
             self.paused, self.limit, self.stopped = False, None, False
+            self.run += 1
+            run = self.run
         self._wake.set()
+        return run
+
+    def superseded(self, run: int) -> bool:
+        """True once a newer run of this viewer has started: the older one must end."""
+        return self.run != run
 
     def pause(self, shown: int) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ trace's `"tokens"` table (and its `"pieces"`, the live panes' exact text, when p
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -65,13 +66,30 @@ class Recording:
 
     def label(self) -> str:
         prompt = " ".join(str(self.settings.get("prompt", "")).split())
-        short = prompt if len(prompt) <= 60 else prompt[:57] + "…"
-        return f"{self.name}: T={self.temperature:g}, block {self.block_size} · {short}"
+        return f"{self.name}: T={self.temperature:g}, block {self.block_size} · {_short(prompt)}"
 
 
-def shipped_traces() -> list[Path]:
-    """The recorded traces that ship with the app (assets/traces/*.json but index.json), by name."""
-    return sorted(p for p in SHIPPED.glob("*.json") if p.name != "index.json") if SHIPPED.is_dir() else []
+def shipped_traces() -> list[tuple[Path, str]]:
+    """(path, label) of the recorded traces that ship with the app, in the order of
+    assets/traces/index.json (every other *.json after them, by name)."""
+    if not SHIPPED.is_dir():
+        return []
+    listed: list[tuple[Path, str]] = []
+    try:
+        index = json.loads((SHIPPED / "index.json").read_text(encoding="utf-8"))
+        for entry in index["traces"]:
+            prompt = " ".join(str(entry["prompt"]).split())
+            label = f"{entry['category']}, T={float(entry['temperature']):g}: {_short(prompt)}"
+            listed.append((SHIPPED / Path(str(entry["file"])).name, label))
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = []
+    known = {path.name for path, _ in listed}
+    others = [(path, path.stem) for path in sorted(SHIPPED.glob("*.json")) if path.name not in known | {"index.json"}]
+    return [(path, label) for path, label in listed if path.is_file()] + others
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "…"
 
 
 def load_trace(path) -> Recording:

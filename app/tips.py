@@ -36,6 +36,23 @@ def prob(x) -> float:
     return round(float(x), DIGITS)
 
 
+# The panes and the strip scroll, which would clip a hover box inside them; on hover the box is
+# placed in the viewport instead, under the token (above it near the bottom of the window).
+TIP_JS = """
+element.addEventListener('mouseover', (event) => {
+  const host = event.target.closest('.tok, .chip');
+  const tip = host && host.querySelector(':scope > .tip');
+  if (!tip) return;
+  const box = host.getBoundingClientRect();
+  tip.style.position = 'fixed';
+  tip.style.left = Math.max(4, Math.min(box.left, window.innerWidth - tip.offsetWidth - 8)) + 'px';
+  const height = tip.offsetHeight;
+  const below = box.bottom + 4;
+  tip.style.top = (below + height > window.innerHeight ? Math.max(4, box.top - height - 4) : below) + 'px';
+});
+"""
+
+
 def explain_of(block) -> dict | None:
     """The block's explanation, when the run recorded one."""
     explain = getattr(block, "explain", None)

@@ -31,7 +31,7 @@ from .replay import RecordedPieces, ReplayError, load_trace, shipped_traces
 from .space import explain_gpu_errors, gpu_task
 from .speedup import FORMULA_MD, speedup_figure
 from .stopping import StopRequests
-from .tips import TIP_CSS
+from .tips import TIP_CSS, TIP_JS
 from .tokens import TokenPieces
 from .traces import TraceStore
 
@@ -205,8 +205,10 @@ class App:
         last_chart = time.perf_counter()
         snapshot = None
         if control is not None:
-            control.reset()
+            run = control.reset()
             control.text_of = text_of
+            outer_stop = stop or _never
+            stop = lambda: outer_stop() or control.superseded(run)  # noqa: E731  (a newer run ends this one)
         try:
             dflash_events = generate(pair.target, prompt_ids, pair.drafter, block_size=block_size, **common)
             plain_events = generate(pair.plain, prompt_ids, None, **common)
@@ -269,7 +271,7 @@ class App:
         except (ReplayError, TypeError, ValueError) as exc:
             raise gr.Error(str(exc)) from None
         control = self._control(request)
-        control.reset()
+        run = control.reset()
         control.text_of = recording.text_of
         yield self._frame_start(f"Replaying {recording.label()} at {speed:g}×")
         pieces = {side: RecordedPieces(recording, side) for side in ("dflash", "plain")}
@@ -277,12 +279,14 @@ class App:
         snapshot = None
         for snapshot in race(
             recording.events("dflash"), recording.events("plain"), dflash_block_size=recording.block_size,
-            speed=speed, control=control,
+            speed=speed, control=control, stop=lambda: control.superseded(run),
         ):
             now = time.perf_counter()
             with_charts = snapshot.done or snapshot.paused or now - last_chart >= CHART_EVERY_S
             if with_charts:
                 last_chart = now
+            if snapshot.stopped:
+                return  # a newer replay or race of this viewer took over the panes
             if not snapshot.done:
                 yield self._frame(
                     snapshot, pieces, recording.text_of, None, with_charts, control=control,
@@ -409,16 +413,18 @@ def _single_token_text(tokenizer):
 
 
 def _trace_choices(extra: str | None = None) -> list[tuple[str, str]]:
-    """(label, path) of the shipped traces, plus `extra` (a --replay file) first."""
-    paths = [Path(extra)] if extra else []
-    paths += [p for p in shipped_traces() if not extra or p.resolve() != Path(extra).resolve()]
+    """(label, path) of the shipped traces, plus `extra` (a --replay file) first; a file is read
+    only when it is replayed."""
     choices = []
-    for path in paths:
+    if extra:
         try:
-            label = load_trace(path).label()
+            label = load_trace(extra).label()
         except ReplayError as exc:
-            label = f"{path.name} (cannot be replayed: {exc})"
-        choices.append((label, str(path)))
+            label = f"{Path(extra).name} (cannot be replayed: {exc})"
+        choices.append((label, str(extra)))
+    for path, label in shipped_traces():
+        if not extra or path.resolve() != Path(extra).resolve():
+            choices.append((label, str(path)))
     return choices
 
 
@@ -495,18 +501,18 @@ def build_demo(
         with gr.Row(equal_height=False):
             with gr.Column():
                 d_stats = gr.HTML(elem_id="dflash-stats")
-                d_tokens = gr.HTML(elem_id="dflash-tokens", css_template=TIP_CSS)
-                d_strip = gr.HTML(elem_id="dflash-strip", css_template=TIP_CSS)
+                d_tokens = gr.HTML(elem_id="dflash-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
+                d_strip = gr.HTML(elem_id="dflash-strip", css_template=TIP_CSS, js_on_load=TIP_JS)
             with gr.Column():
                 p_stats = gr.HTML(elem_id="plain-stats")
-                p_tokens = gr.HTML(elem_id="plain-tokens", css_template=TIP_CSS)
+                p_tokens = gr.HTML(elem_id="plain-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
         with gr.Accordion(
             "Inside a cycle: what the drafter saw and proposed, what the target decided", open=False, elem_id="cycle-panel"
         ):
             with gr.Row():
                 cycle_pick = gr.Slider(0, 1, value=0, step=1, label="Cycle", elem_id="cycle-pick", scale=3)
                 follow = gr.Checkbox(value=True, label="Follow the current cycle", elem_id="cycle-follow", scale=1)
-            cycle_view = gr.HTML(cycle_html(None, None, None, str), elem_id="cycle-view", css_template=TIP_CSS)
+            cycle_view = gr.HTML(cycle_html(None, None, None, str), elem_id="cycle-view", js_on_load=None)
         # Empty figures at page load also make the browser fetch plotly before the first race.
         empty = SideView("", None, (), None, 0.0, 16)
         with gr.Row():
@@ -570,15 +576,15 @@ def build_demo(
                 None, cancels=[race_event], queue=False, api_visibility="private"
             )
         replay_inputs = [trace_choice, trace_upload, speed]
+        if replay:
+            runs.append(demo.load(
+                app.replay, inputs=replay_inputs, outputs=outputs, api_visibility="private", show_progress="hidden"
+            ))
         replay_event = replay_button.click(
             app.replay, inputs=replay_inputs, outputs=outputs, api_name="replay", show_progress="hidden",
             cancels=list(runs),
         )
         runs.append(replay_event)
-        if replay:
-            runs.append(demo.load(
-                app.replay, inputs=replay_inputs, outputs=outputs, api_visibility="private", show_progress="hidden"
-            ))
         if live:
             # A race started while a replay plays replaces it (both fill the same panes).
             run_button.click(None, cancels=[e for e in runs if e is not race_event], queue=False, api_visibility="private")

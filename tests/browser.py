@@ -140,7 +140,15 @@ def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: floa
             tip.wait_for(state="visible", timeout=timeout_ms)
             seen["tip_text"] = tip.inner_text()
             seen["tip_rows"] = tip.locator("tr").count()
-            page.locator("#dflash-strip").screenshot(path=str(artifacts / "hover-rejected.png"))
+            boxes = [chip.bounding_box(), tip.bounding_box()]
+            left, top = min(b["x"] for b in boxes) - 12, min(b["y"] for b in boxes) - 12
+            right = max(b["x"] + b["width"] for b in boxes) + 12
+            bottom = max(b["y"] + b["height"] for b in boxes) + 12
+            seen["tip_inside_window"] = 0 <= boxes[1]["y"] and boxes[1]["y"] + boxes[1]["height"] <= 1000
+            page.screenshot(
+                path=str(artifacts / "hover-rejected.png"),
+                clip={"x": max(left, 0), "y": max(top, 0), "width": right - max(left, 0), "height": bottom - max(top, 0)},
+            )
             page.mouse.move(0, 0)
             page.locator("#continue").click()
             page.wait_for_selector("#summary :text('speedup')", timeout=timeout_ms * 4)

@@ -48,7 +48,7 @@ def replay_url(tiny_dirs, request):
     from test_app_api import free_port
 
     shipped = shipped_traces()
-    path = shipped[0] if shipped else record_tiny_trace(tiny_dirs, request)
+    path = shipped[0][0] if shipped else record_tiny_trace(tiny_dirs, request)
     demo = build_demo([], "", replay=str(path), live=False)
     demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     yield demo.local_url
@@ -82,6 +82,7 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
     assert "block " in tip and "slot " in tip and "rejected draft token" in tip
     assert "drafter top-5" in tip and "target top-5" in tip and "Rejected:" in tip
     assert seen["tip_rows"] >= 6 and "%" in tip
+    assert seen["tip_inside_window"]  # placed in the window, not clipped by the scrolling strip
     assert "speedup" in seen["summary"]
     for name in ("replay-paused.png", "inside-a-cycle.png", "hover-rejected.png"):
         assert (ARTIFACTS / name).stat().st_size > 5_000

@@ -82,3 +82,20 @@ def test_controls_are_per_session_and_bounded():
     assert controls.get("a") is a and a is not b
     controls.get("c")
     assert controls.get("b") is not b  # the least recently used session was dropped
+
+
+def test_a_newer_run_of_the_same_viewer_ends_the_older_one():
+    now = [0.0]
+    control = Control(clock=lambda: now[0])
+    run = control.reset()
+    older = race(
+        _events(0.1, 0.2, 3, 6, 4), _events(0.1, 0.1, 1, 18, 1), dflash_block_size=4, frame_s=0.0, speed=1.0,
+        control=control, stop=lambda: control.superseded(run),
+        sleep=lambda s: now.__setitem__(0, now[0] + max(s, 1e-3)),
+    )
+    first = next(older)
+    assert not first.done and not first.stopped
+    control.pause(len(first.dflash.blocks))
+    control.reset()  # a new replay starts: the old one ends, paused or not, without blocking
+    rest = list(older)
+    assert len(rest) == 1 and rest[0].stopped  # its last snapshot, marked stopped

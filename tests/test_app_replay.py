@@ -7,6 +7,8 @@ and the replay of that file must give the same final text, token colours, draft 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import gradio as gr
@@ -88,3 +90,45 @@ def test_replay_speed_and_missing_file_are_checked(app, live, tmp_path):
         list(app.replay(str(tmp_path / "none.json"), None, 1.0))
     with pytest.raises(ReplayError, match="no trace chosen"):
         load_trace(None)
+
+
+def test_every_shipped_trace_replays_and_the_landing_page_offers_them():
+    from app.replay import shipped_traces
+    from app.ui import _trace_choices
+
+    shipped = shipped_traces()
+    if not shipped:
+        pytest.skip("no traces under assets/traces")
+    categories = {label.split(",")[0] for _, label in shipped}
+    assert {"math", "code", "chat", "story"} <= categories
+    for path, _ in shipped:
+        recording = load_trace(path)
+        assert recording.dflash.blocks and recording.plain.blocks
+        assert all(b.explain is not None for b in recording.dflash.blocks)  # every view has its data
+    assert [p for _, p in _trace_choices()] == [str(p) for p, _ in shipped]
+
+
+def test_a_shipped_replay_ends_on_its_recorded_summary():
+    from app.replay import shipped_traces
+
+    shipped = shipped_traces()
+    if not shipped:
+        pytest.skip("no traces under assets/traces")
+    path = shipped[0][0]
+    app = App([], "", None)
+    last = final_frame(app.replay(str(path), None, 4.0))
+    recorded = json.loads(path.read_text())
+    assert last["report"] == recorded["report"]
+    assert last["dflash_tokens"].count('class="tok ') == len(recorded["runs"]["dflash"]["output_ids"])
+    assert "Cycle " in last["cycle_view"] and "Finished" in last["control_status"]
+
+
+def test_a_replay_only_app_never_imports_torch():
+    code = (
+        "import sys; from app.ui import build_demo; "
+        f"build_demo([], '', None, replay={str(REPO / 'assets' / 'traces' / 'math-greedy.json')!r}, live=False); "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
