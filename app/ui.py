@@ -43,7 +43,11 @@ INTRO = """# ⚡ DFlash Studio
 Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
 in one pass, the target verifies it in one pass and keeps the longest agreeing prefix plus one token of
 its own. Both panes decode the same prompt with the same target; the race is paced on each side's own
-compute time, so what you see matches the measured speeds."""
+compute time, so what you see matches the measured speeds.
+
+Block size is a hardware trade-off: a bigger block lets more tokens be accepted per cycle, but on a
+CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half), so here the block-4 pair is the
+faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper."""
 
 
 # The race's outputs by name, in the order of the `compare` endpoint's outputs.
@@ -112,6 +116,13 @@ class App:
             f"prompts through {pair.chat_template}."
         )
         yield status, gr.update(maximum=trained, value=trained)
+
+    def select_pair(self, pair_id: str):
+        """The pair selector (also the `select_pair` endpoint): this session races `pair_id` from now on,
+        once it loads; yields (pair for the session, status line, block-size slider) like `load_selected`."""
+        keep = pair_id if pair_id in self.pairs else gr.skip()
+        for status, block_size in self.load_selected(pair_id):
+            yield keep, status, block_size
 
     # --- the race --------------------------------------------------------------------------------
     def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_id=None, request: gr.Request = None):
@@ -551,8 +562,8 @@ def build_demo(
         runs = []  # the events that fill the race's outputs: a new one cancels the others
         if live:
             demo.load(app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private")
-            pair_choice.change(lambda pid: pid, inputs=[pair_choice], outputs=[pair_state], api_visibility="private").then(
-                app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private"
+            pair_choice.change(
+                app.select_pair, inputs=[pair_choice], outputs=[pair_state, status, block_size], api_name="select_pair"
             )
             race_event = run_button.click(
                 app.compare,
