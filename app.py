@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from app.space import default_limits, on_zerogpu  # noqa: E402  (imports neither torch nor models)
+from app.space import default_limits, on_space, on_zerogpu  # noqa: E402  (imports neither torch nor models)
 
 if on_zerogpu():
     import spaces  # noqa: F401  (ZeroGPU must patch CUDA before torch is imported)
@@ -70,6 +70,11 @@ def main(argv=None) -> None:
 
     from app.limits import from_args
     from app.pairs import cli_pair, load_pairs
+
+    if on_space():
+        from app.space import install_default_target
+
+        install_default_target()
     from app.ui import build_demo
 
     pairs, default_id = load_pairs()
@@ -80,11 +85,12 @@ def main(argv=None) -> None:
         default_id = args.pair
     zerogpu = on_zerogpu()
     # ZeroGPU: models go to (emulated) CUDA at start-up; no compute happens outside a GPU call.
-    cache = PairCache("cuda" if zerogpu else args.device, warm_up=not zerogpu)
+    cache = PairCache("cuda" if zerogpu else args.device, warm_up=not zerogpu, cpu_for_cpu_pairs=zerogpu)
     demo = build_demo(pairs, default_id, cache, from_args(args))
     if zerogpu:
         cache.get(next(p for p in pairs if p.id == default_id))
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp)
+    # A Space serves the compare endpoint as an MCP tool too.
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp or on_space())
 
 
 def serve_replay(args) -> None:

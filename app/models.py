@@ -108,12 +108,20 @@ def _warm_up(pair: LoadedPair) -> None:
 class PairCache:
     """Loads each pair on first use; later calls return the same objects."""
 
-    def __init__(self, device: str | None = None, warm_up: bool = True):
-        """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU)."""
+    def __init__(self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False):
+        """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU).
+
+        cpu_for_cpu_pairs: pairs that do not need a GPU load on the CPU whatever `device` is (on
+        ZeroGPU they then race without GPU quota).
+        """
         self.device = device or default_device()
         self.warm_up = warm_up
+        self.cpu_for_cpu_pairs = cpu_for_cpu_pairs
         self._pairs: dict[str, LoadedPair] = {}
         self._lock = threading.Lock()
+
+    def device_for(self, spec: PairSpec) -> str:
+        return "cpu" if self.cpu_for_cpu_pairs and not spec.needs_gpu else self.device
 
     def is_loaded(self, spec: PairSpec) -> bool:
         return spec.id in self._pairs
@@ -122,17 +130,18 @@ class PairCache:
         with self._lock:  # two sessions clicking at once must not load the weights twice
             if spec.id in self._pairs:
                 return self._pairs[spec.id]
-            reason = availability(spec, self.device)
+            reason = availability(spec, self.device_for(spec))
             if reason:
                 raise PairUnavailable(reason)
             t0 = time.perf_counter()
-            pair = load_pair(_target_location(spec), spec.drafter_location(), device=self.device, dtype=spec.dtype)
+            device = self.device_for(spec)
+            pair = load_pair(_target_location(spec), spec.drafter_location(), device=device, dtype=spec.dtype)
             if pair.tokenizer is None:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
             args = template_args(pair.tokenizer, None, spec.chat_template_args)
             loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args)
-            if self.warm_up:
+            if self.warm_up or device == "cpu":
                 _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded

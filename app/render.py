@@ -214,7 +214,9 @@ def summary_html(report: dict | None, note: str = "") -> str:
     if report is None:
         return f'<div class="race-summary" style="color:#667">{html.escape(note) or "Run a prompt to start the race."}</div>'
     verdict = report.get("lossless")
-    if report["identical"] is None:
+    if report["identical"] is None and report.get("stopped"):
+        lossless = "not checked (stopped before both sides reached the same length)"
+    elif report["identical"] is None:
         lossless = "not checked (sampling: outputs may differ by design)"
     elif report["identical"]:
         lossless = '<span style="color:#127a2a">identical ✓</span>'

@@ -43,7 +43,11 @@ INTRO = """# ⚡ DFlash Studio
 Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
 in one pass, the target verifies it in one pass and keeps the longest agreeing prefix plus one token of
 its own. Both panes decode the same prompt with the same target; the race is paced on each side's own
-compute time, so what you see matches the measured speeds."""
+compute time, so what you see matches the measured speeds.
+
+Block size is a hardware trade-off: a bigger block lets more tokens be accepted per cycle, but on a
+CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half), so here the block-4 pair is the
+faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper."""
 
 
 # The race's outputs by name, in the order of the `compare` endpoint's outputs.
@@ -83,8 +87,8 @@ class App:
         self.limits = limits or Limits()
         self.traces = traces or TraceStore()
         self.stops = StopRequests()
-        # On ZeroGPU the model work runs in a GPU worker process, for a time computed per request.
-        self.race_stream, self.in_process = gpu_task(self.race_frames, pairs)
+        # On ZeroGPU the model work of GPU pairs runs in a GPU worker process, for a time computed per request.
+        self.race_stream, self.runs_in_process = gpu_task(self.race_frames, pairs)
 
     # --- pair selection and loading -----------------------------------------------------------
     def load_selected(self, pair_id: str):
@@ -93,12 +97,13 @@ class App:
         if spec is None:
             yield f"⚠ Unknown pair {pair_id!r}.", gr.skip()
             return
-        reason = availability(spec, self.cache.device)
+        device = self.cache.device_for(spec)
+        reason = availability(spec, device)
         if reason:
             yield f"⚠ **Unavailable:** {reason}", gr.skip()
             return
         if not self.cache.is_loaded(spec):
-            yield f"Loading **{spec.label}** on {self.cache.device} (first time only)…", gr.skip()
+            yield f"Loading **{spec.label}** on {device} (first time only)…", gr.skip()
         try:
             pair = self.cache.get(spec)
         except (DFlashError, OSError) as exc:
@@ -106,11 +111,18 @@ class App:
             return
         trained = pair.trained_block_size
         status = (
-            f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
+            f"✓ **{spec.label}** ready on {device} (loaded in {pair.load_s:.1f} s); "
             f"target in {pair.numerics}; drafter trained with block size {trained}; "
             f"prompts through {pair.chat_template}."
         )
         yield status, gr.update(maximum=trained, value=trained)
+
+    def select_pair(self, pair_id: str):
+        """The pair selector (also the `select_pair` endpoint): this session races `pair_id` from now on,
+        once it loads; yields (pair for the session, status line, block-size slider) like `load_selected`."""
+        keep = pair_id if pair_id in self.pairs else gr.skip()
+        for status, block_size in self.load_selected(pair_id):
+            yield keep, status, block_size
 
     # --- the race --------------------------------------------------------------------------------
     def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_id=None, request: gr.Request = None):
@@ -121,7 +133,7 @@ class App:
         pass. Updates stream while the race runs; the last one carries the summary and the trace.
 
         Args:
-            prompt: the user message to answer (plain text, not empty).
+            prompt: the user message to answer (plain text, not empty); the server wraps it in the target's chat template.
             max_new_tokens: tokens each side generates at most (a whole number from 1 to the server's limit).
             block_size: tokens DFlash verifies per cycle, 1 to the drafter's trained block size (1 = no drafting).
             temperature: 0 for greedy decoding, where both outputs must be identical; above 0 samples.
@@ -160,18 +172,19 @@ class App:
             raise gr.Error(str(exc)) from None
         sampling = req.sampling
         args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
+        in_process = self.runs_in_process(spec.id)
         with self.stops.running(session) as stop:
             # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
             # closed from here instead, and the summary can only say that it stopped.
             # Pause / Step reach the race only where it runs in this process.
-            control = self._control(request) if self.in_process else None
+            control = self._control(request) if in_process else None
             kwargs = {"control": control} if control is not None else {}
             stream = self.race_stream(
-                *args, prompt=req.prompt, stop=stop.is_set if self.in_process else None, **kwargs
+                *args, prompt=req.prompt, stop=stop.is_set if in_process else None, **kwargs
             )
             try:
                 for frame, data in explain_gpu_errors(stream):
-                    if stop.is_set() and not self.in_process:
+                    if stop.is_set() and not in_process:
                         yield Frame(summary=render.summary_html(None, "Stopped.")).values()
                         return
                     if data is not None:
@@ -239,7 +252,7 @@ class App:
             runs={"dflash": d_summary, "plain": p_summary},
             vocab_size=pair.target.vocab_size,
             text_of=text_of,
-            device=self.cache.device,
+            device=self.cache.device_for(self.pairs[pair_id]),
             report=report,
         )
         # The panes' exact text per token: a replay shows it as it was shown live (a byte-level
@@ -549,8 +562,8 @@ def build_demo(
         runs = []  # the events that fill the race's outputs: a new one cancels the others
         if live:
             demo.load(app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private")
-            pair_choice.change(lambda pid: pid, inputs=[pair_choice], outputs=[pair_state], api_visibility="private").then(
-                app.load_selected, inputs=[pair_state], outputs=[status, block_size], api_visibility="private"
+            pair_choice.change(
+                app.select_pair, inputs=[pair_choice], outputs=[pair_state, status, block_size], api_name="select_pair"
             )
             race_event = run_button.click(
                 app.compare,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,38 @@ def test_bad_inputs_give_clear_errors_and_the_app_keeps_serving(client, args, me
     assert message in str(excinfo.value)
     ok = client.predict("hi", 4, 2, 0.0, 1.0, 0, api_name="/compare")
     assert ok[-2]["identical"] is True
+
+
+@pytest.fixture(scope="module")
+def two_pair_client(tiny_dirs, one_thread, tmp_path_factory):
+    """The app offering two tiny pairs that differ in block size (8, the default, and 4)."""
+    from tiny import build_drafter
+
+    target_dir, drafter_dir = tiny_dirs
+    b4 = build_drafter(tmp_path_factory.mktemp("b4") / "drafter", target_dir, block_size=4)
+    pairs = [cli_pair(str(target_dir), str(drafter_dir)),
+             replace(cli_pair(str(target_dir), str(b4)), id="tiny-b4", label="tiny pair, block 4")]
+    demo = build_demo(pairs, pairs[0].id, PairCache("cpu"))
+    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield gradio_client.Client(demo.local_url, verbose=False)
+    demo.close()
+
+
+def test_pair_selector_switches_the_pair_this_session_races(two_pair_client):
+    client = two_pair_client
+
+    def race(block_size):
+        result = client.predict("What is 2+2?", 12, block_size, 0.0, 1.0, 0, api_name="/compare")
+        return json.loads(Path(result[-1]).read_text())["pair"], result[-2]
+
+    status, slider = client.predict("tiny-b4", api_name="/select_pair")
+    assert "tiny pair, block 4" in status and "trained with block size 4" in status
+    assert slider["value"] == slider["maximum"] == 4
+    pair, summary = race(4)
+    assert pair["id"] == "tiny-b4" and summary["identical"] is True and summary["block_size"] == 4
+    with pytest.raises(Exception, match="trained block size 4"):  # the drafter's own bound
+        client.predict("What is 2+2?", 12, 8, 0.0, 1.0, 0, api_name="/compare")
+    status, slider = client.predict("cli", api_name="/select_pair")
+    assert "trained with block size 8" in status and slider["value"] == 8
+    pair, summary = race(8)
+    assert pair["id"] == "cli" and summary["identical"] is True
