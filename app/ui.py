@@ -263,8 +263,11 @@ class App:
         yield self._frame(snapshot, pieces, text_of, report, True, control=control), trace
 
     def end_session(self, request: gr.Request = None) -> None:
-        """The visitor closed the page: their trace files go."""
-        self.traces.end_session(getattr(request, "session_hash", None))
+        """The visitor closed the page: their trace files go, and their pause state (a paused race
+        of theirs is released and ends)."""
+        session = getattr(request, "session_hash", None)
+        self.traces.end_session(session)
+        self.controls.drop(session)
 
     def stop(self, request: gr.Request = None) -> None:
         """The Stop button: asks this session's race to end; returns once it has (or after STOP_WAIT_S)."""
