@@ -101,10 +101,20 @@ def test_every_shipped_trace_replays_and_the_landing_page_offers_them():
         pytest.skip("no traces under assets/traces")
     categories = {label.split(",")[0] for _, label in shipped}
     assert {"math", "code", "chat", "story"} <= categories
+    from app import render
+    from app.cycle_view import cycle_html
+    from app.race import SideView
+
     for path, _ in shipped:
         recording = load_trace(path)
         assert recording.dflash.blocks and recording.plain.blocks
         assert all(b.explain is not None for b in recording.dflash.blocks)  # every view has its data
+        d, p = (SideView(side, run.prefill, run.blocks, run, run.total_s, run.block_size)
+                for side, run in (("dflash", recording.dflash), ("plain", recording.plain)))
+        tips = render.dflash_tips(d, recording.text_of)
+        assert len(tips) == len(recording.dflash.output_ids) and all("target top-5" in t for t in tips[1:])
+        for i in range(len(d.blocks)):  # every cycle's view renders from the recorded explanation
+            assert "Not recorded" not in cycle_html(d, p, i, recording.text_of)
     assert [p for _, p in _trace_choices()] == [str(p) for p, _ in shipped]
 
 
