@@ -35,7 +35,7 @@ async def _list_and_call(url: str):
 def test_compare_is_a_tool_and_answers_with_the_json_summary(mcp_url):
     tools, result = asyncio.run(_list_and_call(mcp_url))
     # The named API endpoints are the tools; UI-only events (pair loading, Stop, Pause, ...) stay private.
-    assert sorted(t.name for t in tools) == ["compare", "replay"]
+    assert sorted(t.name for t in tools) == ["compare", "replay", "select_pair"]
     tool = next(t for t in tools if t.name == "compare")
     assert "tau" in tool.description and "speedup" in tool.description
     assert set(tool.inputSchema["properties"]) == {"prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed"}
