@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
 from dflash_core.batch_invariant import describe
+from dflash_core.chat_template import describe_template, template_args
 from dflash_core.default_target import DefaultTargetError, resolve_target
 from dflash_core.prompting import encode_prompt
 
@@ -31,6 +32,8 @@ class LoadedPair:
     plain: Target  # same model object as `target`, separate cache
     drafter: DFlashDrafter
     load_s: float
+    template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
 
     @property
     def tokenizer(self):
@@ -48,12 +51,22 @@ class LoadedPair:
         return self.drafter.block_size
 
     @property
+    def context_length(self) -> int | None:
+        """Positions the target can attend to (None when its config does not say)."""
+        return getattr(self.target.model.config, "max_position_embeddings", None)
+
+    @property
     def stop_ids(self) -> list[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return [] if eos is None else [int(eos)]
 
+    @property
+    def chat_template(self) -> str:
+        """The template prompts go through, in words (the status line names it)."""
+        return describe_template(self.tokenizer, self.template_args)
+
     def encode(self, prompt: str) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt)
+        return encode_prompt(self.tokenizer, prompt, template_args=self.template_args)
 
 
 def default_device() -> str:
@@ -66,10 +79,8 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 def default_threads(host: str, cores: int) -> int | None:
     """Threads to use when --threads is not given; None keeps torch's default (all cores).
 
-    Served on loopback, the browser runs on the same CPU and repaints while both sides decode.
-    Measured on a 2-core box: with 2 torch threads the page showed 7-13 tok/s and speedups that
-    swung from 0.9x to 1.1x between runs (the benchmark: 17 tok/s, 1.25x); with 1 thread it showed
-    14-15 tok/s and agreed with the benchmark at 1 thread within 7%. Remote viewers (a Space, --host
+    Served on loopback, the browser runs on the same CPU and repaints while both sides decode, so
+    one core is left to it (docs/benchmarks.md has the figures). Remote viewers (a Space, --host
     0.0.0.0) leave the whole CPU to the app.
     """
     if host in LOOPBACK and cores > 1:
@@ -97,10 +108,20 @@ def _warm_up(pair: LoadedPair) -> None:
 class PairCache:
     """Loads each pair on first use; later calls return the same objects."""
 
-    def __init__(self, device: str | None = None):
+    def __init__(self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False):
+        """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU).
+
+        cpu_for_cpu_pairs: pairs that do not need a GPU load on the CPU whatever `device` is (on
+        ZeroGPU they then race without GPU quota).
+        """
         self.device = device or default_device()
+        self.warm_up = warm_up
+        self.cpu_for_cpu_pairs = cpu_for_cpu_pairs
         self._pairs: dict[str, LoadedPair] = {}
         self._lock = threading.Lock()
+
+    def device_for(self, spec: PairSpec) -> str:
+        return "cpu" if self.cpu_for_cpu_pairs and not spec.needs_gpu else self.device
 
     def is_loaded(self, spec: PairSpec) -> bool:
         return spec.id in self._pairs
@@ -109,15 +130,18 @@ class PairCache:
         with self._lock:  # two sessions clicking at once must not load the weights twice
             if spec.id in self._pairs:
                 return self._pairs[spec.id]
-            reason = availability(spec, self.device)
+            reason = availability(spec, self.device_for(spec))
             if reason:
                 raise PairUnavailable(reason)
             t0 = time.perf_counter()
-            pair = load_pair(_target_location(spec), spec.drafter_location(), device=self.device, dtype=spec.dtype)
+            device = self.device_for(spec)
+            pair = load_pair(_target_location(spec), spec.drafter_location(), device=device, dtype=spec.dtype)
             if pair.tokenizer is None:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
-            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0)
-            _warm_up(loaded)
+            args = template_args(pair.tokenizer, None, spec.chat_template_args)
+            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args)
+            if self.warm_up or device == "cpu":
+                _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded

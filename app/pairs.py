@@ -26,6 +26,9 @@ class PairSpec:
     needs_gpu: bool = False
     dtype: str = "float32"
     train_hint: str = ""
+    # apply_chat_template arguments the drafter was trained with, e.g. {"enable_thinking": false}
+    # for the Qwen3 drafters (dflash_core/chat_template.py); None: the engine's default.
+    chat_template_args: dict | None = None
 
     @property
     def is_hub(self) -> bool:

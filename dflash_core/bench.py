@@ -14,7 +14,8 @@ training prompt sources) or both; tau, speedup and identical are reported per se
 
 `--cycle-times` instead times the parts of one cycle (draft, verify, bookkeeping) of this pair
 against one plain step, and `--synthetic SHAPE` does so for random-weight models in the released
-Qwen3 shapes (see `bench_cycle.py`).
+Qwen3 shapes (see `bench_cycle.py`). `--explain [K]` measures what the cycle explanation costs
+(`bench_explain.py`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from pathlib import Path
 import torch
 
 from .batch_invariant import describe, is_batch_invariant, rows_alone_layers
+from .chat_template import THINKING_CHOICES, describe_template, template_args
 from .cpu_linear import single_row_library
 from .decoding import run
 from .default_target import DEFAULT_TARGET
+from .lossless import compare as lossless_check
 from .pair import DTYPES, load_pair
 from .prompting import encode_prompt
 
@@ -88,14 +91,16 @@ def timed_hf_generate(model, prompt_ids, max_new_tokens, eos_id, **kwargs):
 
 def benchmark(args) -> dict:
     pair = load_pair(
-        args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype
+        args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+        batch_invariant={"on": True, "off": False, "auto": None}[args.batch_invariant],
     )
     target, drafter, tokenizer = pair.target, pair.drafter, pair.tokenizer
     block_sizes = args.block_sizes or [drafter.block_size]
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     stop_ids = [eos] if eos is not None else []
     prompts = select_prompts(args.prompts, args.prompt_set, args.num_prompts)
-    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+    chat_args = template_args(tokenizer, args.thinking) if tokenizer is not None else {}
+    encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]
     peers = ("hf_generate", "prompt_lookup") if args.peers else ()
 
     def decode(prompt_ids, block_size=None, use_drafter=True):
@@ -111,6 +116,7 @@ def benchmark(args) -> dict:
     rows = {"plain": [], **{name: [] for name in peers}, **{f"dflash_b{b}": [] for b in block_sizes}}
     summaries = {b: [] for b in block_sizes}
     same = {b: [] for b in block_sizes}
+    verdicts = {b: [] for b in block_sizes}
     for i, prompt_ids in enumerate(encoded):
         plain = decode(prompt_ids, use_drafter=False)
         rows["plain"].append((plain.total_s, len(plain.output_ids)))
@@ -119,6 +125,7 @@ def benchmark(args) -> dict:
             summaries[b].append(s)
             rows[f"dflash_b{b}"].append((s.total_s, len(s.output_ids)))
             same[b].append(s.output_ids == plain.output_ids)
+            verdicts[b].append(lossless_check(target, prompt_ids, s.output_ids, plain.output_ids))
         kwargs = {"hf_generate": {}, "prompt_lookup": {"prompt_lookup_num_tokens": 10}}
         for name in peers:
             seconds, ids = timed_hf_generate(target.model, prompt_ids, args.max_new_tokens, eos, **kwargs[name])
@@ -147,6 +154,9 @@ def benchmark(args) -> dict:
             "tok_s": tok_s(f"dflash_b{b}"),
             "speedup": tok_s(f"dflash_b{b}") / plain_tok_s,
             "identical": sum(same[b]) / len(encoded),
+            # identical / near_tie / diverged counts, and every difference (lossless.py)
+            "lossless": {kind: sum(v.kind == kind for v in verdicts[b]) for kind in ("identical", "near_tie", "diverged")},
+            "differences": [v.to_dict() for v in verdicts[b] if v.kind != "identical"],
             "per_position_acceptance": [
                 sum(blk.accepted >= k for s in summaries[b] for blk in s.blocks) / cycles for k in range(1, b)
             ],
@@ -180,12 +190,14 @@ def benchmark(args) -> dict:
         "batch_invariant": is_batch_invariant(target.model),
         "rows_alone_linears": len(rows_alone_layers(target.model)),  # exact but slower on this CPU
         "numerics": describe(target.model),
+        "chat_template": describe_template(tokenizer, chat_args),
         "num_prompts": len(encoded),
         "max_new_tokens": args.max_new_tokens,
         "block_size": block_sizes[0],
         "tau": head["tau"],
         "speedup": head["speedup"],
         "identical": head["identical"],
+        "lossless": head["lossless"],
         "dflash_tok_s": head["tok_s"],
         "plain_tok_s": plain_tok_s,
         "per_position_acceptance": head["per_position_acceptance"],
@@ -211,16 +223,38 @@ def cycle_times(args) -> dict:
     return result
 
 
+def explain_costs(args) -> dict:
+    """`bench_explain.explain_overhead` for the loaded pair at its first block size."""
+    from .bench_explain import explain_overhead
+
+    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+    tokenizer = pair.tokenizer
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+    block_size = (args.block_sizes or [pair.drafter.block_size])[0]
+    common = dict(max_new_tokens=args.max_new_tokens, stop_ids=[eos] if eos is not None else [], block_size=block_size)
+    run(pair.target, encoded[0][:8], pair.drafter, explain=args.explain, **common)  # warm up outside the clock
+    result = explain_overhead(pair.target, pair.drafter, encoded, k=args.explain, **common)
+    result.update(target=str(args.target), drafter=str(args.drafter), dtype=args.dtype, block_size=block_size,
+                  threads=torch.get_num_threads(), num_prompts=len(encoded), max_new_tokens=args.max_new_tokens)
+    return result
+
+
 def print_table(result: dict) -> None:
     plain = result["plain_tok_s"]
     print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
           f"on {result['device']} ({result['threads']} threads"
           + (f", one-row matmuls by {result['cpu_single_row']}" if result.get("cpu_single_row") else "")
           + (f", {result['numerics']}" if result.get("numerics") else "") + ")")
+    print(f"prompts through {result['chat_template']}")
     print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
     print(f"{'plain (ours)':<22}{plain:>9.1f}{1.0:>9.2f}")
     for b, r in result["per_block_size"].items():
-        print(f"{f'DFlash block {b}':<22}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}{r['tau']:>7.2f}{r['identical']:>11.2f}")
+        print(f"{f'DFlash block {b}':<22}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}{r['tau']:>7.2f}{r['identical']:>11.2f}"
+              "   lossless: " + ", ".join(f"{n} {k}" for k, n in r["lossless"].items()))
+        for d in r["differences"]:
+            print(f"    {d['message']}")
     for name, label in (("hf_generate", "HF generate"), ("prompt_lookup", "HF prompt lookup")):
         speedup = result[f"speedup_{name}"]
         if speedup is not None:
@@ -249,11 +283,18 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
     parser.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--thinking", choices=THINKING_CHOICES,
+                        help="Qwen3-style thinking in the chat template (default: off where the template has the "
+                        "switch, as the released DFlash drafters were trained)")
+    parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
+                        help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--cycle-times", action="store_true",
                         help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
     parser.add_argument("--context", type=int, default=200, help="context length for --cycle-times")
     parser.add_argument("--synthetic", metavar="SHAPE", help="time one cycle of random-weight models (qwen3-8b, qwen3-4b, tiny)")
+    parser.add_argument("--explain", type=int, nargs="?", const=5, default=0, metavar="K",
+                        help="measure the per-cycle cost of explain=K (default 5): same prompts, explain off and on")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores); match the app's to compare")
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -267,6 +308,11 @@ def main(argv=None) -> int:
         print_cycle(result)
     elif args.cycle_times:
         result = cycle_times(args)
+    elif args.explain:
+        from .bench_explain import print_table as print_explain
+
+        result = explain_costs(args)
+        print_explain(result)
     else:
         result = benchmark(args)
         print_table(result)

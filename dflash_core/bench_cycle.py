@@ -42,7 +42,7 @@ SHAPES = {
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
 TAUS = (4, 6, 8)
-# Issue 4's targets on an H200 in bf16 at Qwen3-8B shapes.
+# Per-cycle cost targets on an H200 in bf16 at Qwen3-8B shapes (docs/benchmarks.md).
 TARGETS = {"draft/verify": 0.15, "bookkeeping/cycle": 0.03, "verify/plain": 1.3}
 ACCEPTED_RUN = 7  # new context per cycle in steady state (a + 1 accepted positions)
 

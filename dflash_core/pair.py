@@ -82,13 +82,15 @@ def has_fast_bf16(device: str | torch.device) -> bool:
 
 
 def default_target_dtype(device: str | torch.device) -> torch.dtype:
-    """The fastest target dtype that stays lossless: bfloat16 on CPUs with AMX, else float32.
+    """The target dtype "auto" picks: bfloat16 on CUDA and on CPUs with AMX, else float32.
 
-    With AMX a batch-invariant bf16 target ran DFlash at 21.0 tok/s against float32's 16.8 (Intel
-    Xeon). With AVX512-BF16 alone (AMD EPYC) a bf16 verify already cost more than a float32 one
-    (56 vs 51 ms a cycle), and staying exact there runs the MLPs' down_proj row by row
-    (batch_invariant.py), so float32 is faster. On CUDA the row-wise attention is not measured yet.
+    On CUDA bf16 is what the released Qwen3 pairs were made for; its block verification is not
+    bitwise a one-token step, so a greedy race may part at a near-tie (`lossless.py` tells those
+    apart from bugs). On CPU without AMX a batch-invariant bf16 verify costs more than a float32
+    one (docs/benchmarks.md).
     """
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16
     exact = wants_batch_invariance(device, torch.bfloat16)  # CPU only
     return torch.bfloat16 if exact and "amx_bf16" in _cpu_flags() else torch.float32
 
@@ -102,13 +104,18 @@ def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype)
     return torch.bfloat16 if has_fast_bf16(device) else target_dtype
 
 
-def load_pair(target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None) -> ModelPair:
+def load_pair(
+    target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None, batch_invariant=None
+) -> ModelPair:
     """Load a target (path or Hub id) and optionally a drafter, and validate them as a pair.
 
-    `dtype` "auto" picks `default_target_dtype`, `drafter_dtype` None `default_drafter_dtype`.
+    `dtype` "auto" picks `default_target_dtype`, `drafter_dtype` None `default_drafter_dtype`,
+    `batch_invariant` None `wants_batch_invariance` (see `Target.from_pretrained`).
     """
     dtype = parse_dtype(dtype, device)
-    target_model = Target.from_pretrained(resolve_target(target), device=device, dtype=dtype)
+    target_model = Target.from_pretrained(
+        resolve_target(target), device=device, dtype=dtype, batch_invariant=batch_invariant
+    )
     if drafter is None:
         return ModelPair(target_model, None)
     drafter_dtype = parse_dtype(drafter_dtype) if drafter_dtype else default_drafter_dtype(device, dtype)

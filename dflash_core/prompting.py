@@ -9,15 +9,20 @@ from __future__ import annotations
 from .errors import GenerationInputError
 
 
-def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
-    """Prompt ids for a user message; chat models get their chat template with the assistant turn open."""
+def encode_prompt(tokenizer, text: str, chat: bool = True, template_args: dict | None = None) -> list[int]:
+    """Prompt ids for a user message; chat models get their chat template with the assistant turn open.
+
+    template_args: extra keyword arguments for the template, e.g. `{"enable_thinking": False}`
+    (see `chat_template.template_args`).
+    """
     if tokenizer is None:
         raise GenerationInputError("this target has no tokenizer: pass prompt token ids instead of text")
     if not text or not text.strip():
         raise GenerationInputError("the prompt is empty: type a message")
     if chat and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False,
+            **(template_args or {}),
         )
         return list(ids)
     return tokenizer.encode(text, add_special_tokens=False)

@@ -3,6 +3,8 @@
 Every rule returns `(accepted, bonus_id)` for one block: `draft_ids` [B-1] against the target's
 scores at the B block slots (slot i scores the token after slot i). Greedy acceptance runs through
 `kernels.greedy_verify` (fused on CUDA, PyTorch elsewhere); the sampled rules are PyTorch.
+Given a `record` dict, a rule also leaves there the tensors its decision was made from (the target
+distribution, its samples, the uniform draws), so an explanation reports them without redrawing.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ def greedy_accept(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> tuple
     return accepted, bonus
 
 
-def match_sampled_accept(draft_ids, target_probs, generator) -> tuple[int, int]:
+def match_sampled_accept(draft_ids, target_probs, generator, record: dict | None = None) -> tuple[int, int]:
     """Deterministic draft: sample the target at every slot and keep the draft while it equals the sample.
 
     Exact: each emitted token is a fresh sample of the target at its position.
     """
     choice = sample(target_probs, generator)
+    if record is not None:
+        record["choice"] = choice
     accepted = int(torch.cumprod(draft_ids == choice[:-1], dim=0).sum())
     return accepted, int(choice[accepted])
 
 
-def rejection_accept(draft_ids, draft_probs, target_probs, generator) -> tuple[int, int]:
+def rejection_accept(draft_ids, draft_probs, target_probs, generator, record: dict | None = None) -> tuple[int, int]:
     """Sampled draft (token i drawn from `draft_probs[i]`): speculative rejection sampling.
 
     Token i is kept with probability min(1, p_i(x)/q_i(x)); the first rejected slot is resampled
@@ -42,6 +46,8 @@ def rejection_accept(draft_ids, draft_probs, target_probs, generator) -> tuple[i
     u = torch.rand(n, generator=generator, device=draft_ids.device)
     keep = u * q < p  # u < p/q without dividing by a q that rounds to zero
     accepted = int(torch.cumprod(keep, dim=0).sum())
+    if record is not None:
+        record.update(p=p, q=q, u=u)
     if accepted == n:
         return accepted, int(sample(target_probs[n : n + 1], generator))
     residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
@@ -50,11 +56,18 @@ def rejection_accept(draft_ids, draft_probs, target_probs, generator) -> tuple[i
     return accepted, int(sample((residual / residual.sum())[None], generator))
 
 
-def accept(draft_ids, target_logits, params: SamplingParams, generator=None, draft_probs=None) -> tuple[int, int]:
-    """Dispatch to the rule matching the sampling mode and the way the draft was made."""
+def accept(
+    draft_ids, target_logits, params: SamplingParams, generator=None, draft_probs=None, record: dict | None = None
+) -> tuple[int, int]:
+    """Dispatch to the rule matching the sampling mode and the way the draft was made.
+
+    record: when given, receives the sampling distribution `target_probs` and the rule's own values.
+    """
     if params.greedy:
         return greedy_accept(draft_ids, target_logits)
     target_probs = probabilities(target_logits, params)
+    if record is not None:
+        record["target_probs"] = target_probs
     if draft_probs is None:
-        return match_sampled_accept(draft_ids, target_probs, generator)
-    return rejection_accept(draft_ids, draft_probs, target_probs, generator)
+        return match_sampled_accept(draft_ids, target_probs, generator, record)
+    return rejection_accept(draft_ids, draft_probs, target_probs, generator, record)

@@ -32,6 +32,8 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     result = json.loads(lines[-1])
     assert result["num_prompts"] == 2 and result["block_size"] == 8 and result["threads"] == 1
     assert result["identical"] == 1.0 and result["per_block_size"]["4"]["identical"] == 1.0
+    assert result["lossless"] == {"identical": 2, "near_tie": 0, "diverged": 0}
+    assert result["per_block_size"]["4"]["differences"] == []
     assert result["tau"] >= 1.0 and len(result["per_position_acceptance"]) == 7
     for key in ("speedup", "dflash_tok_s", "plain_tok_s", "speedup_prompt_lookup", "speedup_hf_generate"):
         assert result[key] > 0
@@ -59,7 +61,7 @@ def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
         assert list(r["speedup"]) == [t for t in ("2", "3", "4") if int(t) <= int(b)]
         for tau, x in r["speedup"].items():
             assert abs(x - int(tau) * r["plain_ms"] / r["cycle_ms"]) < 1e-9
-    # One table per block size, without issue 4's H200 verdicts (those are for the released shapes).
+    # One table per block size, without the H200 target verdicts (those are for the released shapes).
     assert sum(line.startswith(str(target_dir)) for line in out) == 2
     assert not any("target <=" in line for line in out)
 
@@ -71,6 +73,25 @@ def test_synthetic_tiny_prints_its_table_once(capsys):
     assert result["shape"] == "tiny" and result["block_size"] == 16 and set(result["speedup"]) == {"4", "6", "8"}
     assert sum(line.startswith("synthetic tiny") for line in out) == 1
     assert sum("target <=" in line for line in out) == 3
+
+
+def test_bench_explain_reports_the_overhead_per_side_and_mode(tiny_dirs, tmp_path, capsys):
+    target_dir, drafter_dir = tiny_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 2+3?"}))
+    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
+                 "--num-prompts", "1", "--max-new-tokens", "10", "--explain", "3"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["explain_k"] == 3 and result["num_prompts"] == 1
+    assert set(result["modes"]) == {"dflash greedy", "plain greedy", "dflash T=0.7", "plain T=0.7"}
+    for r in result["modes"].values():
+        assert r["identical_outputs"] is True
+        assert r["ms_per_cycle_off"] > 0 and r["ms_per_cycle_on"] > 0
+        assert r["overhead_pct"] == pytest.approx(100 * (r["ms_per_cycle_on"] / r["ms_per_cycle_off"] - 1))
+        assert r["in_cycle_overhead_pct"] > 0  # building an explanation takes time, and it is counted
+        assert r["cpu_ms_per_cycle_off"] > 0 and r["cpu_ms_per_cycle_on"] > 0
+    assert "overhead" in out
 
 
 def test_bench_reports_the_natural_set_beside_the_generated_split(tiny_dirs, tmp_path, monkeypatch, capsys):
@@ -100,3 +121,18 @@ def test_bench_reports_the_natural_set_beside_the_generated_split(tiny_dirs, tmp
     assert "natural/app" in result["tau_per_category"] and "generated/chat" in result["tau_per_category"]
     assert result["speedup_prompt_lookup"] is None and result["speedup_hf_generate"] is None
     assert any(line.startswith("natural") for line in out) and any(line.startswith("  app") for line in out)
+
+
+def test_in_cycle_overhead_is_compute_time_beyond_the_cycle_split():
+    from dflash_core.bench_explain import in_cycle_overhead
+    from dflash_core.events import Block, Prefill, Summary
+
+    def block(i, elapsed, draft, verify, other):
+        times = {"draft_s": draft, "verify_s": verify, "other_s": other}
+        return Block(i, i, (), 0, 1, (1,), draft, verify, elapsed, explain={"time": times})
+
+    # Cycles of 0.10 s and 0.20 s whose explanations took 0.01 s and 0.03 s.
+    blocks = (block(0, 0.5 + 0.11, 0.04, 0.05, 0.01), block(1, 0.61 + 0.23, 0.08, 0.1, 0.02))
+    summary = Summary((1, 1), 3, 4, "max_new_tokens", Prefill(3, 1, 0.5), blocks, 0.84)
+    cycle, explain = in_cycle_overhead(summary)
+    assert cycle == pytest.approx(0.30) and explain == pytest.approx(0.04)

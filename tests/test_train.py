@@ -359,10 +359,11 @@ def test_drafter_given_more_target_layers_computes_what_it_did_and_learns_to_rea
         add_feature_layers(warm, [first, first, last])
 
 
+@pytest.mark.slow
 def test_two_process_ddp_run(tiny_dirs, tmp_path):
     """The documented torchrun path, on CPU with gloo: ranks take equal shares of the data (5 train
     sequences: 2 each, so both run 2 steps per epoch), rank 0 alone evaluates, logs and saves, and
-    every rank exits (an uneven split or a late DDP teardown used to leave a rank hanging)."""
+    every rank exits (an uneven split or a late DDP teardown would leave a rank hanging)."""
     target_dir, _ = tiny_dirs
     target = Target.from_pretrained(target_dir)
     samples = []

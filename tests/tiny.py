@@ -22,6 +22,12 @@ CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen3's switch, in miniature: without thinking the assistant turn opens with an empty think block.
+THINKING_CHATML = CHATML.replace(
+    "<|im_start|>assistant\n{% endif %}",
+    "<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}",
+)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. 1 + 2 = 3, 12 * 4 = 48.",
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
@@ -30,7 +36,7 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+def build_tokenizer(vocab_size: int = 320, chat_template: str = CHATML) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -39,16 +45,16 @@ def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator(CORPUS * 20, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = CHATML
+    fast.chat_template = chat_template
     return fast
 
 
 def build_target(
     directory: Path, *, num_layers: int = 6, hidden: int = 32, intermediate: int | None = None, seed: int = 0,
-    vocab_size=None, logit_scale: float = 8.0,
+    vocab_size=None, logit_scale: float = 8.0, chat_template: str = CHATML,
 ) -> Path:
     """A random Llama causal LM (untied embeddings) plus tokenizer, saved with `save_pretrained`."""
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(chat_template=chat_template)
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size or len(tokenizer),
