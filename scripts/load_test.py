@@ -143,7 +143,8 @@ class Runner:
         first = first if first is not None else time.perf_counter() - t0
         trace = json.loads(Path(result[-1]).read_text())
         Path(result[-1]).unlink(missing_ok=True)  # the client's download; the server keeps its own copy
-        return result[-2], trace["dflash"]["output_ids"], trace["plain"]["output_ids"], first
+        runs = trace["runs"]  # dflash-trace/1
+        return result[-2], runs["dflash"]["output_ids"], runs["plain"]["output_ids"], first
 
     # --- rounds -------------------------------------------------------------------------------
     def requests(self) -> list[dict]:
@@ -370,6 +371,8 @@ def main(argv=None) -> None:
         out["deadline_hit"] = False
     except Deadline:
         out["deadline_hit"] = True
+    except Exception as exc:  # a round broke: the JSON line still says what was done, and why it stopped
+        out["aborted"] = f"{type(exc).__name__}: {exc}"
     finally:
         out["rss_peak_mb"] = round(server.peak_rss / 2**20, 1)
         server.stop()

@@ -142,3 +142,26 @@ def _connect(gradio_client, url, proc, timeout_s=120):
         except Exception:
             time.sleep(0.5)
     raise AssertionError("the bundle's app did not answer")
+
+
+def test_on_a_space_the_flags_default_to_the_shared_space_limits(monkeypatch):
+    from app.limits import SPACE_LIMITS, Limits, from_args
+
+    launcher = _launcher()
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    assert from_args(launcher.build_parser().parse_args([])) == Limits()
+    monkeypatch.setenv("SPACE_ID", "someone/dflash-studio")
+    assert from_args(launcher.build_parser().parse_args([])) == SPACE_LIMITS
+    assert SPACE_LIMITS.max_new_tokens < Limits().max_new_tokens and SPACE_LIMITS.max_queue < Limits().max_queue
+
+
+def _launcher():
+    """The repository's app.py, loaded as a module (its name clashes with the `app` package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "app.py"
+    spec = importlib.util.spec_from_file_location("dflash_launcher", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
