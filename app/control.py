@@ -101,3 +101,10 @@ class Controls:
             while len(self._table) > self.size:
                 self._table.pop(next(iter(self._table)))
             return control
+
+    def drop(self, session: str | None) -> None:
+        """Forget a session; a race it paused is told to stop waiting (it then ends)."""
+        with self._lock:
+            control = self._table.pop(session or "", None)
+        if control is not None:
+            control.reset()  # a newer run number: the paused race is superseded and returns

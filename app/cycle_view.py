@@ -79,126 +79,148 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
     last = len(dflash.blocks) - 1
     index = last if index is None or not 0 <= int(index) <= last else int(index)
     block = dflash.blocks[index]
-    explain = explain_of(block)
+    explain = explain_of(block) or {}
     drafts = len(block.draft_ids)
-    size = drafts + 1
-    positions = (explain or {}).get("positions") or list(range(block.position, block.position + size))
-    slot0 = (explain or {}).get("slot0_id")
-    slot0_text = text_of(slot0) if slot0 is not None else _slot0_text(dflash, index, text_of)
-    all_accepted = block.accepted == drafts
-    columns = list(range(size + (1 if all_accepted else 0)))
-
-    head = "".join(f"<th>slot {s}" + (" (bonus)" if s == size else "") + "</th>" for s in columns)
-    pos_row = "".join(f"<td>{positions[s] if s < len(positions) else positions[-1] + 1}</td>" for s in columns)
-    noisy = "".join(
-        f"<td>{_tok(slot0_text, COLORS['bonus'])}</td>" if s == 0 else '<td><span class="mask">[MASK]</span></td>'
-        for s in range(size)
-    )
-    mask_id = (explain or {}).get("mask_id")
-    noisy_table = (
-        '<table class="grid"><tr><th>slot</th>' + "".join(f"<th>{s}</th>" for s in range(size)) + "</tr>"
-        "<tr><th>position</th>" + "".join(f"<td>{positions[s]}</td>" for s in range(min(size, len(positions)))) + "</tr>"
-        f"<tr><th>drafter input</th>{noisy}</tr></table>"
-        + (f'<div style="color:#555">slot 0 is the token committed last; slots 1..{drafts} hold mask_id {int(mask_id)}.</div>' if mask_id is not None else "")
-    )
-    draft_cells, verdict_cells, commit_cells = [], [], []
-    for s in columns:
-        if s == 0:
-            draft_cells.append('<td style="color:#667">known (last bonus)</td>')
-            verdict_cells.append('<td style="color:#667">context</td>')
-            commit_cells.append('<td style="color:#667">kept</td>')
-            continue
-        draft_id = block.draft_ids[s - 1] if s <= drafts else None
-        if explain and s <= drafts and s - 1 < len(explain.get("draft_topk") or []):
-            draft_cells.append(f"<td>{topk_rows(explain['draft_topk'][s - 1], text_of, draft_id, k=3)}</td>")
-        elif draft_id is not None:
-            draft_cells.append(f"<td>{_tok(text_of(draft_id))}</td>")
-        else:
-            draft_cells.append('<td style="color:#667">no slot</td>')
-        target_rows = (explain or {}).get("target_topk") or []
-        table = topk_rows(target_rows[s - 1], text_of, block.bonus_id if s == block.accepted + 1 else draft_id, k=3) if s - 1 < len(target_rows) else ""
-        if s <= block.accepted:
-            mark = '<b style="color:#127a2a">✓ accepted</b>'
-        elif s == block.accepted + 1:
-            mark = '<b style="color:#b8860b">★ bonus</b>' if s == size else '<b style="color:#c92a2a">✗ rejected</b>'
-        else:
-            mark = '<span style="color:#888">— discarded</span>'
-        entry = slot_decision(explain or {}, s)
-        detail = ""
-        if entry and entry.get("u") is not None:
-            values = " ".join(f"{name}={prob(entry[name]):.3f}" for name in ("p", "q", "u") if entry.get(name) is not None)
-            detail = f'<div style="font-size:11px;color:#444">{values}</div>'
-        verdict_cells.append(f'<td title="{html.escape(why(block, s, text_of), quote=True)}">{mark}{table}{detail}</td>')
-        if s <= block.accepted:
-            commit_cells.append(f"<td>{_tok(text_of(block.draft_ids[s - 1]), COLORS['accepted'])}</td>")
-        elif s == block.accepted + 1:
-            commit_cells.append(f"<td>{_tok(text_of(block.bonus_id), COLORS['bonus'])} bonus</td>")
-        else:
-            commit_cells.append('<td style="color:#888">—</td>')
-
-    grid = (
-        f'<table class="grid"><tr><th></th>{head}</tr>'
-        f"<tr><th>position</th>{pos_row}</tr>"
-        f"<tr><th>3 · drafter's one pass: top-3</th>{''.join(draft_cells)}</tr>"
-        f"<tr><th>4 · target's verdict: its top-3</th>{''.join(verdict_cells)}</tr>"
-        f"<tr><th>committed</th>{''.join(commit_cells)}</tr></table>"
-    )
-
-    if explain and explain.get("injected"):
-        inj = explain["injected"]
-        layers = ", ".join(str(int(x)) for x in inj.get("target_layers", []))
-        injected = (
-            f"{int(inj.get('positions', 0))} new context position(s) (the tokens committed by the previous cycle) "
-            f"from target layers [{layers}], concatenated, fused by <code>fc</code> + <code>hidden_norm</code>, "
-            "and injected as extra keys and values into <b>every</b> drafter layer (the drafter's cache keeps "
-            "the earlier ones)."
-        )
-    else:
-        injected = "Not recorded for this run (record with explanations on to see the injected positions and layers)."
-    cache = (explain or {}).get("cache")
-    cache_line = (
-        f"target KV cache {cache['target_before']} → {cache['target_after']} positions (cropped to the accepted prefix); "
-        f"drafter cache {cache['drafter_before']} → {cache['drafter_after']}."
-        if cache
-        else "Not recorded for this run."
-    )
-    accepted_text = " ".join(_tok(text_of(t), COLORS["accepted"]) for t in block.draft_ids[: block.accepted]) or "(none)"
-    draft_s, verify_s, other_s = _cycle_times(dflash, index)
-    step = plain_step_s(plain)
-    ar_total = drafts * draft_s + verify_s + other_s
-    scale = max(draft_s + verify_s + other_s, step or 0.0, ar_total) or 1.0
-    bars = _bar(
-        "this DFlash cycle",
-        [("draft", draft_s, SPLIT_COLORS["draft"]), ("verify", verify_s, SPLIT_COLORS["verify"]), ("other", other_s, SPLIT_COLORS["other"])],
-        scale,
-    )
-    if step:
-        bars += _bar("one plain decoding step", [("plain step", step, SPLIT_COLORS["plain"])], scale)
-    bars += _bar(
-        f"AR drafter, {drafts} passes (estimate)",
-        [(f"{drafts}× draft", drafts * draft_s, SPLIT_COLORS["draft"]), ("verify", verify_s, SPLIT_COLORS["verify"]), ("other", other_s, SPLIT_COLORS["other"])],
-        scale,
-    )
+    positions = explain.get("positions") or list(range(block.position, block.position + drafts + 1))
     n = block.acceptance_length
-    per_plain = (
-        f". This cycle cost {(draft_s + verify_s + other_s) / step:.2f} plain steps and committed {n} token{'s' if n > 1 else ''}"
-        if step
-        else ""
+    accepted_text = " ".join(_tok(text_of(t), COLORS["accepted"]) for t in block.draft_ids[: block.accepted]) or "(none)"
+    note = (
+        ""
+        if explain
+        else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
     )
-    note = "" if explain else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
     return (
         f'{style}<div class="cycle" id="cycle-{block.index}">'
         f"<h4>Cycle {block.index} of {last + 1} · block at positions {positions[0]}–{positions[0] + drafts} · "
-        f"acceptance length {block.acceptance_length} of {size}</h4>{note}"
-        f"<h4>1 · the noisy block the drafter sees</h4>{noisy_table}"
-        f"<h4>2 · target features injected into every drafter layer</h4><div>{injected}</div>"
-        f"<h4>3, 4 · the drafter's single pass proposes every slot; the target's verdict on each</h4>{grid}"
+        f"acceptance length {n} of {drafts + 1}</h4>{note}"
+        f"<h4>1 · the noisy block the drafter sees</h4>{_noisy_block(dflash, index, positions, text_of)}"
+        f"<h4>2 · target features injected into every drafter layer</h4><div>{_injected(explain)}</div>"
+        f"<h4>3, 4 · the drafter's single pass proposes every slot; the target's verdict on each</h4>"
+        f"{_slots_grid(block, positions, text_of)}"
         f"<h4>5 · accepted prefix and bonus</h4><div>{accepted_text} + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
-        f" → {block.acceptance_length} token{'s' if block.acceptance_length > 1 else ''} from one target pass.</div>"
-        f"<h4>6 · caches kept</h4><div>{cache_line}</div>"
-        f"<h4>7 · where the time went</h4>{bars}"
-        f"<div>The block-diffusion drafter proposed all {drafts} slots in <b>1</b> pass; an autoregressive "
-        f"(EAGLE-style) drafter would need <b>{drafts}</b> passes, one per slot{per_plain}.</div></div>"
+        f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>"
+        f"<h4>6 · caches kept</h4><div>{_caches(explain)}</div>"
+        f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index)}</div>"
+    )
+
+
+def _noisy_block(view, index: int, positions: list[int], text_of) -> str:
+    """Slot 0's token, then a mask in every other slot, with their positions."""
+    block = view.blocks[index]
+    explain = explain_of(block) or {}
+    size = len(block.draft_ids) + 1
+    slot0 = explain.get("slot0_id")
+    slot0_text = text_of(slot0) if slot0 is not None else _slot0_text(view, index, text_of)
+    cells = f"<td>{_tok(slot0_text, COLORS['bonus'])}</td>" + '<td><span class="mask">[MASK]</span></td>' * (size - 1)
+    mask_id = explain.get("mask_id")
+    mask_note = (
+        f'<div style="color:#555">slot 0 is the token committed last; slots 1..{size - 1} hold mask_id {int(mask_id)}.</div>'
+        if mask_id is not None
+        else ""
+    )
+    return (
+        '<table class="grid"><tr><th>slot</th>' + "".join(f"<th>{s}</th>" for s in range(size)) + "</tr>"
+        "<tr><th>position</th>" + "".join(f"<td>{p}</td>" for p in positions[:size]) + "</tr>"
+        f"<tr><th>drafter input</th>{cells}</tr></table>{mask_note}"
+    )
+
+
+def _injected(explain: dict) -> str:
+    injected = explain.get("injected")
+    if not injected:
+        return "Not recorded for this run (record with explanations on to see the injected positions and layers)."
+    layers = ", ".join(str(int(x)) for x in injected.get("target_layers", []))
+    return (
+        f"{int(injected.get('positions', 0))} new context position(s) (the tokens committed by the previous cycle) "
+        f"from target layers [{layers}], concatenated, fused by <code>fc</code> + <code>hidden_norm</code>, "
+        "and injected as extra keys and values into <b>every</b> drafter layer (the drafter's cache keeps "
+        "the earlier ones)."
+    )
+
+
+def _slots_grid(block, positions: list[int], text_of) -> str:
+    """One column per slot (and one for the bonus when every draft was kept): the drafter's top-3,
+    the target's verdict with its top-3, and what was committed."""
+    drafts = len(block.draft_ids)
+    columns = range(drafts + 1 + (1 if block.accepted == drafts else 0))
+    head = "".join(f"<th>slot {s}" + (" (bonus)" if s == drafts + 1 else "") + "</th>" for s in columns)
+    pos_row = "".join(f"<td>{positions[s] if s < len(positions) else positions[-1] + 1}</td>" for s in columns)
+    cells = [_slot_cells(block, s, text_of) for s in columns]
+    rows = [f"<tr><th>{label}</th>{''.join(c[i] for c in cells)}</tr>" for i, label in enumerate(
+        ("3 · drafter's one pass: top-3", "4 · target's verdict: its top-3", "committed")
+    )]
+    return f'<table class="grid"><tr><th></th>{head}</tr><tr><th>position</th>{pos_row}</tr>{"".join(rows)}</table>'
+
+
+def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:
+    """(drafter, verdict, committed) cells of slot `s`."""
+    if s == 0:
+        return ('<td style="color:#667">known (last bonus)</td>', '<td style="color:#667">context</td>',
+                '<td style="color:#667">kept</td>')
+    explain = explain_of(block) or {}
+    drafts = len(block.draft_ids)
+    draft_id = block.draft_ids[s - 1] if s <= drafts else None
+    draft_rows = explain.get("draft_topk") or []
+    if s <= min(drafts, len(draft_rows)):
+        drafter = f"<td>{topk_rows(draft_rows[s - 1], text_of, draft_id, k=3)}</td>"
+    elif draft_id is not None:
+        drafter = f"<td>{_tok(text_of(draft_id))}</td>"
+    else:
+        drafter = '<td style="color:#667">no slot</td>'
+    target_rows = explain.get("target_topk") or []
+    chosen = block.bonus_id if s == block.accepted + 1 else draft_id
+    table = topk_rows(target_rows[s - 1], text_of, chosen, k=3) if s - 1 < len(target_rows) else ""
+    if s <= block.accepted:
+        mark = '<b style="color:#127a2a">✓ accepted</b>'
+        committed = f"<td>{_tok(text_of(draft_id), COLORS['accepted'])}</td>"
+    elif s == block.accepted + 1:
+        mark = '<b style="color:#b8860b">★ bonus</b>' if s > drafts else '<b style="color:#c92a2a">✗ rejected</b>'
+        committed = f"<td>{_tok(text_of(block.bonus_id), COLORS['bonus'])} bonus</td>"
+    else:
+        mark = '<span style="color:#888">— discarded</span>'
+        committed = '<td style="color:#888">—</td>'
+    entry = slot_decision(explain, s)
+    detail = ""
+    if entry and entry.get("u") is not None:
+        values = " ".join(f"{name}={prob(entry[name]):.3f}" for name in ("p", "q", "u") if entry.get(name) is not None)
+        detail = f'<div style="font-size:11px;color:#444">{values}</div>'
+    verdict = f'<td title="{html.escape(why(block, s, text_of), quote=True)}">{mark}{table}{detail}</td>'
+    return drafter, verdict, committed
+
+
+def _caches(explain: dict) -> str:
+    cache = explain.get("cache")
+    if not cache:
+        return "Not recorded for this run."
+    return (
+        f"target KV cache {cache['target_before']} → {cache['target_after']} positions (cropped to the accepted prefix); "
+        f"drafter cache {cache['drafter_before']} → {cache['drafter_after']}."
+    )
+
+
+def _time_split(dflash, plain, index: int) -> str:
+    """Bars of this cycle's draft / verify / other time, one plain step, and an autoregressive
+    drafter's estimate (one drafter pass per slot, the rest as measured)."""
+    block = dflash.blocks[index]
+    drafts = len(block.draft_ids)
+    draft_s, verify_s, other_s = _cycle_times(dflash, index)
+    step = plain_step_s(plain)
+    cycle = draft_s + verify_s + other_s
+    scale = max(cycle, step or 0.0, drafts * draft_s + verify_s + other_s) or 1.0
+    rest = [("verify", verify_s, SPLIT_COLORS["verify"]), ("other", other_s, SPLIT_COLORS["other"])]
+    bars = _bar("this DFlash cycle", [("draft", draft_s, SPLIT_COLORS["draft"]), *rest], scale)
+    if step:
+        bars += _bar("one plain decoding step", [("plain step", step, SPLIT_COLORS["plain"])], scale)
+    bars += _bar(
+        f"AR drafter, {drafts} passes (estimate)", [(f"{drafts}× draft", drafts * draft_s, SPLIT_COLORS["draft"]), *rest], scale
+    )
+    n = block.acceptance_length
+    per_plain = (
+        f". This cycle cost {cycle / step:.2f} plain steps and committed {n} token{'s' if n > 1 else ''}" if step else ""
+    )
+    return (
+        f"{bars}<div>The block-diffusion drafter proposed all {drafts} slots in <b>1</b> pass; an autoregressive "
+        f"(EAGLE-style) drafter would need <b>{drafts}</b> passes, one per slot{per_plain}.</div>"
     )
 
 

@@ -50,6 +50,10 @@ CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half)
 faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper."""
 
 
+# Where no model can run, the page still shows a real race.
+REPLAY_HINT = "The *Replay a recorded run* tab plays races recorded on the default pair, with no model."
+
+
 # The race's outputs by name, in the order of the `compare` endpoint's outputs.
 FRAME_FIELDS = (
     "summary", "dflash_stats", "dflash_tokens", "dflash_strip", "plain_stats", "plain_tokens",
@@ -100,14 +104,14 @@ class App:
         device = self.cache.device_for(spec)
         reason = availability(spec, device)
         if reason:
-            yield f"⚠ **Unavailable:** {reason}", gr.skip()
+            yield f"⚠ **Unavailable:** {reason} {REPLAY_HINT}", gr.skip()
             return
         if not self.cache.is_loaded(spec):
             yield f"Loading **{spec.label}** on {device} (first time only)…", gr.skip()
         try:
             pair = self.cache.get(spec)
         except (DFlashError, OSError) as exc:
-            yield f"⚠ **Could not load {spec.label}:** {exc}", gr.skip()
+            yield f"⚠ **Could not load {spec.label}:** {exc} {REPLAY_HINT}", gr.skip()
             return
         trained = pair.trained_block_size
         status = (
@@ -263,8 +267,11 @@ class App:
         yield self._frame(snapshot, pieces, text_of, report, True, control=control), trace
 
     def end_session(self, request: gr.Request = None) -> None:
-        """The visitor closed the page: their trace files go."""
-        self.traces.end_session(getattr(request, "session_hash", None))
+        """The visitor closed the page: their trace files go, and their pause state (a paused race
+        of theirs is released and ends)."""
+        session = getattr(request, "session_hash", None)
+        self.traces.end_session(session)
+        self.controls.drop(session)
 
     def stop(self, request: gr.Request = None) -> None:
         """The Stop button: asks this session's race to end; returns once it has (or after STOP_WAIT_S)."""

@@ -4,6 +4,8 @@ Used by the browser test and to make the README screenshot::
 
     python app.py --target ... --drafter ... --port 7861 &
     python tests/browser.py http://127.0.0.1:7861 assets/screenshot.png --max-new-tokens 96
+    python app.py --replay assets/traces/math-greedy.json --port 7862 &
+    python tests/browser.py http://127.0.0.1:7862 assets --replay-shots   # replay.png, inside-a-cycle.png
 
 Playwright is imported only here, never by the app; it must not download a browser.
 """
@@ -158,13 +160,57 @@ def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: floa
             browser.close()
 
 
+def replay_screenshots(url: str, out: Path, cycles: int = 16, timeout_s: float = 180.0) -> None:
+    """The README's pictures: a replay paused after `cycles` DFlash cycles with a rejected draft's
+    hover box open (out/replay.png), and that cycle's "inside a cycle" view (out/inside-a-cycle.png)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1250})
+            page.set_default_timeout(timeout_s * 1000)
+            page.goto(url)
+            page.wait_for_selector("#dflash-tokens .tok")
+            box = page.locator("#replay-speed input[type=number]")
+            box.fill("1")
+            box.press("Enter")
+            page.locator("#replay-run").click()
+            page.wait_for_selector("#summary :text('Replaying')")
+            page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {cycles}")
+            page.locator("#pause").click()
+            page.wait_for_selector("#control-status :text('Paused')")
+            page.wait_for_timeout(1500)
+            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
+            page.wait_for_selector("#cycle-view .cycle h4")
+            page.wait_for_timeout(500)
+            page.locator("#cycle-view").screenshot(path=str(out / "inside-a-cycle.png"))
+            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()  # closed again
+            page.evaluate("window.scrollTo(0, 0)")
+            token = page.locator("#dflash-tokens .tok-bonus").nth(6)  # a bonus token: the target replaced a draft
+            token.hover()
+            token.locator(".tip").wait_for(state="visible")
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(out / "replay.png"))
+        finally:
+            browser.close()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
     parser.add_argument("output", type=Path)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument(
+        "--replay-shots", action="store_true",
+        help="the app serves a replay (python app.py --replay FILE): save replay.png and inside-a-cycle.png in OUTPUT (a folder)",
+    )
     args = parser.parse_args(argv)
+    if args.replay_shots:
+        args.output.mkdir(parents=True, exist_ok=True)
+        replay_screenshots(args.url, args.output)
+        return
     seen = run_race_in_browser(args.url, args.prompt, args.output, args.max_new_tokens)
     print(json.dumps({k: seen[k] for k in ("first_token_s", "target_tokens", "plain_tokens", "plots", "summary")}))
 

@@ -80,8 +80,11 @@ def test_controls_are_per_session_and_bounded():
     controls = Controls(size=2)
     a, b = controls.get("a"), controls.get("b")
     assert controls.get("a") is a and a is not b
-    controls.get("c")
+    c = controls.get("c")
     assert controls.get("b") is not b  # the least recently used session was dropped
+    run = c.run
+    controls.drop("c")  # the page closed: a race it paused is released
+    assert c.superseded(run) and controls.get("c") is not c
 
 
 def test_a_newer_run_of_the_same_viewer_ends_the_older_one():

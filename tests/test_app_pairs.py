@@ -36,6 +36,7 @@ def test_unavailable_pair_shows_a_status_and_refuses_to_race(tmp_path):
     app = App(pairs, "qwen3-8b", PairCache("cpu"))
     status = list(app.load_selected("qwen3-8b"))
     assert len(status) == 1 and "Unavailable" in status[0][0] and "GPU" in status[0][0]
+    assert "Replay a recorded run" in status[0][0]  # where no model runs, the page points to the replays
     with pytest.raises(gr.Error, match="needs a CUDA GPU"):
         list(app.compare("hello", 8, 4, 0.0, 1.0, 0, "qwen3-8b"))
 

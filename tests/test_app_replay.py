@@ -101,10 +101,20 @@ def test_every_shipped_trace_replays_and_the_landing_page_offers_them():
         pytest.skip("no traces under assets/traces")
     categories = {label.split(",")[0] for _, label in shipped}
     assert {"math", "code", "chat", "story"} <= categories
+    from app import render
+    from app.cycle_view import cycle_html
+    from app.race import SideView
+
     for path, _ in shipped:
         recording = load_trace(path)
         assert recording.dflash.blocks and recording.plain.blocks
         assert all(b.explain is not None for b in recording.dflash.blocks)  # every view has its data
+        d, p = (SideView(side, run.prefill, run.blocks, run, run.total_s, run.block_size)
+                for side, run in (("dflash", recording.dflash), ("plain", recording.plain)))
+        tips = render.dflash_tips(d, recording.text_of)
+        assert len(tips) == len(recording.dflash.output_ids) and all("target top-5" in t for t in tips[1:])
+        for i in range(len(d.blocks)):  # every cycle's view renders from the recorded explanation
+            assert "Not recorded" not in cycle_html(d, p, i, recording.text_of)
     assert [p for _, p in _trace_choices()] == [str(p) for p, _ in shipped]
 
 
@@ -132,3 +142,33 @@ def test_a_replay_only_app_never_imports_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_live_race_pauses_steps_one_cycle_and_stays_lossless(app):
+    from types import SimpleNamespace
+
+    request = SimpleNamespace(session_hash="live-step")
+    frames = app.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, request)
+
+    def bonus_count(frame):
+        html = frame.get("dflash_tokens")
+        return html.count("tok-bonus") if isinstance(html, str) else -1
+
+    frame = {}
+    while bonus_count(frame) < 1:
+        frame = dict(zip(FRAME_FIELDS, next(frames)))
+    app.pause(request)
+    while "Paused" not in str(frame["control_status"]):
+        frame = dict(zip(FRAME_FIELDS, next(frames)))
+    paused = bonus_count(frame)
+    assert "block 0 · slot" in frame["dflash_tokens"]  # paused frames carry the hover boxes
+    for k in (1, 2):
+        app.step(request)
+        frame = dict(zip(FRAME_FIELDS, next(frames)))
+        while "Paused" not in str(frame["control_status"]):
+            frame = dict(zip(FRAME_FIELDS, next(frames)))
+        assert bonus_count(frame) == paused + k  # one DFlash cycle per Step
+    app.resume(request)
+    *_, last = frames
+    report = dict(zip(FRAME_FIELDS, last))["report"]
+    assert report["identical"] is True and report["dflash_tokens"] == report["plain_tokens"]
