@@ -58,7 +58,7 @@ REPLAY_HINT = "The *Replay a recorded run* tab plays races recorded on the defau
 FRAME_FIELDS = (
     "summary", "dflash_stats", "dflash_tokens", "dflash_strip", "plain_stats", "plain_tokens",
     "acceptance_chart", "speed_chart", "histogram_chart", "positions_chart",
-    "speedup_chart", "cycle_pick", "cycle_view", "control_status", "report", "trace_file",
+    "speedup_chart", "cycle_pick", "cycle_view", "control_status", "trace_csv", "report", "trace_file",
 )
 
 
@@ -193,6 +193,7 @@ class App:
                         return
                     if data is not None:
                         frame.trace_file = self.traces.write(session, data)
+                        frame.trace_csv = str(Path(frame.trace_file).with_suffix(".csv"))
                     yield frame.values()
             finally:
                 stream.close()
@@ -361,6 +362,7 @@ class App:
         return Frame(
             summary=render.summary_html(None, text), dflash_stats="", dflash_tokens=waiting, dflash_strip="",
             plain_stats="", plain_tokens=waiting, report=gr.update(value=None), trace_file=gr.update(value=None),
+            trace_csv=gr.update(value=None),
         ).values()
 
     def _frame(
@@ -444,6 +446,13 @@ def _trace_choices(extra: str | None = None) -> list[tuple[str, str]]:
         if not extra or path.resolve() != Path(extra).resolve():
             choices.append((label, str(path)))
     return choices
+
+
+def forget_served(json_path: str, files) -> None:
+    """A deleted trace (JSON and its CSV) leaves the file components' served lists too."""
+    for path in (json_path, str(Path(json_path).with_suffix(".csv"))):
+        for component in files:
+            component.temp_files.discard(str(gradio_abspath(path)))
 
 
 def build_demo(
@@ -546,6 +555,7 @@ def build_demo(
         with gr.Row():
             report_json = gr.JSON(label="Summary (JSON)", elem_id="report")
             trace_file = gr.File(label="Trace download (JSON)", elem_id="trace")
+            trace_csv = gr.File(label="Per-block metrics (CSV)", elem_id="trace-csv")
 
         components = {
             "summary": summary,
@@ -564,6 +574,7 @@ def build_demo(
             "control_status": control_status,
             "report": report_json,
             "trace_file": trace_file,
+            "trace_csv": trace_csv,
         }
         outputs = [components[name] for name in FRAME_FIELDS]
         runs = []  # the events that fill the race's outputs: a new one cancels the others
@@ -616,5 +627,5 @@ def build_demo(
         demo.unload(app.end_session)
     # Beyond max_size waiting requests Gradio answers "busy, try again" without queueing.
     demo.queue(max_size=limits.max_queue)
-    app.traces.on_delete = lambda path: trace_file.temp_files.discard(str(gradio_abspath(path)))
+    app.traces.on_delete = lambda path: forget_served(path, (trace_file, trace_csv))
     return demo

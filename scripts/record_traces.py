@@ -5,6 +5,9 @@ validates each trace and writes it to assets/traces/ with an index.json that lis
 after replacing the default drafter with one command:
 
     .venv/bin/python scripts/record_traces.py
+
+The traces keep each side's compute clock, so other jobs on the machine slow their replay; on a
+shared machine run it at a high priority (`nice -n -19 ...`, as the shipped ones were).
 """
 
 from __future__ import annotations

@@ -85,6 +85,10 @@ def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
     assert trace["runs"]["dflash"]["output_ids"] == trace["runs"]["plain"]["output_ids"]
     assert all("explain" in b for b in trace["runs"]["dflash"]["blocks"] + trace["runs"]["plain"]["blocks"])
     assert trace["report"]["tau"] == summary["tau"]
+    # Beside it, the per-block CSV: a header and one row per block of each side.
+    rows = Path(result[-3]).read_text().splitlines()
+    assert rows[0].startswith("side,index,position,accepted")
+    assert len(rows) == 1 + len(trace["runs"]["dflash"]["blocks"]) + len(trace["runs"]["plain"]["blocks"])
 
 
 def test_sampling_reports_no_lossless_check(client):

@@ -41,15 +41,16 @@ def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
 
 @pytest.fixture(scope="module")
 def replay_url(tiny_dirs, request):
-    """An app started as `python app.py --replay FILE` would be: a shipped trace when the repository
-    has them, else one recorded here on the tiny pair (never the default target's weights)."""
+    """An app with no model: the shipped traces offered on its landing page, else (a repository
+    without them) one recorded here on the tiny pair, preselected (never the default target's weights)."""
     from app.replay import shipped_traces
     from app.ui import build_demo
     from test_app_api import free_port
 
     shipped = shipped_traces()
     path = shipped[0][0] if shipped else record_tiny_trace(tiny_dirs, request)
-    demo = build_demo([], "", replay=str(path), live=False)
+    # No replay on page load: the test starts one itself (a page-load replay is what --replay adds).
+    demo = build_demo([], "", None, replay=None if shipped else str(path), live=False)
     demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     yield demo.local_url
     demo.close()
@@ -83,6 +84,6 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
     assert "drafter top-5" in tip and "target top-5" in tip and "Rejected:" in tip
     assert seen["tip_rows"] >= 6 and "%" in tip
     assert seen["tip_inside_window"]  # placed in the window, not clipped by the scrolling strip
-    assert "speedup" in seen["summary"]
+    assert "Playing" in seen["control_status"]
     for name in ("replay-paused.png", "inside-a-cycle.png", "hover-rejected.png"):
         assert (ARTIFACTS / name).stat().st_size > 5_000
