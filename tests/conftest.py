@@ -30,6 +30,15 @@ torch.set_num_threads(1)
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for the module, restored after: code under test (the app, `--threads`) may set it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     directory = GOLDEN / "zlab-tiny-a"

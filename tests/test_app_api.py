@@ -37,17 +37,6 @@ def launch_app(target_dir, drafter_dir, limits=None, cache=None, **launch):
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared CI box extra threads only contend."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
 def app_url(tiny_dirs, one_thread):
     demo, url = launch_app(*tiny_dirs)
     yield url

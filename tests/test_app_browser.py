@@ -17,7 +17,7 @@ if chromium_path() is None:
     pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="Python playwright is not installed (pip install playwright)")
 
-from test_app_api import launch_app, one_thread  # noqa: F401  (fixture used by name)
+from test_app_api import launch_app
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,6 @@ from dflash_core import DFlashDrafter, Target, run
 from dflash_core.training.objective import DrafterTrainer, block_layout, default_gamma, greedy_path_labels
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_labels_stop_where_the_text_leaves_the_greedy_path():
     ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12])
     # greedy[t] is the target's next token after t; the text agrees except after t = 2 and t = 5.

@@ -31,15 +31,6 @@ from dflash_core.training.train import main, parse_args
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models: a second OpenMP thread only adds synchronisation, badly so on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _prompt_ids(target: Target, text: str) -> list[int]:
     out = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     if hasattr(out, "keys"):
