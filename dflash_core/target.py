@@ -7,7 +7,6 @@ partial acceptance. Works for Llama, Qwen3 and other `AutoModelForCausalLM` deco
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from pathlib import Path
 
@@ -29,9 +28,14 @@ def wants_batch_invariance(device: torch.device | str, dtype: torch.dtype) -> bo
 
 
 def default_attention(device: torch.device | str) -> str:
-    """flash-attn where it can run (CUDA with the package installed), PyTorch SDPA elsewhere."""
-    if torch.device(device).type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
+    """PyTorch SDPA everywhere, flash-attn installed or not.
+
+    transformers' flash-attention path checks the position ids of every multi-token forward for
+    packed sequences with a host sync in every layer (`_is_packed_sequence`), which would add one
+    sync per layer to each verification; on CUDA in bf16, SDPA runs fused flash/memory-efficient
+    kernels of its own. flash-attn still serves the drafter's attention (`fallbacks.py`).
+    """
+    del device  # the same answer on every device; kept so callers need not change
     return "sdpa"
 
 
