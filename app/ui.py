@@ -7,14 +7,17 @@ the snapshots to the renderers; they translate every `DFlashError` into a messag
 from __future__ import annotations
 
 import json
+import queue
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import gradio as gr
 
-from dflash_core import DFlashError, SamplingParams, generate
+from dflash_core import SamplingParams, generate
+from dflash_core.errors import explain
 from dflash_core.lossless import compare as lossless_check
 
 from . import charts, render
@@ -28,6 +31,7 @@ from .tokens import TokenPieces
 MAX_PROMPT_CHARS = 16_000
 MAX_NEW_TOKENS = 512
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
+PROGRESS_EVERY_S = 0.25  # download progress lines at most this often
 
 INTRO = """# ⚡ DFlash Studio
 Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
@@ -77,8 +81,33 @@ class App:
         self.cache = cache
 
     # --- pair selection and loading -----------------------------------------------------------
+    def loading(self, spec: PairSpec, frame):
+        """Generator: loads `spec` in a worker and yields `frame(line)` for each progress line
+        (Hub downloads in bytes and files); returns the loaded pair or raises what the load raised."""
+        updates: queue.Queue = queue.Queue()
+        result = {}
+
+        def work():
+            try:
+                result["pair"] = self.cache.get(spec, progress=updates.put)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which explains it
+                result["error"] = exc
+            finally:
+                updates.put(None)
+
+        threading.Thread(target=work, daemon=True).start()
+        last = float("-inf")
+        while (update := updates.get()) is not None:
+            now = time.perf_counter()
+            if now - last >= PROGRESS_EVERY_S:  # a download reports many times a second
+                last = now
+                yield frame(update.message())
+        if "error" in result:
+            raise result["error"]
+        return result["pair"]
+
     def load_selected(self, pair_id: str):
-        """Generator for the status line: a loading state first, then ready or why not."""
+        """Generator for the status line: loading (with download progress), then ready or why not."""
         spec = self.pairs.get(pair_id)
         if spec is None:
             yield f"⚠ Unknown pair {pair_id!r}.", gr.skip()
@@ -87,18 +116,20 @@ class App:
         if reason:
             yield f"⚠ **Unavailable:** {reason}", gr.skip()
             return
+        loading = f"Loading **{spec.label}** on {self.cache.device} (first time only)"
         if not self.cache.is_loaded(spec):
-            yield f"Loading **{spec.label}** on {self.cache.device} (first time only)…", gr.skip()
+            yield f"{loading}…", gr.skip()
         try:
-            pair = self.cache.get(spec)
-        except (DFlashError, OSError) as exc:
-            yield f"⚠ **Could not load {spec.label}:** {exc}", gr.skip()
+            pair = yield from self.loading(spec, lambda line: (f"{loading}: {line}…", gr.skip()))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message, the app keeps serving
+            yield f"⚠ **Could not load {spec.label}:** {explain(exc, self.cache.device)}", gr.skip()
             return
         trained = pair.trained_block_size
+        freed = f" Freed {', '.join(self.cache.freed)} to make room." if self.cache.freed else ""
         status = (
             f"✓ **{spec.label}** ready on {self.cache.device} (loaded in {pair.load_s:.1f} s); "
             f"target in {pair.numerics}; drafter trained with block size {trained}; "
-            f"prompts through {pair.chat_template}."
+            f"prompts through {pair.chat_template}.{freed}"
         )
         yield status, gr.update(maximum=trained, value=trained)
 
@@ -125,10 +156,10 @@ class App:
         if block_size == 1:
             gr.Warning("Block size 1 means no drafting: both sides decode plainly, one token per step.")
         # Clear the previous race at once, so old tokens and numbers never mix with new ones.
-        loading = not self.cache.is_loaded(spec)
-        yield self._frame_start(f"Loading {spec.label}… (first time only)" if loading else "Racing…")
+        loading = f"Loading {spec.label}… (first time only)"
+        yield self._frame_start(loading if not self.cache.is_loaded(spec) else "Racing…")
         try:
-            pair = self.cache.get(spec)
+            pair = yield from self.loading(spec, lambda line: self._frame_start(f"{loading} {line}"))
             prompt_ids = pair.encode(prompt)
             common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "stop_ids": pair.stop_ids}
             dflash_events = generate(pair.target, prompt_ids, pair.drafter, block_size=block_size, **common)
@@ -145,11 +176,10 @@ class App:
                     last_chart = now
                 if not snapshot.done:
                     yield self._frame(snapshot, pieces, text_of, None, with_charts)
-        except DFlashError as exc:
-            raise gr.Error(str(exc)) from None
-
-        d_sum, p_sum = snapshot.dflash.summary, snapshot.plain.summary
-        verdict = lossless_check(pair.plain, prompt_ids, d_sum.output_ids, p_sum.output_ids) if sampling.greedy else None
+            d_sum, p_sum = snapshot.dflash.summary, snapshot.plain.summary
+            verdict = lossless_check(pair.plain, prompt_ids, d_sum.output_ids, p_sum.output_ids) if sampling.greedy else None
+        except Exception as exc:  # noqa: BLE001 - OOM, CUDA errors, missing files: all reach the visitor
+            raise gr.Error(explain(exc, self.cache.device)) from None
         report = race_report(d_sum, p_sum, sampling.temperature, block_size, verdict)
         settings = {
             "pair": spec.id,
