@@ -101,7 +101,7 @@ def benchmark(args) -> dict:
             rows[f"dflash_b{b}"].append((s.total_s, len(s.output_ids)))
             identical[b] += s.output_ids == plain.output_ids
             verdicts[b].append(lossless_check(target, prompt_ids, s.output_ids, plain.output_ids))
-        for name, kwargs in (("hf_generate", {}), ("prompt_lookup", {"prompt_lookup_num_tokens": 10})):
+        for name, kwargs in () if args.skip_peers else (("hf_generate", {}), ("prompt_lookup", {"prompt_lookup_num_tokens": 10})):
             seconds, ids = timed_hf_generate(target.model, prompt_ids, args.max_new_tokens, eos, **kwargs)
             rows[name].append((seconds, len(ids)))
         print(f"  prompt {i + 1}/{len(encoded)}: tau " + ", ".join(
@@ -109,7 +109,7 @@ def benchmark(args) -> dict:
 
     def tok_s(name):
         seconds = sum(t for t, _ in rows[name])
-        return sum(n for _, n in rows[name]) / seconds
+        return sum(n for _, n in rows[name]) / seconds if seconds else None
 
     plain_tok_s = tok_s("plain")
     per_block = {}
@@ -160,8 +160,8 @@ def benchmark(args) -> dict:
         "dflash_tok_s": head["tok_s"],
         "plain_tok_s": plain_tok_s,
         "per_position_acceptance": head["per_position_acceptance"],
-        "speedup_prompt_lookup": tok_s("prompt_lookup") / plain_tok_s,
-        "speedup_hf_generate": tok_s("hf_generate") / plain_tok_s,
+        "speedup_prompt_lookup": None if args.skip_peers else tok_s("prompt_lookup") / plain_tok_s,
+        "speedup_hf_generate": None if args.skip_peers else tok_s("hf_generate") / plain_tok_s,
         "speedup_assisted": None,  # no smaller model shares the default target's tokenizer offline
         "per_block_size": per_block,
         "tau_per_category": {c: statistics.fmean(v) for c, v in sorted(per_category.items()) if v},
@@ -197,6 +197,8 @@ def print_table(result: dict) -> None:
             print(f"    {d['message']}")
     for name, label in (("hf_generate", "HF generate"), ("prompt_lookup", "HF prompt lookup")):
         speedup = result[f"speedup_{name}"]
+        if speedup is None:
+            continue
         print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
     print(f"{'HF assisted':<22}{'n/a: no same-tokenizer assistant available offline':>36}")
     if result["tau_per_category"]:
@@ -219,6 +221,8 @@ def main(argv=None) -> int:
                         "switch, as the released DFlash drafters were trained)")
     parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
                         help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
+    parser.add_argument("--skip-peers", action="store_true",
+                        help="decode with plain and DFlash only (no transformers generate / prompt lookup)")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--cycle-times", action="store_true",
                         help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
