@@ -26,7 +26,7 @@ VerdictKind = Literal["identical", "near_tie", "diverged"]
 # A tie is "near" when both tokens score within this many ulps (of the largest score, in the
 # target's dtype) of the best token. Rounding one matmul differently moves a logit by about one
 # ulp; the layers before it add a few more.
-NEAR_TIE_ULPS = 8
+NEAR_TIE_ULPS = 4
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class Target:
         self.static_cache = static_cache
         self.cache = None
         self._length = self._capacity = 0
-        self.reset()
+        self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
         self._recording = False
         self._hooks = []

@@ -16,7 +16,7 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
 - exactness: an oracle drafter (`dflash_core/oracle.py`) proposes plain decoding's continuation
   with slots corrupted on a fixed schedule; in float32 the output must equal plain decoding and
   the acceptance lengths the schedule, kernels on and off, greedy and top-k-1 sampling (both draft
-  modes); seeded sampling must repeat itself;
+  modes), dynamic and static KV cache; seeded sampling must repeat itself;
 - speed: bf16 plain decoding against DFlash with the oracle at tau 4, 6.5 and 8 (speedup, speedup
   over tau, per-cycle draft/verify/bookkeeping from the engine's CUDA-event timings, host syncs per
   cycle, peak memory), the three-way lossless verdict of each run, and `bench_cycle.time_cycle`'s
@@ -270,7 +270,7 @@ def _oracle_runs(target, drafter, prompt, plan, n, schedule, kernels_mode, **kwa
 
 
 def part_exactness(state) -> dict:
-    from dflash_core import SamplingParams, load_pair, run
+    from dflash_core import SamplingParams, Target, load_pair, run
     from dflash_core.lossless import compare
 
     device, n = state["device"], TOKENS[state["shape"]][0]
@@ -284,6 +284,9 @@ def part_exactness(state) -> dict:
         s, lengths = _oracle_runs(target, drafter, prompt, plan, n, SCHEDULE, mode)
         greedy[mode] = s
         checks[f"greedy kernels={mode}"] = list(s.output_ids) == plan[:n] and s.acceptance_lengths == lengths
+    static = Target(target.model, static_cache=True)  # the preallocated cache, same weights
+    s, lengths = _oracle_runs(static, drafter, prompt, plan, n, SCHEDULE, "auto")
+    checks["greedy, static KV cache"] = list(s.output_ids) == plan[:n] and s.acceptance_lengths == lengths
     checks["lossless verdict identical"] = compare(target, prompt, greedy["auto"].output_ids, plan[:n]).kind == "identical"
     point_mass = SamplingParams(temperature=0.7, top_k=1, seed=11)  # the sampled paths, with a known answer
     for draft_mode in ("sample", "argmax"):
@@ -320,7 +323,7 @@ def _decode_rate(summary) -> float:
 def part_speed(state) -> dict:
     import torch
 
-    from dflash_core import Block, generate, run
+    from dflash_core import Block, Target, generate, run
     from dflash_core.bench_cycle import SHAPES, TARGETS, time_cycle
     from dflash_core.lossless import compare
     from dflash_core.oracle import OracleDrafter, schedule_for_tau
@@ -366,6 +369,11 @@ def part_speed(state) -> dict:
             "max_syncs_per_cycle": max(syncs), "lossless": verdict.to_dict(),
         }
         ok = ok and max(syncs) <= 1 and verdict.kind != "diverged"
+    static = Target(target.model, static_cache=True)
+    oracle = OracleDrafter(drafter, plan, schedule_for_tau(6.5, b), target.vocab_size)
+    run(static, prompt, oracle, max_new_tokens=8)
+    s = run(static, prompt, oracle, max_new_tokens=n)
+    result["static_cache_tau_6.5"] = {"tau": s.tau, "tok_s": _decode_rate(s), "speedup": _decode_rate(s) / plain_rate}
     split = time_cycle(target, drafter, SHAPES[state["shape"]]["context"], b, iters=10 if cuda else 3, taus=TAUS)
     result["cycle_split"] = {k: split[k] for k in ("plain_ms", "draft_ms", "verify_ms", "bookkeeping_ms", "cycle_ms",
                                                    "ratios", "speedup", "draft_cuda_graph_ms", "kernels")}

@@ -3,7 +3,7 @@
 On a machine without CUDA the Triton kernels run in Triton's interpreter: `TRITON_INTERPRET=1` is
 set by an autouse fixture for these tests only (monkeypatch restores it), and the kernels build
 their `triton.jit` wrapper per interpreter mode, so nothing leaks into other test modules. With
-CUDA (scripts/gpu_check.sh) the same tests run the compiled kernels on the GPU.
+CUDA (scripts/gpu_check.py) the same tests run the compiled kernels on the GPU.
 
 Error bounds (also in kernels/kv_injection.py):
   - KV injection, fp32 inputs: |kernel - reference| <= 1e-5 absolute (rtol 1e-5);
