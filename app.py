@@ -1,7 +1,8 @@
 """Launcher for the DFlash Studio web app: `python app.py [--host H] [--port P] [--share]`.
 
 Flags override the usual Gradio environment variables (GRADIO_SERVER_NAME, GRADIO_SERVER_PORT);
-`--target/--drafter` add a pair from the command line and select it.
+`--target/--drafter` add a pair from the command line and select it; `--replay FILE` serves a
+recorded race with no model (torch is not even imported) and plays it when the page opens.
 """
 
 from __future__ import annotations
@@ -13,8 +14,16 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from app.space import default_limits, on_space, on_zerogpu  # noqa: E402  (imports neither torch nor models)
+
+if on_zerogpu():
+    import spaces  # noqa: F401  (ZeroGPU must patch CUDA before torch is imported)
+
+
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.limits import add_flags
+
     parser = argparse.ArgumentParser(description="DFlash Studio: DFlash vs plain decoding, live.")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
@@ -28,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs.json)")
+    parser.add_argument("--mcp", action="store_true", help="also serve the compare endpoint as an MCP tool")
+    add_flags(parser, default_limits())
+    parser.add_argument(
+        "--replay", metavar="FILE",
+        help="replay a recorded trace (dflash-trace/1 JSON, e.g. assets/traces/*.json) with no model loaded",
+    )
     parser.add_argument(
         "--threads", type=int,
         help="torch CPU threads (default: all cores but one when serving on this machine's loopback, "
@@ -40,6 +55,9 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     if bool(args.target) != bool(args.drafter):
         raise SystemExit("error: --target and --drafter go together")
+    if args.replay:
+        serve_replay(args)
+        return
 
     import torch
 
@@ -50,7 +68,13 @@ def main(argv=None) -> None:
         torch.set_num_threads(threads)
     print(f"DFlash Studio: {torch.get_num_threads()} torch CPU threads", flush=True)
 
+    from app.limits import from_args
     from app.pairs import cli_pair, load_pairs
+
+    if on_space():
+        from app.space import install_default_target
+
+        install_default_target()
     from app.ui import build_demo
 
     pairs, default_id = load_pairs()
@@ -59,8 +83,28 @@ def main(argv=None) -> None:
         pairs, default_id = [pair, *pairs], pair.id
     if args.pair:
         default_id = args.pair
-    demo = build_demo(pairs, default_id, PairCache(args.device))
-    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share)
+    zerogpu = on_zerogpu()
+    # ZeroGPU: models go to (emulated) CUDA at start-up; no compute happens outside a GPU call.
+    cache = PairCache("cuda" if zerogpu else args.device, warm_up=not zerogpu, cpu_for_cpu_pairs=zerogpu)
+    demo = build_demo(pairs, default_id, cache, from_args(args))
+    if zerogpu:
+        cache.get(next(p for p in pairs if p.id == default_id))
+    # A Space serves the compare endpoint as an MCP tool too.
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp or on_space())
+
+
+def serve_replay(args) -> None:
+    """A replay-only app: no model pairs, no torch, so it serves within seconds."""
+    from app.limits import from_args
+    from app.replay import ReplayError, load_trace
+    from app.ui import build_demo
+
+    try:
+        load_trace(args.replay)  # a bad file is named here, not as a broken page
+    except ReplayError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    demo = build_demo([], "", None, from_args(args), replay=args.replay, live=False)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

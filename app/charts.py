@@ -2,8 +2,8 @@
 
 Metrics come from the engine's `Summary` properties (over a provisional summary while running),
 so the charts and the trace download always agree. Figures are built from plain dicts without
-plotly's per-property validation: validating a themed figure costs ~25 ms, too slow to redraw
-four of them several times a second on a busy CPU.
+plotly's per-property validation, which is too slow to redraw four figures several times a
+second on a busy CPU.
 """
 
 from __future__ import annotations

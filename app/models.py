@@ -37,6 +37,7 @@ class LoadedPair:
     drafter: DFlashDrafter
     load_s: float
     template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
 
     @property
     def tokenizer(self):
@@ -52,6 +53,11 @@ class LoadedPair:
     @property
     def trained_block_size(self) -> int:
         return self.drafter.block_size
+
+    @property
+    def context_length(self) -> int | None:
+        """Positions the target can attend to (None when its config does not say)."""
+        return getattr(self.target.model.config, "max_position_embeddings", None)
 
     @property
     def stop_ids(self) -> list[int]:
@@ -77,10 +83,8 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 def default_threads(host: str, cores: int) -> int | None:
     """Threads to use when --threads is not given; None keeps torch's default (all cores).
 
-    Served on loopback, the browser runs on the same CPU and repaints while both sides decode.
-    Measured on a 2-core box: with 2 torch threads the page showed 7-13 tok/s and speedups that
-    swung from 0.9x to 1.1x between runs (the benchmark: 17 tok/s, 1.25x); with 1 thread it showed
-    14-15 tok/s and agreed with the benchmark at 1 thread within 7%. Remote viewers (a Space, --host
+    Served on loopback, the browser runs on the same CPU and repaints while both sides decode, so
+    one core is left to it (docs/benchmarks.md has the figures). Remote viewers (a Space, --host
     0.0.0.0) leave the whole CPU to the app.
     """
     if host in LOOPBACK and cores > 1:
@@ -124,12 +128,24 @@ class PairCache:
     query of (free, total) device bytes (tests).
     """
 
-    def __init__(self, device: str | None = None, memory=None):
+    def __init__(
+        self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False, memory=None
+    ):
+        """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU).
+
+        cpu_for_cpu_pairs: pairs that do not need a GPU load on the CPU whatever `device` is (on
+        ZeroGPU they then race without GPU quota).
+        """
         self.device = device or default_device()
+        self.warm_up = warm_up
+        self.cpu_for_cpu_pairs = cpu_for_cpu_pairs
         self.memory = memory or (lambda: gpu_memory(self.device))
         self.freed: list[str] = []  # labels of the pairs the last load freed
         self._pairs: dict[str, LoadedPair] = {}
         self._lock = threading.Lock()
+
+    def device_for(self, spec: PairSpec) -> str:
+        return "cpu" if self.cpu_for_cpu_pairs and not spec.needs_gpu else self.device
 
     def is_loaded(self, spec: PairSpec) -> bool:
         return spec.id in self._pairs
@@ -139,23 +155,27 @@ class PairCache:
         with self._lock:  # two sessions clicking at once must not load the weights twice
             if spec.id in self._pairs:
                 return self._pairs[spec.id]
-            reason = availability(spec, self.device)
+            reason = availability(spec, self.device_for(spec))
             if reason:
                 raise PairUnavailable(reason)
             t0 = time.perf_counter()
+            device = self.device_for(spec)
+            self.freed = []
             target_dir = fetch_target(_target_location(spec), progress)
             drafter_dir = resolve_model_dir(
                 spec.drafter_location(), ("config.json", "model.safetensors"), progress=progress
             )
-            itemsize = parse_dtype(spec.dtype, self.device).itemsize
-            self.make_room(weights_bytes(Path(target_dir), itemsize) + weights_bytes(drafter_dir, itemsize))
-            pair = load_pair(target_dir, str(drafter_dir), device=self.device, dtype=spec.dtype)
+            if device == self.device:  # a pair moved to the CPU takes no device memory
+                itemsize = parse_dtype(spec.dtype, device).itemsize
+                self.make_room(weights_bytes(Path(target_dir), itemsize) + weights_bytes(drafter_dir, itemsize))
+            pair = load_pair(target_dir, str(drafter_dir), device=device, dtype=spec.dtype)
             if pair.tokenizer is None:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
             args = template_args(pair.tokenizer, None, spec.chat_template_args)
             loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args)
-            _warm_up(loaded)
+            if self.warm_up or device == "cpu":
+                _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded
 

@@ -6,6 +6,10 @@ draft and verify seconds of its blocks) is behind. An event is released to the v
 display clock reaches its timestamp, so at every frame both panes show the same moment of
 compute time and the on-screen race matches the measured speeds. The snapshots it yields are
 plain data; rendering them is someone else's job.
+
+A replay feeds recorded events through the same race: their timestamps are the recorded compute
+clocks, and `speed` paces the display at a multiple of real time. A `Control` (see `control.py`)
+pauses the race and steps it one DFlash cycle at a time.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from dflash_core import Block, Prefill, Summary
+from dflash_core.events import Block, Prefill, StopReason, Summary
+
+from .control import Control
 
 Event = Prefill | Block | Summary
 
@@ -53,7 +59,7 @@ class SideView:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
-    def as_summary(self) -> Summary | None:
+    def as_summary(self, stop_reason: StopReason = "running") -> Summary | None:
         """The engine's summary, or a provisional one over the blocks shown so far."""
         if self.summary is not None:
             return self.summary
@@ -63,7 +69,7 @@ class SideView:
             output_ids=tuple(self.output_ids),
             prompt_len=self.prefill.prompt_len,
             block_size=self.block_size,
-            stop_reason="running",
+            stop_reason=stop_reason,
             prefill=self.prefill,
             blocks=self.blocks,
             total_s=self.elapsed_s,
@@ -76,6 +82,8 @@ class Snapshot:
     plain: SideView
     wall_s: float  # since the race started
     done: bool
+    stopped: bool = False  # the race was cut short by `stop`: what is shown is all there is
+    paused: bool = False  # the viewer paused the race at this snapshot
 
 
 class _Runner:
@@ -93,6 +101,7 @@ class _Runner:
         self.summary: Summary | None = None
         self.timeline: list[tuple[float, int]] = []
         self.tokens = 0
+        self.block_stamps: list[float] = []  # compute clock at the end of each computed block
 
     def step(self) -> None:
         event = next(self.events)
@@ -102,6 +111,7 @@ class _Runner:
             self.clock = event.seconds
         elif isinstance(event, Block):
             self.clock = event.elapsed_s
+            self.block_stamps.append(self.clock)
         else:
             self.clock = event.total_s
             self.finished = True
@@ -146,15 +156,26 @@ def race(
     frame_s: float = 0.08,
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
+    stop: Callable[[], bool] = lambda: False,
+    speed: float | None = None,
+    control: Control | None = None,
 ) -> Iterator[Snapshot]:
-    """Yield snapshots of both sides until both have finished on screen.
+    """Yield snapshots of both sides until both have finished on screen, or until `stop()`.
 
+    stop: asked before every engine step (one cycle of one side); once it returns True the race
+    computes nothing more and ends with a snapshot of what is on screen, marked `stopped`.
+
+    speed: for recorded events (a replay): show compute time at `speed` times real time.
+    control: pause / step / continue; the race then runs on `control.clock`, which stops while
+    paused, and while paused shows at most the DFlash cycles the control allows.
     pace: after the faster side finishes, only one side is left to compute, so its events would
     arrive twice as fast as during the shared phase; pacing keeps the on-screen clock running at
     the rate of the shared phase (compute seconds shown per second spent computing), so that the
     race the viewer sees stays proportional to the measured times.
     """
     runners = [_Runner("dflash", dflash_events, dflash_block_size), _Runner("plain", plain_events, 1)]
+    if control is not None:
+        clock = control.clock
     t0 = clock()
     busy = 0.0  # wall seconds spent computing (not waiting for the consumer of the frames)
     rate: float | None = None  # compute seconds shown per wall second, fixed once a side finishes
@@ -164,6 +185,15 @@ def race(
     dirty = False  # released events not yet in a frame
     display = 0.0
     while True:
+        shown = len(runners[0].blocks)
+        if control is not None and control.holding(shown) and not stop():
+            # Show what was released (the stepped cycle) and mark the pause, then wait.
+            dirty, last_frame = False, clock() - t0
+            yield Snapshot(runners[0].view(display), runners[1].view(display), last_frame, False, paused=True)
+            control.hold(shown, until=stop)
+        if stop():
+            yield Snapshot(runners[0].view(display), runners[1].view(display), clock() - t0, True, stopped=True)
+            return
         active = [r for r in runners if not r.finished]
         if active:
             started = clock()
@@ -172,9 +202,16 @@ def race(
             active = [r for r in runners if not r.finished]
         wall = clock() - t0
         computed = min((r.clock for r in active), default=float("inf"))
-        if pace and rate is None and active and len(active) < len(runners) and busy > 0:
-            rate, anchor = computed / busy, (wall, computed)
-        display = computed if not (pace and rate) else min(computed, anchor[1] + rate * (wall - anchor[0]))
+        if speed:
+            display = min(computed, speed * wall)
+        else:
+            if pace and rate is None and active and len(active) < len(runners) and busy > 0:
+                rate, anchor = computed / busy, (wall, computed)
+            display = computed if not (pace and rate) else min(computed, anchor[1] + rate * (wall - anchor[0]))
+        allowed = control.cap() if control is not None else None
+        if allowed is not None and allowed <= len(runners[0].block_stamps):
+            # Paused: no further than the end of the last cycle allowed, on both sides.
+            display = min(display, runners[0].block_stamps[allowed - 1] if allowed else 0.0)
         released = [r.release(display) for r in runners]  # every side, no short-circuit
         dirty = any(released) or dirty
         finished = not active and not any(r.pending for r in runners)
@@ -187,5 +224,8 @@ def race(
         if not active:
             # Everything is computed; wait for the on-screen clock to reach the next event.
             next_stamp = min(r.pending[0][0] for r in runners if r.pending)
-            due = anchor[0] + (next_stamp - anchor[1]) / rate if rate else wall
+            if speed:
+                due = next_stamp / speed
+            else:
+                due = anchor[0] + (next_stamp - anchor[1]) / rate if rate else wall
             sleep(max(0.0, min(due - wall, frame_s)))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .race import SideView
+from .tips import plain_tip, token_tip
 
 COLORS = {
     "accepted": "#b7ebc0",  # draft token the target kept
@@ -62,6 +63,23 @@ def plain_marks(view: SideView) -> list[TokenMark]:
     return [TokenMark("plain", i, None, False) for i in range(view.num_tokens)]
 
 
+def dflash_tips(view: SideView, text_of: Callable[[int], str]) -> list[str]:
+    """Hover boxes for the DFlash pane's tokens, in output order (see `tips.py`)."""
+    tips = ['<span class="tip"><b>first token</b> · from the prefill: the target\'s own</span>'] if view.prefill else []
+    for block in view.blocks:
+        for i, token in enumerate(block.committed_ids):
+            what = "accepted draft token" if i < block.accepted else "bonus token (the target's own)"
+            tips.append(token_tip(block, i + 1, what, text_of, token))
+    return tips
+
+
+def plain_tips(view: SideView, text_of: Callable[[int], str]) -> list[str]:
+    tips = ['<span class="tip"><b>first token</b> · from the prefill</span>'] if view.prefill else []
+    for block in view.blocks:
+        tips.extend(plain_tip(block, text_of) for _ in block.committed_ids)
+    return tips
+
+
 def _title(mark: TokenMark, position: int, text_of: Callable[[int], str], diff: bool) -> str:
     if mark.block is None:
         parts = ["first token (from the prefill, the target's own)"]
@@ -78,9 +96,14 @@ def _title(mark: TokenMark, position: int, text_of: Callable[[int], str], diff: 
 
 
 def tokens_html(
-    marks: list[TokenMark], pieces: list[str], text_of: Callable[[int], str], diff_at: int | None = None
+    marks: list[TokenMark],
+    pieces: list[str],
+    text_of: Callable[[int], str],
+    diff_at: int | None = None,
+    tips: list[str] | None = None,
 ) -> str:
-    """One span per token; `pieces[i]` is the decoded text of token i."""
+    """One span per token; `pieces[i]` is the decoded text of token i, `tips[i]` its hover box
+    (already escaped HTML from `tips.py`; without one the browser's title tooltip is used)."""
     if not marks:
         return f'<div class="dflash-pane" style="{_PANE}"><span style="color:#889">waiting for tokens…</span></div>'
     spans = []
@@ -96,14 +119,19 @@ def tokens_html(
             if mark.block is None
             else f' data-block="{mark.block}"' + ("" if mark.slot is None else f' data-slot="{mark.slot}"')
         )
+        tip = tips[i] if tips and i < len(tips) else ""
+        hover = "" if tip else f' title="{title}"'
         spans.append(
-            f'<span class="tok tok-{mark.kind}"{data} title="{title}" style="{style}">{html.escape(piece)}</span>'
+            f'<span class="tok tok-{mark.kind}"{data}{hover} style="{style}">{html.escape(piece)}{tip}</span>'
         )
     return f'<div class="dflash-pane" style="{_PANE}">{"".join(spans)}</div>'
 
 
-def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 40) -> str:
-    """Per block: what the drafter proposed, accepted in green, rejected in red, then the bonus."""
+def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 40, tips: bool = False) -> str:
+    """Per block: what the drafter proposed, accepted in green, rejected in red, then the bonus.
+
+    tips: give each chip its hover box (top-k and verdict) instead of a title.
+    """
     if not view.blocks or not view.blocks[0].draft_ids:
         return ""
     rows = []
@@ -118,14 +146,22 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
                 else ";text-decoration:line-through;opacity:%s" % ("1" if k == block.accepted else "0.55")
             )
             title = html.escape(f"block {block.index}, slot {k + 1}: {kind} draft token", quote=True)
+            chosen = block.bonus_id if k == block.accepted else token
+            tip = token_tip(block, k + 1, f"{kind} draft token", text_of, chosen) if tips else ""
+            hover = "" if tip else f' title="{title}"'
             chips.append(
-                f'<span class="chip chip-{kind}" title="{title}" style="background:{COLORS[kind]};'
-                f'border-radius:3px;padding:0 2px;margin-right:2px{deco}">{html.escape(_visible(text_of(token)))}</span>'
+                f'<span class="chip chip-{kind}" data-block="{block.index}" data-slot="{k + 1}"{hover} '
+                f'style="background:{COLORS[kind]};border-radius:3px;padding:0 2px;margin-right:2px{deco}">'
+                f"{html.escape(_visible(text_of(token)))}{tip}</span>"
             )
-        bonus_title = html.escape(f"block {block.index}, slot {block.accepted + 1}: bonus token", quote=True)
+        bonus_slot = block.accepted + 1
+        bonus_title = html.escape(f"block {block.index}, slot {bonus_slot}: bonus token", quote=True)
+        tip = token_tip(block, bonus_slot, "bonus token", text_of, block.bonus_id) if tips else ""
+        hover = "" if tip else f' title="{bonus_title}"'
         chips.append(
-            f'<span class="chip chip-bonus" title="{bonus_title}" style="background:{COLORS["bonus"]};'
-            f'border-radius:3px;padding:0 2px;margin-left:6px">{html.escape(_visible(text_of(block.bonus_id)))}</span>'
+            f'<span class="chip chip-bonus" data-block="{block.index}" data-slot="{bonus_slot}"{hover} '
+            f'style="background:{COLORS["bonus"]};border-radius:3px;padding:0 2px;margin-left:6px">'
+            f"{html.escape(_visible(text_of(block.bonus_id)))}{tip}</span>"
         )
         rows.append(
             f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;width:4.5em">'
@@ -178,7 +214,9 @@ def summary_html(report: dict | None, note: str = "") -> str:
     if report is None:
         return f'<div class="race-summary" style="color:#667">{html.escape(note) or "Run a prompt to start the race."}</div>'
     verdict = report.get("lossless")
-    if report["identical"] is None:
+    if report["identical"] is None and report.get("stopped"):
+        lossless = "not checked (stopped before both sides reached the same length)"
+    elif report["identical"] is None:
         lossless = "not checked (sampling: outputs may differ by design)"
     elif report["identical"]:
         lossless = '<span style="color:#127a2a">identical ✓</span>'

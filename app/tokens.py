@@ -42,7 +42,3 @@ class TokenPieces:
             self.ids.append(ids[i])
             self.pieces.append(piece)
         return list(self.pieces[: len(ids)])
-
-
-def token_pieces(tokenizer, ids) -> list[str]:
-    return TokenPieces(tokenizer).extend(ids)

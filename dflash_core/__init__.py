@@ -6,27 +6,39 @@ Typical use::
     pair = load_pair("path/or/hub-id-of-target", "path/or/hub-id-of-drafter")
     for event in generate(pair.target, prompt_ids, pair.drafter, max_new_tokens=128):
         ...  # Prefill, then one Block per cycle, then Summary
+
+The names below are imported on first use, so that importing a light submodule (`events`,
+`errors`, the trace validator) does not load torch and transformers: the app's replay mode
+serves a recorded run without either.
 """
 
-from .decoding import generate, run
-from .drafter import DFlashDrafter
-from .errors import DFlashError
-from .events import Block, Prefill, Summary
-from .pair import ModelPair, load_pair, validate_pair
-from .sampling import SamplingParams
-from .target import Target
+from importlib import import_module
 
-__all__ = [
-    "Block",
-    "DFlashDrafter",
-    "DFlashError",
-    "ModelPair",
-    "Prefill",
-    "SamplingParams",
-    "Summary",
-    "Target",
-    "generate",
-    "load_pair",
-    "run",
-    "validate_pair",
-]
+_EXPORTS = {
+    "Block": "events",
+    "DFlashDrafter": "drafter",
+    "DFlashError": "errors",
+    "ModelPair": "pair",
+    "Prefill": "events",
+    "SamplingParams": "sampling",
+    "Summary": "events",
+    "Target": "target",
+    "generate": "decoding",
+    "load_pair": "pair",
+    "run": "decoding",
+    "validate_pair": "pair",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dflash_core' has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

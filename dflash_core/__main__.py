@@ -3,13 +3,14 @@
 Example::
 
     python -m dflash_core generate --target ./target --drafter ./drafter --prompt-ids 1,2,3 \\
-        --max-new-tokens 64 --trace-json trace.json
+        --max-new-tokens 64 --explain --trace-json trace.json
+
+The trace is a "dflash-trace/1" file (`trace.py`) with a per-block CSV beside it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from .chat_template import THINKING_CHOICES, describe_template, template_args
@@ -19,6 +20,7 @@ from .events import Block, Prefill, Summary
 from .pair import DTYPES, load_pair
 from .prompting import IncrementalDecoder, encode_prompt
 from .sampling import SamplingParams
+from .trace import build_trace, settings_of, write_trace
 
 
 def parse_ids(text: str) -> list[int]:
@@ -55,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Qwen3-style thinking in the chat template (default: off where the template has the switch, "
         "as the released DFlash drafters were trained)",
     )
-    gen.add_argument("--trace-json", help="write the full trace (ids, blocks, metrics) to this file")
+    gen.add_argument("--trace-json", help="write the trace (dflash-trace/1: ids, blocks, metrics) here, and a CSV beside it")
+    gen.add_argument(
+        "--explain", type=int, nargs="?", const=5, default=0, metavar="K",
+        help="explain every cycle in the trace (drafter and target top-K, decision, caches, times); K defaults to 5",
+    )
     gen.add_argument("--quiet", action="store_true", help="print only the summary line")
     return parser
 
@@ -94,6 +100,7 @@ def main(argv=None) -> int:
             block_size=args.block_size,
             sampling=sampling,
             stop_ids=stop_ids,
+            explain=args.explain,
         )
         text = IncrementalDecoder(tokenizer) if tokenizer is not None and not args.quiet else None
         for event in events:
@@ -113,8 +120,18 @@ def main(argv=None) -> int:
         f"ttft {summary.ttft_s * 1000:.0f} ms, stop: {summary.stop_reason}"
     )
     if args.trace_json:
-        with open(args.trace_json, "w") as f:
-            json.dump(summary.to_trace(), f)
+        drafter = pair.drafter
+        trace = build_trace(
+            settings=settings_of(args.prompt, prompt_ids, args.max_new_tokens, summary.block_size, sampling,
+                                 explain=args.explain),
+            pair={"id": None, "target": args.target, "drafter": None if drafter is None else args.drafter,
+                  "trained_block_size": None if drafter is None else drafter.block_size},
+            runs={"plain" if drafter is None else "dflash": summary},
+            vocab_size=pair.target.vocab_size,
+            text_of=None if tokenizer is None else lambda t: tokenizer.decode([t], skip_special_tokens=False),
+            device=pair.target.device,
+        )
+        write_trace(trace, args.trace_json)
     return 0
 
 

@@ -12,16 +12,13 @@ dozen tokens. This module removes the difference instead of hoping it is small:
   shape is probed once at load: where its kernel computes a row of a block differently from that
   row alone, that layer runs a block one row at a time (exact, slower).
 
-The probe is needed because row invariance depends on the CPU, not only the library: oneDNN's
-bf16 kernel is row-invariant on an Intel Xeon with AMX at every SmolLM2 shape, but on an AMD EPYC
-with AVX512-BF16 (no AMX) it splits reductions longer than 1,024 differently for one row than for
-a block, so SmolLM2's 1536-wide `down_proj` differs in the last bit (1 of 12 held-out outputs
-stayed identical before the probe). Everything else in a decoder layer (norms, RoPE, activations,
-residuals) already works row by row. By induction over decoding, every cached key and value is
-then bitwise what plain decoding would have cached, and DFlash's output equals plain decoding's by
-construction. float32 gets no such claim and keeps its fastest one-row library: there even the
-Intel machine's oneDNN reduces a 1536-wide `down_proj` differently for one row than for a block,
-so every MLP would run row by row.
+The probe is needed because row invariance depends on the CPU, not only the library: the same
+oneDNN kernel can split a long reduction differently for one row than for a block on one CPU and
+not on another. Everything else in a decoder layer (norms, RoPE, activations, residuals) already
+works row by row. By induction over decoding, every cached key and value is then bitwise what
+plain decoding would have cached, and DFlash's output equals plain decoding's by construction.
+float32 gets no such claim and keeps its fastest one-row library, where every MLP would otherwise
+run row by row. Which shapes fail on which CPUs: docs/benchmarks.md.
 """
 
 from __future__ import annotations

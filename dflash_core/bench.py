@@ -6,11 +6,16 @@ not slow). All share one target with one dtype, so speedups compare like with li
 and, as the last line of stdout, one JSON object with the headline figures.
 
     python -m dflash_core.bench --target default:smollm2 --drafter assets/drafters/smollm2-135m-instruct-dflash \\
-        --dtype float32 --max-new-tokens 128 --num-prompts 20
+        --dtype float32 --max-new-tokens 128 --prompt-set both --num-prompts 58
+
+Prompts come from the natural set (`assets/prompts/natural.jsonl`, written by hand the way people type,
+plus the app's examples, never trained on), the generated split (`heldout.jsonl`, held out from the
+training prompt sources) or both; tau, speedup and identical are reported per set and per category.
 
 `--cycle-times` instead times the parts of one cycle (draft, verify, bookkeeping) of this pair
 against one plain step, and `--synthetic SHAPE` does so for random-weight models in the released
-Qwen3 shapes (see `bench_cycle.py`).
+Qwen3 shapes (see `bench_cycle.py`). `--explain [K]` measures what the cycle explanation costs
+(`bench_explain.py`).
 """
 
 from __future__ import annotations
@@ -28,12 +33,16 @@ from .batch_invariant import describe, is_batch_invariant, rows_alone_layers
 from .chat_template import THINKING_CHOICES, describe_template, template_args
 from .cpu_linear import single_row_library
 from .decoding import run
-from .lossless import compare as lossless_check
 from .default_target import DEFAULT_TARGET
+from .lossless import compare as lossless_check
 from .pair import DTYPES, load_pair
 from .prompting import encode_prompt
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "heldout.jsonl"
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+# The generated split (held out from the training prompt sources) and the natural set (written by hand
+# the way people type, plus the app's examples; never trained on).
+PROMPT_SETS = {"generated": PROMPTS_DIR / "heldout.jsonl", "natural": PROMPTS_DIR / "natural.jsonl"}
+DEFAULT_PROMPTS = PROMPT_SETS["generated"]
 BUILTIN_PROMPTS = [
     "What is the capital of France?",
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -51,6 +60,20 @@ def load_prompts(path: str | None, limit: int) -> list[dict]:
     # Spread the selection over the whole file so every category is represented.
     step = max(1, len(records) // limit)
     return records[::step][:limit]
+
+
+def select_prompts(prompts_path: str | None, prompt_set: str, limit: int) -> list[dict]:
+    """Records of the chosen set(s), each tagged with its set name; `limit` applies to each set.
+
+    A set with at most `limit` prompts is used whole. `--prompts PATH` is one set named after the file.
+    """
+    if prompts_path is not None:
+        sets = {Path(prompts_path).stem: prompts_path}
+    else:
+        names = ["natural", "generated"] if prompt_set == "both" else [prompt_set]
+        # The generated split falls back to a few built-in prompts where its file is missing.
+        sets = {name: None if name == "generated" else str(PROMPT_SETS[name]) for name in names}
+    return [{**record, "set": name} for name, path in sets.items() for record in load_prompts(path, limit)]
 
 
 def timed_hf_generate(model, prompt_ids, max_new_tokens, eos_id, **kwargs):
@@ -75,9 +98,10 @@ def benchmark(args) -> dict:
     block_sizes = args.block_sizes or [drafter.block_size]
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     stop_ids = [eos] if eos is not None else []
-    prompts = load_prompts(args.prompts, args.num_prompts)
+    prompts = select_prompts(args.prompts, args.prompt_set, args.num_prompts)
     chat_args = template_args(tokenizer, args.thinking) if tokenizer is not None else {}
     encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]
+    peers = ("hf_generate", "prompt_lookup") if args.peers else ()
 
     def decode(prompt_ids, block_size=None, use_drafter=True):
         return run(
@@ -88,9 +112,10 @@ def benchmark(args) -> dict:
     decode(encoded[0][:8], use_drafter=False)  # warm up kernels and allocator outside the clock
     decode(encoded[0][:8], block_sizes[0])
 
-    rows = {"plain": [], "hf_generate": [], "prompt_lookup": [], **{f"dflash_b{b}": [] for b in block_sizes}}
+    # Per method, one (seconds, new tokens) per prompt, in prompt order.
+    rows = {"plain": [], **{name: [] for name in peers}, **{f"dflash_b{b}": [] for b in block_sizes}}
     summaries = {b: [] for b in block_sizes}
-    identical = {b: 0 for b in block_sizes}
+    same = {b: [] for b in block_sizes}
     verdicts = {b: [] for b in block_sizes}
     for i, prompt_ids in enumerate(encoded):
         plain = decode(prompt_ids, use_drafter=False)
@@ -99,17 +124,25 @@ def benchmark(args) -> dict:
             s = decode(prompt_ids, b)
             summaries[b].append(s)
             rows[f"dflash_b{b}"].append((s.total_s, len(s.output_ids)))
-            identical[b] += s.output_ids == plain.output_ids
+            same[b].append(s.output_ids == plain.output_ids)
             verdicts[b].append(lossless_check(target, prompt_ids, s.output_ids, plain.output_ids))
-        for name, kwargs in () if args.skip_peers else (("hf_generate", {}), ("prompt_lookup", {"prompt_lookup_num_tokens": 10})):
-            seconds, ids = timed_hf_generate(target.model, prompt_ids, args.max_new_tokens, eos, **kwargs)
+        kwargs = {"hf_generate": {}, "prompt_lookup": {"prompt_lookup_num_tokens": 10}}
+        for name in peers:
+            seconds, ids = timed_hf_generate(target.model, prompt_ids, args.max_new_tokens, eos, **kwargs[name])
             rows[name].append((seconds, len(ids)))
-        print(f"  prompt {i + 1}/{len(encoded)}: tau " + ", ".join(
-            f"b{b}={summaries[b][-1].tau:.2f}" for b in block_sizes), file=sys.stderr, flush=True)
+        print(f"  prompt {i + 1}/{len(encoded)} ({prompts[i]['set']}/{prompts[i].get('category', '-')}): tau "
+              + ", ".join(f"b{b}={summaries[b][-1].tau:.2f}" for b in block_sizes), file=sys.stderr, flush=True)
 
-    def tok_s(name):
-        seconds = sum(t for t, _ in rows[name])
-        return sum(n for _, n in rows[name]) / seconds if seconds else None
+    def tok_s(name, picked=None):
+        picked = range(len(encoded)) if picked is None else picked
+        return sum(rows[name][i][1] for i in picked) / sum(rows[name][i][0] for i in picked)
+
+    def figures(b, picked) -> dict:
+        """tau, speedup and identical at block size `b` over the prompts `picked` (indices)."""
+        lengths = [length for i in picked for length in summaries[b][i].acceptance_lengths]
+        return {"num_prompts": len(picked), "tau": statistics.fmean(lengths) if lengths else None,
+                "speedup": tok_s(f"dflash_b{b}", picked) / tok_s("plain", picked),
+                "identical": sum(same[b][i] for i in picked) / len(picked)}
 
     plain_tok_s = tok_s("plain")
     per_block = {}
@@ -120,7 +153,7 @@ def benchmark(args) -> dict:
             "tau": statistics.fmean(lengths),
             "tok_s": tok_s(f"dflash_b{b}"),
             "speedup": tok_s(f"dflash_b{b}") / plain_tok_s,
-            "identical": identical[b] / len(encoded),
+            "identical": sum(same[b]) / len(encoded),
             # identical / near_tie / diverged counts, and every difference (lossless.py)
             "lossless": {kind: sum(v.kind == kind for v in verdicts[b]) for kind in ("identical", "near_tie", "diverged")},
             "differences": [v.to_dict() for v in verdicts[b] if v.kind != "identical"],
@@ -131,11 +164,19 @@ def benchmark(args) -> dict:
             "verify_ms_per_cycle": 1000 * sum(s.verify_s for s in summaries[b]) / cycles,
         }
     head = per_block[block_sizes[0]]
-    # Where the drafter is weak (code? stories?) shows per category, at the first block size.
-    per_category: dict[str, list[int]] = {}
-    for p, s in zip(prompts, summaries[block_sizes[0]]):
-        if "category" in p:
-            per_category.setdefault(p["category"], []).extend(s.acceptance_lengths)
+    # Where the drafter is weak shows per prompt set (natural vs generated) and per category, at the
+    # first block size.
+    groups: dict[str, dict[str, list[int]]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(p["set"], {}).setdefault(p.get("category"), []).append(i)
+    per_set = {}
+    for name, by_category in groups.items():
+        per_set[name] = figures(block_sizes[0], [i for picked in by_category.values() for i in picked])
+        per_set[name]["per_category"] = {c: figures(block_sizes[0], picked)
+                                         for c, picked in sorted(by_category.items()) if c is not None}
+    prefix = len(per_set) > 1
+    tau_per_category = {(f"{name}/{c}" if prefix else c): r["tau"]
+                        for name, s in per_set.items() for c, r in s["per_category"].items()}
     return {
         "target": str(args.target),
         "drafter": str(args.drafter),
@@ -160,11 +201,12 @@ def benchmark(args) -> dict:
         "dflash_tok_s": head["tok_s"],
         "plain_tok_s": plain_tok_s,
         "per_position_acceptance": head["per_position_acceptance"],
-        "speedup_prompt_lookup": None if args.skip_peers else tok_s("prompt_lookup") / plain_tok_s,
-        "speedup_hf_generate": None if args.skip_peers else tok_s("hf_generate") / plain_tok_s,
+        "speedup_prompt_lookup": tok_s("prompt_lookup") / plain_tok_s if peers else None,
+        "speedup_hf_generate": tok_s("hf_generate") / plain_tok_s if peers else None,
         "speedup_assisted": None,  # no smaller model shares the default target's tokenizer offline
         "per_block_size": per_block,
-        "tau_per_category": {c: statistics.fmean(v) for c, v in sorted(per_category.items()) if v},
+        "per_set": per_set,
+        "tau_per_category": tau_per_category,
     }
 
 
@@ -178,6 +220,24 @@ def cycle_times(args) -> dict:
         r = time_cycle(pair.target, pair.drafter, args.context, b, taus=(2, 3, 4, 6, 8, 12, 16))
         print_cycle({"target": result["target"], **r})
         result["per_block_size"][b] = r
+    return result
+
+
+def explain_costs(args) -> dict:
+    """`bench_explain.explain_overhead` for the loaded pair at its first block size."""
+    from .bench_explain import explain_overhead
+
+    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+    tokenizer = pair.tokenizer
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+    block_size = (args.block_sizes or [pair.drafter.block_size])[0]
+    common = dict(max_new_tokens=args.max_new_tokens, stop_ids=[eos] if eos is not None else [], block_size=block_size)
+    run(pair.target, encoded[0][:8], pair.drafter, explain=args.explain, **common)  # warm up outside the clock
+    result = explain_overhead(pair.target, pair.drafter, encoded, k=args.explain, **common)
+    result.update(target=str(args.target), drafter=str(args.drafter), dtype=args.dtype, block_size=block_size,
+                  threads=torch.get_num_threads(), num_prompts=len(encoded), max_new_tokens=args.max_new_tokens)
     return result
 
 
@@ -197,21 +257,28 @@ def print_table(result: dict) -> None:
             print(f"    {d['message']}")
     for name, label in (("hf_generate", "HF generate"), ("prompt_lookup", "HF prompt lookup")):
         speedup = result[f"speedup_{name}"]
-        if speedup is None:
-            continue
-        print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
+        if speedup is not None:
+            print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
     print(f"{'HF assisted':<22}{'n/a: no same-tokenizer assistant available offline':>36}")
-    if result["tau_per_category"]:
-        print(f"tau at block {result['block_size']} by prompt category: "
-              + ", ".join(f"{c} {t:.2f}" for c, t in result["tau_per_category"].items()))
+    print(f"at block {result['block_size']}, by prompt set and category:")
+    print(f"{'set / category':<22}{'prompts':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
+    for name, s in result["per_set"].items():
+        for label, r in ((name, s), *((f"  {c}", r) for c, r in s["per_category"].items())):
+            tau = f"{r['tau']:>7.2f}" if r["tau"] is not None else f"{'-':>7}"
+            print(f"{label:<22}{r['num_prompts']:>9}{r['speedup']:>9.2f}{tau}{r['identical']:>11.2f}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dflash_core.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--drafter", default="assets/drafters/smollm2-135m-instruct-dflash")
-    parser.add_argument("--prompts", help="JSON lines with a 'prompt' field (default: the held-out prompts)")
-    parser.add_argument("--num-prompts", type=int, default=20)
+    parser.add_argument("--prompts", help="JSON lines with a 'prompt' field (instead of --prompt-set)")
+    parser.add_argument("--prompt-set", choices=["natural", "generated", "both"], default="both",
+                        help="natural: written by hand as people type, plus the app's examples; generated: held out "
+                             "from the training prompt sources")
+    parser.add_argument("--num-prompts", type=int, default=20, help="prompts per set, spread over it (a smaller set is used whole)")
+    parser.add_argument("--no-peers", dest="peers", action="store_false",
+                        help="skip transformers' generate and prompt lookup (halves the run)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
     parser.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
@@ -221,13 +288,13 @@ def main(argv=None) -> int:
                         "switch, as the released DFlash drafters were trained)")
     parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
                         help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
-    parser.add_argument("--skip-peers", action="store_true",
-                        help="decode with plain and DFlash only (no transformers generate / prompt lookup)")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--cycle-times", action="store_true",
                         help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
     parser.add_argument("--context", type=int, default=200, help="context length for --cycle-times")
     parser.add_argument("--synthetic", metavar="SHAPE", help="time one cycle of random-weight models (qwen3-8b, qwen3-4b, tiny)")
+    parser.add_argument("--explain", type=int, nargs="?", const=5, default=0, metavar="K",
+                        help="measure the per-cycle cost of explain=K (default 5): same prompts, explain off and on")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores); match the app's to compare")
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -241,6 +308,11 @@ def main(argv=None) -> int:
         print_cycle(result)
     elif args.cycle_times:
         result = cycle_times(args)
+    elif args.explain:
+        from .bench_explain import print_table as print_explain
+
+        result = explain_costs(args)
+        print_explain(result)
     else:
         result = benchmark(args)
         print_table(result)

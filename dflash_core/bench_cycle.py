@@ -42,7 +42,7 @@ SHAPES = {
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
 TAUS = (4, 6, 8)
-# Issue 4's targets on an H200 in bf16 at Qwen3-8B shapes.
+# Per-cycle cost targets on an H200 in bf16 at Qwen3-8B shapes (docs/benchmarks.md).
 TARGETS = {"draft/verify": 0.15, "bookkeeping/cycle": 0.03, "verify/plain": 1.3}
 ACCEPTED_RUN = 7  # new context per cycle in steady state (a + 1 accepted positions)
 
@@ -174,7 +174,7 @@ def time_cycle(target: Target, drafter: DFlashDrafter, context: int, block: int,
         "drafter_dtype": str(drafter.dtype).removeprefix("torch."),
         "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
-        "kernels": kernels.backend(dev),
+        "kernels": kernels.describe_backend(dev),
         "cpu_single_row": single_row_library(target.model),
         "context": context, "block_size": block, "iters": iters,
         "plain_ms": t_plain, "draft_ms": t_draft, "verify_ms": t_verify, "bookkeeping_ms": t_book,

@@ -1,21 +1,17 @@
 """Linear layers with weights prepacked for oneDNN: fast few-row matmuls for frozen models on CPU.
 
 Speculative decoding on a CPU lives on two matmul shapes: one row per plain decoding step and a
-block of rows per verification. PyTorch sends both to MKL, which on a 2-core AMD EPYC (the
-machine of the first measurements) streams the weights at about a third of the memory bandwidth for one row and is
-slower still for eight; oneDNN with each weight reordered once into its blocked layout streams
-them at the same speed for 1 to 16 rows. Measured on SmolLM2-135M in float32 at context 200: a
-plain step 57 -> 41 ms, a verification of 8 tokens 83 -> 47 ms (docs/benchmarks.md).
+block of rows per verification. PyTorch sends both to MKL; oneDNN with each weight reordered once
+into its blocked layout streams the weights at the same speed for 1 to 16 rows, which on some CPUs
+MKL does not (docs/benchmarks.md, "Figures behind code choices").
 
 The packed copy is a cache next to the original weight, which stays a normal parameter (the
 drafter borrows the target's LM head, training initialises drafter layers from the target). A
 weight changed in place (an optimizer step) or replaced is repacked before its next use, so a
 packed module never computes with stale weights. Calls that need gradients take `F.linear`.
 
-Which library is faster for the single row of a plain decoding step depends on the CPU: MKL's
-one-row path is slow on AMD EPYC (above) but beats oneDNN's on an Intel Xeon (whole SmolLM2 step
-53 -> 42 ms), while blocks of rows are as fast or faster packed on both. So `auto` (the default)
-times both libraries once over a freshly packed model's single-row calls and keeps the faster;
+Which library is faster for the single row of a plain decoding step depends on the CPU, while
+blocks of rows are as fast or faster packed. So `auto` (the default) times both libraries once over a freshly packed model's single-row calls and keeps the faster;
 `on` always runs packed; `off` keeps every layer as it was. Models whose weights fit in a cache
 (under 64 MB) are not timed: there the comparison would not show the bandwidth-bound case.
 """

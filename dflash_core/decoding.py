@@ -16,6 +16,7 @@ import torch
 from .drafter import DFlashDrafter
 from .errors import GenerationInputError
 from .events import Block, Prefill, StopReason, Summary
+from .explain import explain_cycle
 from .sampling import SamplingParams, make_generator, probabilities, sample
 from .target import Target
 from .verify import accept
@@ -82,6 +83,7 @@ def generate(
     sampling: SamplingParams = SamplingParams(),
     stop_ids: Iterable[int] = (),
     draft_mode: DraftMode = "sample",
+    explain: int = 0,
 ) -> Iterator[Prefill | Block | Summary]:
     """Decode after `prompt_ids`, yielding `Prefill`, one `Block` per cycle, then `Summary`.
 
@@ -89,6 +91,8 @@ def generate(
     draft_mode: how draft tokens are chosen when sampling: "sample" (drawn at the same temperature,
     speculative rejection sampling) or "argmax" (target sampled per slot, drafts kept while they
     match). Greedy decoding always drafts the argmax. Both are exact.
+    explain: 0 = off; k > 0 puts in every `Block.explain` what the cycle saw and decided, with top-k
+    lists of size k (`explain.py`), from the cycle's own tensors. Outputs are the same either way.
     """
     if drafter is None:
         block_size = 1
@@ -100,6 +104,8 @@ def generate(
         )
     if draft_mode not in DRAFT_MODES:
         raise GenerationInputError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
+    if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
+        raise GenerationInputError(f"explain must be 0 (off) or a top-k size >= 1, got {explain!r}")
     prompt_ids = [int(t) for t in prompt_ids]
     check_inputs(target, prompt_ids, max_new_tokens, block_size)
     stop_ids = frozenset(int(t) for t in stop_ids)
@@ -155,8 +161,10 @@ def generate(
                 draft = drafter.to_target_ids(draft_logits.argmax(dim=-1))
         marks.mark()
 
-        logits, features = target.forward(torch.cat([bonus_ids, draft])[None])
-        outcome = accept(draft, logits, sampling, generator, draft_probs)  # [accepted, bonus], on the device
+        block_ids = torch.cat([bonus_ids, draft])[None]
+        logits, features = target.forward(block_ids)
+        record = {} if explain else None
+        outcome = accept(draft, logits, sampling, generator, draft_probs, record)  # [accepted, bonus], on the device
         marks.mark()
         accepted, bonus, *draft_ids = torch.cat([outcome, draft]).tolist()  # the cycle's one host sync
         bonus_ids = outcome[1:]
@@ -172,7 +180,27 @@ def generate(
                 new_ids, stop_reason = new_ids[: i + 1], "stop_token"
                 break
         output.extend(new_ids)
-        compute_s += time.perf_counter() - t0
+        now = time.perf_counter()
+        compute_s += now - t0
+        info = None
+        if explain:
+            # After the cycle's clocks: the draft/verify/other split is the cycle's own; the
+            # explanation's cost still counts in elapsed_s, which is all compute of the run.
+            info = explain_cycle(
+                explain,
+                sampling=sampling,
+                target=target,
+                block_ids=block_ids,
+                target_logits=logits,
+                record=record,
+                accepted=accepted,
+                bonus=bonus,
+                times={"draft_s": draft_s, "verify_s": verify_s, "other_s": now - t0 - draft_s - verify_s},
+                drafting=(drafter, draft_cache, positions.shape[1] - block_size, draft_logits, draft_probs)
+                if use_drafter
+                else None,
+            )
+            compute_s += time.perf_counter() - now
         event = Block(
             index=len(blocks),
             position=start - accepted - 1,
@@ -183,6 +211,7 @@ def generate(
             draft_s=draft_s,
             verify_s=verify_s,
             elapsed_s=compute_s,
+            explain=info,
         )
         blocks.append(event)
         yield event

@@ -287,7 +287,8 @@ class DFlashDrafter(nn.Module):
         return model.to(device).eval()
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-        """Write the released format, loadable by `from_pretrained` and by the reference code."""
+        """Write the released format, loadable by `from_pretrained`; without a draft vocabulary (an
+        extra `draft_vocab` tensor and `draft_vocab_size` key) also by the reference code."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.config.dtype = str(dtype).removeprefix("torch.")

@@ -6,11 +6,12 @@ the same events with one-token blocks and no draft, so both are measured on equa
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
-# Why a run ended; "running" marks a provisional summary of a run still in progress.
-StopReason = Literal["running", "max_new_tokens", "stop_token"]
+# Why a run ended; "running" marks a provisional summary of a run still in progress, "stopped" one
+# its caller cut short (the engine itself never stops early).
+StopReason = Literal["running", "stopped", "max_new_tokens", "stop_token"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Block:
     draft_s: float
     verify_s: float
     elapsed_s: float  # compute seconds since the run started (prefill included), at the end of this cycle
+    # What the cycle saw and decided (`explain.py`), when decoding ran with `explain=k`; else None.
+    explain: dict | None = field(default=None, repr=False, compare=False, hash=False)
 
     @property
     def acceptance_length(self) -> int:
@@ -112,9 +115,18 @@ class Summary:
             "block_size": self.block_size,
             "acceptance_lengths": self.acceptance_lengths,
             "prefill": asdict(self.prefill),
-            "blocks": [
-                {**asdict(b), "draft_ids": list(b.draft_ids), "committed_ids": list(b.committed_ids)}
-                for b in self.blocks
-            ],
+            "blocks": [_block_trace(b) for b in self.blocks],
             **self.metrics(),
         }
+
+
+def _block_trace(block: Block) -> dict:
+    """One block as JSON; the "explain" key is present only when the run was explained."""
+    out = {f: getattr(block, f) for f in BLOCK_FIELDS}
+    out["draft_ids"], out["committed_ids"] = list(block.draft_ids), list(block.committed_ids)
+    if block.explain is not None:
+        out["explain"] = block.explain
+    return out
+
+
+BLOCK_FIELDS = [f.name for f in fields(Block) if f.name != "explain"]

@@ -94,13 +94,10 @@ def has_fast_bf16(device: str | torch.device) -> bool:
 def default_target_dtype(device: str | torch.device) -> torch.dtype:
     """The target dtype "auto" picks: bfloat16 on CUDA and on CPUs with AMX, else float32.
 
-    On CUDA bf16 is what the released Qwen3 pairs were made for (float32 doubles the memory and is
-    a deliberate choice, never paired with flash-attn, which runs only fp16/bf16); its block
-    verification is not bitwise a one-token step, so a greedy race may part at a near-tie
-    (`lossless.py` tells those apart from bugs). On CPU: with AMX a batch-invariant bf16 target ran
-    DFlash at 21.0 tok/s against float32's 16.8 (Intel Xeon). With AVX512-BF16 alone (AMD EPYC) a
-    bf16 verify already cost more than a float32 one (56 vs 51 ms a cycle), and staying exact there
-    runs the MLPs' down_proj row by row (batch_invariant.py), so float32 is faster.
+    On CUDA bf16 is what the released Qwen3 pairs were made for; its block verification is not
+    bitwise a one-token step, so a greedy race may part at a near-tie (`lossless.py` tells those
+    apart from bugs). On CPU without AMX a batch-invariant bf16 verify costs more than a float32
+    one (docs/benchmarks.md).
     """
     if torch.device(device).type == "cuda":
         return torch.bfloat16

@@ -21,9 +21,7 @@ from .hub import looks_like_path
 
 def wants_batch_invariance(device: torch.device | str, dtype: torch.dtype) -> bool:
     """bfloat16 on CPU, where rounding differences between a block and one-token steps flip
-    near-tied argmaxes (12 held-out prompts: 3 of 12 outputs identical without it). float32 matched
-    plain decoding in every benchmark run and keeps its fastest one-row matmul library; on CUDA
-    the row-by-row attention's extra launches are not measured yet."""
+    near-tied argmaxes; float32 keeps its fastest one-row matmul library (docs/benchmarks.md)."""
     return torch.device(device).type == "cpu" and dtype == torch.bfloat16
 
 

@@ -4,6 +4,8 @@ Every rule returns `[accepted, bonus_id]` (an int64 device tensor, so the caller
 host waits for it) for one block: `draft_ids` [B-1] against the target's
 scores at the B block slots (slot i scores the token after slot i). Greedy acceptance runs through
 `kernels.greedy_verify` (fused on CUDA, PyTorch elsewhere); the sampled rules are PyTorch.
+Given a `record` dict, a rule also leaves there the tensors its decision was made from (the target
+distribution, its samples, the uniform draws), so an explanation reports them without redrawing.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ def greedy_accept(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> torch
     return kernels.greedy_verify(draft_ids, target_logits)
 
 
-def match_sampled_accept(draft_ids, target_probs, generator) -> torch.Tensor:
+def match_sampled_accept(draft_ids, target_probs, generator, record: dict | None = None) -> torch.Tensor:
     """Deterministic draft: sample the target at every slot and keep the draft while it equals the sample.
 
     Exact: each emitted token is a fresh sample of the target at its position.
     """
     choice = sample(target_probs, generator)
+    if record is not None:
+        record["choice"] = choice
     accepted = torch.cumprod(draft_ids == choice[:-1], dim=0).sum()
     return torch.stack([accepted, choice[accepted]])
 
 
-def rejection_accept(draft_ids, draft_probs, target_probs, generator) -> torch.Tensor:
+def rejection_accept(draft_ids, draft_probs, target_probs, generator, record: dict | None = None) -> torch.Tensor:
     """Sampled draft (token i drawn from `draft_probs[i]`): speculative rejection sampling.
 
     Token i is kept with probability min(1, p_i(x)/q_i(x)); the first rejected slot is resampled
@@ -42,6 +46,8 @@ def rejection_accept(draft_ids, draft_probs, target_probs, generator) -> torch.T
     q = draft_probs[rows, draft_ids]
     u = torch.rand(n, generator=generator, device=draft_ids.device)
     keep = u * q < p  # u < p/q without dividing by a q that rounds to zero
+    if record is not None:
+        record.update(p=p, q=q, u=u)
     accepted = torch.cumprod(keep, dim=0).sum()
     # Row a of [residuals; p at the last slot]: the residual after a rejection at slot a < n, or
     # the bonus distribution when every draft was kept (a == n).
@@ -52,12 +58,19 @@ def rejection_accept(draft_ids, draft_probs, target_probs, generator) -> torch.T
     return torch.stack([accepted, sample(dist[None], generator)[0]])
 
 
-def accept(draft_ids, target_logits, params: SamplingParams, generator=None, draft_probs=None) -> torch.Tensor:
+def accept(
+    draft_ids, target_logits, params: SamplingParams, generator=None, draft_probs=None, record: dict | None = None
+) -> torch.Tensor:
     """[accepted, bonus] as a device tensor (no host sync), by the rule matching the sampling mode
-    and the way the draft was made."""
+    and the way the draft was made.
+
+    record: when given, receives the sampling distribution `target_probs` and the rule's own values.
+    """
     if params.greedy:
         return greedy_accept(draft_ids, target_logits)
     target_probs = probabilities(target_logits, params)
+    if record is not None:
+        record["target_probs"] = target_probs
     if draft_probs is None:
-        return match_sampled_accept(draft_ids, target_probs, generator)
-    return rejection_accept(draft_ids, draft_probs, target_probs, generator)
+        return match_sampled_accept(draft_ids, target_probs, generator, record)
+    return rejection_accept(draft_ids, draft_probs, target_probs, generator, record)

@@ -134,7 +134,7 @@ def part_environment(state) -> dict:
     info = {
         "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
         "transformers": transformers.__version__, "huggingface_hub": huggingface_hub.__version__,
-        "kernel_mode": kernels.mode(), "kernels": kernels.backend(device),
+        "kernel_mode": kernels.mode(), "kernels": kernels.describe_backend(device),
         "attention_bf16": attention_report(device, torch.bfloat16),
         "attention_fp32": attention_report(device, torch.float32),
         "compilers": {name: shutil.which(name) for name in ("cc", "gcc", "nvcc", "ptxas")},
@@ -224,7 +224,7 @@ def part_kernels(state) -> dict:
             want = verify.greedy_verify_reference(draft, logits).tolist()
             checks.append(got == want == [accepted, int(choice[accepted])])
     return {"max_abs_error": worst, "checks_passed": sum(checks), "checks": len(checks),
-            "backend": kernels.backend(dev), "status": "passed" if all(checks) and not kernels.BROKEN else "failed"}
+            "backend": kernels.describe_backend(dev), "status": "passed" if all(checks) and not kernels.BROKEN else "failed"}
 
 
 def part_hub_load(state) -> dict:

@@ -4,6 +4,8 @@ Used by the browser test and to make the README screenshot::
 
     python app.py --target ... --drafter ... --port 7861 &
     python tests/browser.py http://127.0.0.1:7861 assets/screenshot.png --max-new-tokens 96
+    python app.py --replay assets/traces/math-greedy.json --port 7862 &
+    python tests/browser.py http://127.0.0.1:7862 assets --replay-shots   # replay.png, inside-a-cycle.png
 
 Playwright is imported only here, never by the app; it must not download a browser.
 """
@@ -80,13 +82,135 @@ def run_race_in_browser(
             browser.close()
 
 
+def _bonus_count(page) -> int:
+    """DFlash cycles on screen: each commits exactly one bonus token (the last may be cut at the limit)."""
+    return page.locator("#dflash-tokens .tok-bonus").count()
+
+
+def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: float = 60.0) -> dict:
+    """In an app serving a replay: restart it at 0.25x, Pause, Step `steps` cycles, open "Inside a
+    cycle", hover the first rejected draft token; screenshots (replay, cycle view, hover box) go to
+    `artifacts`. Returns what the page showed at each point."""
+    from playwright.sync_api import sync_playwright
+
+    timeout_ms = timeout_s * 1000
+    artifacts.mkdir(parents=True, exist_ok=True)
+    seen: dict = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(timeout_ms)  # a busy shared CPU can hold up a click for seconds
+            page.goto(url)
+            page.wait_for_selector("#replay-run", timeout=timeout_ms)
+            page.wait_for_selector("#dflash-tokens .tok", timeout=timeout_ms)  # it plays on load
+            box = page.locator("#replay-speed input[type=number]")
+            box.fill("0.25")
+            box.press("Enter")
+            page.locator("#replay-run").click()
+            page.wait_for_selector("#summary :text('Replaying')", timeout=timeout_ms)
+            page.wait_for_selector("#dflash-tokens .tok-bonus", timeout=timeout_ms)
+            page.locator("#pause").click()
+            page.wait_for_selector("#control-status :text('Paused')", timeout=timeout_ms)
+            page.wait_for_timeout(600)  # the paused frame (with hover boxes) arrives
+            seen["paused_at"] = paused = _bonus_count(page)
+            page.wait_for_timeout(800)
+            seen["still_paused_at"] = _bonus_count(page)  # nothing moves while paused
+            counts = []
+            for k in range(1, steps + 1):
+                page.locator("#step").click()
+                page.wait_for_function(
+                    f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {paused + k}", timeout=timeout_ms
+                )
+                page.wait_for_selector("#control-status :text('Paused')", timeout=timeout_ms)
+                counts.append(_bonus_count(page))
+            seen["after_steps"] = counts
+            page.wait_for_timeout(500)
+            seen["plain_stats"] = page.locator("#plain-stats").inner_text()
+            seen["dflash_stats"] = page.locator("#dflash-stats").inner_text()
+            page.screenshot(path=str(artifacts / "replay-paused.png"), full_page=True)
+            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
+            page.wait_for_selector("#cycle-view .cycle h4", timeout=timeout_ms)
+            seen["cycle_title"] = page.locator("#cycle-view .cycle h4").first.inner_text()
+            seen["cycle_text"] = page.locator("#cycle-view").inner_text()
+            page.locator("#cycle-view").screenshot(path=str(artifacts / "inside-a-cycle.png"))
+            # The first rejected draft (the one the target replaced) in the strip.
+            chip = page.locator("#dflash-strip .chip-rejected").filter(has=page.locator(".tip", has_text="Rejected:")).last
+            chip.scroll_into_view_if_needed()
+            chip.hover()
+            tip = chip.locator(".tip")
+            tip.wait_for(state="visible", timeout=timeout_ms)
+            seen["tip_text"] = tip.inner_text()
+            seen["tip_rows"] = tip.locator("tr").count()
+            boxes = [chip.bounding_box(), tip.bounding_box()]
+            left, top = min(b["x"] for b in boxes) - 12, min(b["y"] for b in boxes) - 12
+            right = max(b["x"] + b["width"] for b in boxes) + 12
+            bottom = max(b["y"] + b["height"] for b in boxes) + 12
+            seen["tip_inside_window"] = 0 <= boxes[1]["y"] and boxes[1]["y"] + boxes[1]["height"] <= 1000
+            page.screenshot(
+                path=str(artifacts / "hover-rejected.png"),
+                clip={"x": max(left, 0), "y": max(top, 0), "width": right - max(left, 0), "height": bottom - max(top, 0)},
+            )
+            page.mouse.move(0, 0)
+            page.locator("#continue").click()
+            page.wait_for_selector("#summary :text('speedup')", timeout=timeout_ms * 4)
+            seen["summary"] = page.locator("#summary").inner_text()
+            return seen
+        finally:
+            browser.close()
+
+
+def replay_screenshots(url: str, out: Path, cycles: int = 16, timeout_s: float = 180.0) -> None:
+    """The README's pictures: a replay paused after `cycles` DFlash cycles with a rejected draft's
+    hover box open (out/replay.png), and that cycle's "inside a cycle" view (out/inside-a-cycle.png)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1250})
+            page.set_default_timeout(timeout_s * 1000)
+            page.goto(url)
+            page.wait_for_selector("#dflash-tokens .tok")
+            box = page.locator("#replay-speed input[type=number]")
+            box.fill("1")
+            box.press("Enter")
+            page.locator("#replay-run").click()
+            page.wait_for_selector("#summary :text('Replaying')")
+            page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {cycles}")
+            page.locator("#pause").click()
+            page.wait_for_selector("#control-status :text('Paused')")
+            page.wait_for_timeout(1500)
+            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
+            page.wait_for_selector("#cycle-view .cycle h4")
+            page.wait_for_timeout(500)
+            page.locator("#cycle-view").screenshot(path=str(out / "inside-a-cycle.png"))
+            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()  # closed again
+            page.evaluate("window.scrollTo(0, 0)")
+            token = page.locator("#dflash-tokens .tok-bonus").nth(6)  # a bonus token: the target replaced a draft
+            token.hover()
+            token.locator(".tip").wait_for(state="visible")
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(out / "replay.png"))
+        finally:
+            browser.close()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
     parser.add_argument("output", type=Path)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument(
+        "--replay-shots", action="store_true",
+        help="the app serves a replay (python app.py --replay FILE): save replay.png and inside-a-cycle.png in OUTPUT (a folder)",
+    )
     args = parser.parse_args(argv)
+    if args.replay_shots:
+        args.output.mkdir(parents=True, exist_ok=True)
+        replay_screenshots(args.url, args.output)
+        return
     seen = run_race_in_browser(args.url, args.prompt, args.output, args.max_new_tokens)
     print(json.dumps({k: seen[k] for k in ("first_token_s", "target_tokens", "plain_tokens", "plots", "summary")}))
 

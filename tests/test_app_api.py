@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 gradio_client = pytest.importorskip("gradio_client")
 
 from app.models import PairCache
+from dflash_core.trace import validate_trace
 from app.pairs import cli_pair, load_pairs
 from app.ui import build_demo
 
@@ -24,12 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_app(target_dir, drafter_dir):
+def launch_app(target_dir, drafter_dir, limits=None, cache=None, **launch):
     """Serve the app in this process on a free port; returns (demo, url)."""
     pairs, _ = load_pairs()
     pair = cli_pair(str(target_dir), str(drafter_dir))
-    demo = build_demo([pair, *pairs], pair.id, PairCache("cpu"))
-    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = build_demo([pair, *pairs], pair.id, cache or PairCache("cpu"), limits)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch)
     return demo, demo.local_url
 
 
@@ -78,8 +81,9 @@ def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
     # Token panes carry colored spans; the trace file is the engine's trace of both sides.
     assert 'class="tok tok-' in result[2] and "tok-plain" in result[5]
     trace_path = result[-1]
-    trace = json.loads(Path(trace_path).read_text())
-    assert trace["dflash"]["output_ids"] == trace["plain"]["output_ids"]
+    trace = validate_trace(trace_path)
+    assert trace["runs"]["dflash"]["output_ids"] == trace["runs"]["plain"]["output_ids"]
+    assert all("explain" in b for b in trace["runs"]["dflash"]["blocks"] + trace["runs"]["plain"]["blocks"])
     assert trace["report"]["tau"] == summary["tau"]
 
 
@@ -95,9 +99,10 @@ def test_sampling_reports_no_lossless_check(client):
         (("x" * 20_000, 16, 4, 0.0, 1.0, 0), "limit"),
         # Past the drafter's trained size (8) but inside the slider: the engine's message.
         (("hi", 16, 12, 0.0, 1.0, 0), "block_size 12"),
-        # Outside a slider's range: Gradio's own bounds check names the limit.
-        (("hi", 16, 4, -1.0, 1.0, 0), "less than minimum"),
-        (("hi", 0, 4, 0.0, 1.0, 0), "less than minimum"),
+        # Outside a slider's range, or not a number at all: the app's checks name the bounds.
+        (("hi", 16, 4, -1.0, 1.0, 0), "temperature must be in [0, 100], got -1.0"),
+        (("hi", 0, 4, 0.0, 1.0, 0), "max_new_tokens must be between 1 and 512, got 0"),
+        (("hi", "ten", 4, 0.0, 1.0, 0), "max_new_tokens must be a number, got 'ten'"),
         (("hi", 500, 4, 0.0, 1.0, 0), "exceeds the target's context"),
     ],
 )
@@ -107,3 +112,38 @@ def test_bad_inputs_give_clear_errors_and_the_app_keeps_serving(client, args, me
     assert message in str(excinfo.value)
     ok = client.predict("hi", 4, 2, 0.0, 1.0, 0, api_name="/compare")
     assert ok[-2]["identical"] is True
+
+
+@pytest.fixture(scope="module")
+def two_pair_client(tiny_dirs, one_thread, tmp_path_factory):
+    """The app offering two tiny pairs that differ in block size (8, the default, and 4)."""
+    from tiny import build_drafter
+
+    target_dir, drafter_dir = tiny_dirs
+    b4 = build_drafter(tmp_path_factory.mktemp("b4") / "drafter", target_dir, block_size=4)
+    pairs = [cli_pair(str(target_dir), str(drafter_dir)),
+             replace(cli_pair(str(target_dir), str(b4)), id="tiny-b4", label="tiny pair, block 4")]
+    demo = build_demo(pairs, pairs[0].id, PairCache("cpu"))
+    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield gradio_client.Client(demo.local_url, verbose=False)
+    demo.close()
+
+
+def test_pair_selector_switches_the_pair_this_session_races(two_pair_client):
+    client = two_pair_client
+
+    def race(block_size):
+        result = client.predict("What is 2+2?", 12, block_size, 0.0, 1.0, 0, api_name="/compare")
+        return json.loads(Path(result[-1]).read_text())["pair"], result[-2]
+
+    status, slider = client.predict("tiny-b4", api_name="/select_pair")
+    assert "tiny pair, block 4" in status and "trained with block size 4" in status
+    assert slider["value"] == slider["maximum"] == 4
+    pair, summary = race(4)
+    assert pair["id"] == "tiny-b4" and summary["identical"] is True and summary["block_size"] == 4
+    with pytest.raises(Exception, match="trained block size 4"):  # the drafter's own bound
+        client.predict("What is 2+2?", 12, 8, 0.0, 1.0, 0, api_name="/compare")
+    status, slider = client.predict("cli", api_name="/select_pair")
+    assert "trained with block size 8" in status and slider["value"] == 8
+    pair, summary = race(8)
+    assert pair["id"] == "cli" and summary["identical"] is True

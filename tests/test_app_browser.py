@@ -28,6 +28,7 @@ def app_url(tiny_dirs, request):
     demo.close()
 
 
+@pytest.mark.slow
 def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
     shot = ARTIFACTS / "app-race.png"
     seen = run_race_in_browser(app_url, "What is the capital of France?", shot, max_new_tokens=24, timeout_s=60)
@@ -36,3 +37,52 @@ def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
     assert seen["plots"] >= 4 and seen["bars"] >= 1
     assert "identical" in seen["summary"] and '"tau"' in seen["report"]
     assert shot.stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def replay_url(tiny_dirs, request):
+    """An app started as `python app.py --replay FILE` would be: a shipped trace when the repository
+    has them, else one recorded here on the tiny pair (never the default target's weights)."""
+    from app.replay import shipped_traces
+    from app.ui import build_demo
+    from test_app_api import free_port
+
+    shipped = shipped_traces()
+    path = shipped[0][0] if shipped else record_tiny_trace(tiny_dirs, request)
+    demo = build_demo([], "", replay=str(path), live=False)
+    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield demo.local_url
+    demo.close()
+
+
+def record_tiny_trace(tiny_dirs, request) -> Path:
+    from app.models import PairCache
+    from app.pairs import cli_pair
+    from app.ui import FRAME_FIELDS, App
+
+    request.getfixturevalue("one_thread")
+    spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    *_, last = App([spec], spec.id, PairCache("cpu")).compare("What is the capital of France?", 48, 4, 0.0, 1.0, 0)
+    return Path(dict(zip(FRAME_FIELDS, last))["trace_file"])
+
+
+def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
+    from browser import replay_in_browser
+
+    seen = replay_in_browser(replay_url, ARTIFACTS, steps=3)
+    paused = seen["paused_at"]
+    assert seen["still_paused_at"] == paused  # nothing moves while paused
+    assert seen["after_steps"] == [paused + 1, paused + 2, paused + 3]  # one DFlash cycle per Step
+    # The cycle view follows the current cycle: the last one stepped to (0-based index).
+    assert seen["cycle_title"].startswith(f"Cycle {paused + 2} of ")
+    for part in ("noisy block", "injected into every drafter layer", "single pass", "where the time went", "one plain decoding step"):
+        assert part in seen["cycle_text"]
+    # The hover box of a rejected draft: block and slot, both top-k lists, and why.
+    tip = seen["tip_text"]
+    assert "block " in tip and "slot " in tip and "rejected draft token" in tip
+    assert "drafter top-5" in tip and "target top-5" in tip and "Rejected:" in tip
+    assert seen["tip_rows"] >= 6 and "%" in tip
+    assert seen["tip_inside_window"]  # placed in the window, not clipped by the scrolling strip
+    assert "speedup" in seen["summary"]
+    for name in ("replay-paused.png", "inside-a-cycle.png", "hover-rejected.png"):
+        assert (ARTIFACTS / name).stat().st_size > 5_000

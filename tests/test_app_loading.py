@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import app.ui as ui
+import dflash_core
 from app.models import PairCache
 from app.pairs import PairSpec
 from app.ui import App
@@ -127,7 +128,7 @@ def test_a_cuda_error_during_the_race_is_a_message(tiny_dirs, monkeypatch):
         raise RuntimeError("CUDA error: device-side assert triggered")
         yield
 
-    monkeypatch.setattr(ui, "generate", broken_generate)
+    monkeypatch.setattr(dflash_core, "generate", broken_generate)  # the race imports it at call time
     with pytest.raises(gr.Error) as raised:
         list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, spec.id))
     assert raised.value.message.startswith("CUDA error on cpu (RuntimeError: CUDA error: device-side assert")

@@ -155,7 +155,7 @@ def test_auto_dtype_is_bf16_only_where_it_stays_lossless_and_fast(monkeypatch):
 
     monkeypatch.setattr(pair, "_cpu_flags", lambda: "flags : avx512f avx512_bf16 amx_bf16 amx_tile")
     assert pair.parse_dtype("auto", "cpu") == torch.bfloat16
-    assert pair.parse_dtype("auto", "cuda") == torch.float32  # no batch invariance there yet
+    assert pair.parse_dtype("auto", "cuda") == torch.bfloat16  # what the released pairs were made for
     monkeypatch.setattr(pair, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
     assert pair.parse_dtype("auto", "cpu") == torch.float32  # bf16 without AMX verifies slower
     assert pair.has_fast_bf16("cpu")  # the drafter still runs in bf16 there

@@ -61,7 +61,7 @@ def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
         assert list(r["speedup"]) == [t for t in ("2", "3", "4") if int(t) <= int(b)]
         for tau, x in r["speedup"].items():
             assert abs(x - int(tau) * r["plain_ms"] / r["cycle_ms"]) < 1e-9
-    # One table per block size, without issue 4's H200 verdicts (those are for the released shapes).
+    # One table per block size, without the H200 target verdicts (those are for the released shapes).
     assert sum(line.startswith(str(target_dir)) for line in out) == 2
     assert not any("target <=" in line for line in out)
 
@@ -73,3 +73,66 @@ def test_synthetic_tiny_prints_its_table_once(capsys):
     assert result["shape"] == "tiny" and result["block_size"] == 16 and set(result["speedup"]) == {"4", "6", "8"}
     assert sum(line.startswith("synthetic tiny") for line in out) == 1
     assert sum("target <=" in line for line in out) == 3
+
+
+def test_bench_explain_reports_the_overhead_per_side_and_mode(tiny_dirs, tmp_path, capsys):
+    target_dir, drafter_dir = tiny_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 2+3?"}))
+    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
+                 "--num-prompts", "1", "--max-new-tokens", "10", "--explain", "3"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["explain_k"] == 3 and result["num_prompts"] == 1
+    assert set(result["modes"]) == {"dflash greedy", "plain greedy", "dflash T=0.7", "plain T=0.7"}
+    for r in result["modes"].values():
+        assert r["identical_outputs"] is True
+        assert r["ms_per_cycle_off"] > 0 and r["ms_per_cycle_on"] > 0
+        assert r["overhead_pct"] == pytest.approx(100 * (r["ms_per_cycle_on"] / r["ms_per_cycle_off"] - 1))
+        assert r["in_cycle_overhead_pct"] > 0  # building an explanation takes time, and it is counted
+        assert r["cpu_ms_per_cycle_off"] > 0 and r["cpu_ms_per_cycle_on"] > 0
+    assert "overhead" in out
+
+
+def test_bench_reports_the_natural_set_beside_the_generated_split(tiny_dirs, tmp_path, monkeypatch, capsys):
+    from dflash_core import bench
+
+    target_dir, drafter_dir = tiny_dirs
+    sets = {"natural": [("math", "whats 15% of 80"), ("code", "reverse a string in python"), ("app", "Tell me a story.")],
+            "generated": [("chat", "What is a cloud?"), ("math", "Calculate 3 + 4."), ("chat", "Hello there."),
+                          ("math", "What is 2 * 9?"), ("story", "Write a poem."), ("math", "Solve x + 1 = 3.")]}
+    for name, records in sets.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("\n".join(json.dumps({"category": c, "prompt": p}) for c, p in records))
+        monkeypatch.setitem(bench.PROMPT_SETS, name, path)
+    monkeypatch.setattr(bench, "DEFAULT_PROMPTS", bench.PROMPT_SETS["generated"])
+    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--prompt-set", "both",
+                 "--num-prompts", "3", "--max-new-tokens", "8", "--block-sizes", "4", "--no-peers"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    # The natural set is used whole (3 <= 3); the generated one is spread over its file.
+    natural, generated = result["per_set"]["natural"], result["per_set"]["generated"]
+    assert result["num_prompts"] == 6 and natural["num_prompts"] == 3 and generated["num_prompts"] == 3
+    assert set(natural["per_category"]) == {"math", "code", "app"}
+    assert set(generated["per_category"]) == {"chat", "story"}  # every 2nd of 6: chat, chat, story
+    for figures in (natural, generated, *natural["per_category"].values(), *generated["per_category"].values()):
+        assert figures["identical"] == 1.0 and figures["tau"] >= 1.0 and figures["speedup"] > 0
+    assert sum(r["num_prompts"] for r in natural["per_category"].values()) == 3
+    assert "natural/app" in result["tau_per_category"] and "generated/chat" in result["tau_per_category"]
+    assert result["speedup_prompt_lookup"] is None and result["speedup_hf_generate"] is None
+    assert any(line.startswith("natural") for line in out) and any(line.startswith("  app") for line in out)
+
+
+def test_in_cycle_overhead_is_compute_time_beyond_the_cycle_split():
+    from dflash_core.bench_explain import in_cycle_overhead
+    from dflash_core.events import Block, Prefill, Summary
+
+    def block(i, elapsed, draft, verify, other):
+        times = {"draft_s": draft, "verify_s": verify, "other_s": other}
+        return Block(i, i, (), 0, 1, (1,), draft, verify, elapsed, explain={"time": times})
+
+    # Cycles of 0.10 s and 0.20 s whose explanations took 0.01 s and 0.03 s.
+    blocks = (block(0, 0.5 + 0.11, 0.04, 0.05, 0.01), block(1, 0.61 + 0.23, 0.08, 0.1, 0.02))
+    summary = Summary((1, 1), 3, 4, "max_new_tokens", Prefill(3, 1, 0.5), blocks, 0.84)
+    cycle, explain = in_cycle_overhead(summary)
+    assert cycle == pytest.approx(0.30) and explain == pytest.approx(0.04)

@@ -43,7 +43,7 @@ def test_trace_json_matches_golden(cli, golden_dir, golden_expected, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "tau" in done.stdout.splitlines()[-1]
-    trace = json.loads(trace_path.read_text())
+    trace = json.loads(trace_path.read_text())["runs"]["dflash"]
     assert trace["output_ids"] == ref["output_ids"]
     assert trace["acceptance_lengths"] == ref["acceptance_lengths"]
     assert [b["draft_ids"] for b in trace["blocks"]][:-1] == ref["draft_blocks"][:-1]
@@ -54,11 +54,11 @@ def test_trace_json_matches_golden(cli, golden_dir, golden_expected, tmp_path):
 def test_text_prompt_through_chat_template_and_plain_mode(cli, tiny_dirs, tmp_path):
     target_dir, drafter_dir = tiny_dirs
     outputs = []
-    for extra in (["--drafter", drafter_dir], ["--plain"]):
+    for side, extra in (("dflash", ["--drafter", drafter_dir]), ("plain", ["--plain"])):
         trace_path = tmp_path / f"t{len(outputs)}.json"
         done = cli("--target", target_dir, *extra, "--prompt", "What is 2+3?", "--max-new-tokens", 12, "--trace-json", trace_path)
         assert done.returncode == 0, done.stderr
-        outputs.append(json.loads(trace_path.read_text())["output_ids"])
+        outputs.append(json.loads(trace_path.read_text())["runs"][side]["output_ids"])
     assert outputs[0] == outputs[1]
 
 

@@ -77,3 +77,41 @@ def test_stdlib_method_prompts_follow_the_function_prompts():
     first = is_method.index(True)
     assert first > 100 and all(is_method[first:])  # appended: the function prompts keep their ids
     assert any("`str." in t for t in texts[first:])  # built-in types count too
+
+
+def test_no_natural_evaluation_prompt_is_in_the_training_pool(monkeypatch):
+    natural = [json.loads(line)["prompt"] for line in prompts.NATURAL_JSONL.read_text().splitlines() if line.strip()]
+    assert len(natural) >= 48
+    held_out = {prompts.normalized(t) for t in natural}
+    prompts.all_prompts.cache_clear()
+    # A source that offers one (the target may well write "why is the sky blue" itself) loses it.
+    leak = lambda: [prompts._mk("leak", "chat", "  " + natural[0].upper()), prompts._mk("leak", "chat", "A new one?")]
+    monkeypatch.setitem(prompts.SOURCES, "leak", leak)
+    try:
+        pool = prompts.all_prompts()
+    finally:
+        prompts.all_prompts.cache_clear()
+    assert not {prompts.normalized(p.text) for p in pool} & held_out
+    assert [p.text for p in pool if p.source == "leak"] == ["A new one?"]
+    assert any(p.source == "natural" for p in pool)  # the hand-written training prompts are a source
+    # Nor is one answered in the committed data, whatever source it came from.
+    hashes = {prompts._h(t.strip())[:12] for t in natural}
+    assert not {key.split(":", 1)[1] for key in datagen.done_prompt_ids(DATA_DIR)} & hashes
+
+
+def test_text_pairs_lay_out_text_the_target_did_not_write_as_chat_turns(tiny_dirs):
+    from transformers import AutoTokenizer
+
+    from dflash_core.prompting import encode_prompt
+    from dflash_core.training import text_data
+
+    pairs = text_data.text_pairs(seed=0)
+    assert {source for source, _, _ in pairs} == set(text_data.SOURCES) and len(pairs) > 1000
+    held_out = prompts.HELDOUT_JSONL.read_text() + prompts.NATURAL_JSONL.read_text()
+    for source, user, _ in pairs:
+        if source == "stdlib":  # no function a held-out prompt asks for
+            assert f"`{user.split('`')[1]}`" not in held_out
+    tok = AutoTokenizer.from_pretrained(tiny_dirs[0])
+    ids, plen = text_data.encode_pair(tok, "Hi?", "Hello there.", 2)
+    assert ids[:plen] == encode_prompt(tok, "Hi?") and ids[-1] == 2
+    assert tok.decode(ids[plen:-1]) == "Hello there."

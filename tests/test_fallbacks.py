@@ -103,7 +103,7 @@ def test_a_failing_triton_kernel_falls_back_with_one_warning(monkeypatch, fresh)
         assert kernels.greedy_verify(draft, logits).tolist() == [4, int(logits[4].argmax())]
     assert calls == ["triton"]  # not retried
     assert kernels.BROKEN == {"greedy_verify": "RuntimeError: PTX assembly failed: ptxas not found"}
-    assert "fell back to torch: greedy_verify" in kernels.backend("cpu")
+    assert "fell back to torch: greedy_verify" in kernels.describe_backend("cpu")
 
 
 def test_forced_triton_still_raises(monkeypatch, fresh):

@@ -5,12 +5,6 @@ import pytest
 from dflash_core import run
 
 
-def cases(expected):
-    for p, prompt in enumerate(expected["prompts"]):
-        for r in prompt["runs"]:
-            yield p, r["block_size"]
-
-
 @pytest.mark.parametrize("prompt_index", [0, 1, 2])
 def test_plain_decoding_matches_reference_greedy(golden_pair, golden_expected, prompt_index):
     target, _ = golden_pair

@@ -1,8 +1,7 @@
 """Fused kernels (dflash_core/kernels) against their exact PyTorch references.
 
-On a machine without CUDA the Triton kernels run in Triton's interpreter: `TRITON_INTERPRET=1` is
-set by an autouse fixture for these tests only (monkeypatch restores it), and the kernels build
-their `triton.jit` wrapper per interpreter mode, so nothing leaks into other test modules. With
+On a machine without CUDA the Triton kernels run in Triton's interpreter, which `tests/conftest.py`
+turns on before anything imports triton (`test_kernels_compile.py` checks the compiled path). With
 CUDA (scripts/gpu_check.py) the same tests run the compiled kernels on the GPU.
 
 Error bounds (also in kernels/kv_injection.py):
@@ -15,37 +14,16 @@ Error bounds (also in kernels/kv_injection.py):
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Triton fixes interpreter-or-compiler for its own library when first imported. Import it here
-# in interpreter mode when this module is first (then drop the variable again, so it reaches no
-# other test); if something imported it earlier, rerun this module in a fresh process instead.
-SUBPROCESS = False
-if DEVICE == "cpu":
-    if "triton" in sys.modules:
-        import triton.language as _tl
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("the Triton kernels run on CPU only in Triton's interpreter: TRITON_INTERPRET=1 before "
+                "triton's first import (tests/conftest.py sets it on machines without a GPU)", allow_module_level=True)
 
-        SUBPROCESS = type(_tl.sum).__name__ != "InterpretedFunction"
-    else:
-        _saved = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            pass
-        finally:
-            if _saved is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = _saved
-
-from dflash_core import kernels  # noqa: E402
+from dflash_core import kernels
 from dflash_core.drafter import DrafterCache
 from dflash_core.kernels.kv_injection import inject_kv_reference, inject_kv_triton
 from dflash_core.kernels.verify import greedy_verify_reference, verify_triton
@@ -56,60 +34,8 @@ FP32_TOL = dict(atol=1e-5, rtol=1e-5)
 BF16_TOL = dict(atol=2e-2, rtol=1e-2)
 
 
-def test_kernels_in_fresh_process():
-    """Only when triton was imported before this module without the interpreter (see top)."""
-    if not SUBPROCESS:
-        pytest.skip("kernels run in this process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not in_fresh_process"],
-        cwd=root, env=env, capture_output=True, text=True,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-
-
-def test_kernels_compile_for_hopper(monkeypatch):
-    """Without a GPU: the compiled (not interpreted) path must at least build for sm_90 (H100/H200).
-
-    The interpreter accepts things the compiler rejects (non-constexpr globals, loop-carried
-    type changes); this compiles both kernels to a cubin with Triton's bundled ptxas.
-    """
-    if DEVICE == "cuda" or not SUBPROCESS:
-        pytest.skip("needs triton imported in compiler mode; on CUDA the other tests compile the kernels")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the autouse fixture set it
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from dflash_core.kernels import kv_injection, verify
-
-    strides = ["sk_b", "sk_n", "sk_h", "sv_b", "sv_n", "sv_h", "sc_b", "sc_n", "ss_b", "ss_n",
-               "sck_b", "sck_h", "sck_p", "scv_b", "scv_h", "scv_p"]
-    kv_sig = {name: "*bf16" for name in ["k_ptr", "v_ptr", "w_ptr", "cos_ptr", "sin_ptr", "ck_ptr", "cv_ptr"]}
-    kv_sig.update(n="i32", offset="i32", eps="fp32", **{name: "i32" for name in strides}, HALF="constexpr", BLOCK="constexpr")
-    verify_sig = {
-        "logits_ptr": "*bf16", "draft_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32",
-        "ws_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32", "n_rows": "i32", "n_splits": "i32",
-        "split_size": "i32", "stride_l": "i32",
-        "NO_INDEX": "constexpr", "BLOCK": "constexpr", "ROWS": "constexpr", "SPLITS": "constexpr",
-    }
-    builds = [
-        (kv_injection._kv_injection_kernel, kv_sig, {"HALF": 64, "BLOCK": 64}),
-        (verify._verify_kernel, verify_sig, {"NO_INDEX": 2**31 - 1, "BLOCK": 2048, "ROWS": 16, "SPLITS": 16}),
-    ]
-    for fn, signature, constexprs in builds:
-        compiled = triton.compile(ASTSource(fn=triton.jit(fn), signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32))
-        assert compiled.asm["cubin"]
-
-
 @pytest.fixture(autouse=True)
-def triton_backend(request, monkeypatch):
-    if SUBPROCESS and request.node.name not in ("test_kernels_in_fresh_process", "test_kernels_compile_for_hopper"):
-        pytest.skip("run in a fresh process by test_kernels_in_fresh_process")
-    if DEVICE == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+def triton_backend(monkeypatch):
     monkeypatch.setenv("DFLASH_KERNELS", "triton")
 
 

@@ -359,10 +359,11 @@ def test_drafter_given_more_target_layers_computes_what_it_did_and_learns_to_rea
         add_feature_layers(warm, [first, first, last])
 
 
+@pytest.mark.slow
 def test_two_process_ddp_run(tiny_dirs, tmp_path):
     """The documented torchrun path, on CPU with gloo: ranks take equal shares of the data (5 train
     sequences: 2 each, so both run 2 steps per epoch), rank 0 alone evaluates, logs and saves, and
-    every rank exits (an uneven split or a late DDP teardown used to leave a rank hanging)."""
+    every rank exits (an uneven split or a late DDP teardown would leave a rank hanging)."""
     target_dir, _ = tiny_dirs
     target = Target.from_pretrained(target_dir)
     samples = []
@@ -388,3 +389,32 @@ def test_two_process_ddp_run(tiny_dirs, tmp_path):
     drafter = DFlashDrafter.from_pretrained(out)
     prompt = samples[0][0][: samples[0][1]]
     assert list(run(target, prompt, drafter, max_new_tokens=30).output_ids) == samples[0][0][samples[0][1]:]
+
+
+def test_text_data_is_trained_on_with_target_labels_and_never_evaluated(tiny_dirs, tmp_path, one_thread, monkeypatch):
+    target_dir, _ = tiny_dirs
+    target = Target.from_pretrained(target_dir)
+    prompt = _prompt_ids(target, PROMPTS[0])
+    own = list(run(target, prompt, None, max_new_tokens=24).output_ids)
+    torch.manual_seed(3)
+    text = prompt + torch.randint(4, target.vocab_size - 1, (24,)).tolist()  # not what the target writes
+    data, text_dir, out = tmp_path / "data", tmp_path / "text", tmp_path / "out"
+    _write_shard(data, [(prompt + own, len(prompt))] * 4)
+    _write_shard(text_dir, [(text, len(prompt))] * 2, index=5)  # keys test-500, test-501
+    calls = []
+    forward = DrafterTrainer.forward
+
+    def spy(self, ids, anchors, *args, key=None, target_labels=False, **kwargs):
+        calls.append((key, target_labels))
+        return forward(self, ids, anchors, *args, key=key, target_labels=target_labels, **kwargs)
+
+    monkeypatch.setattr(DrafterTrainer, "forward", spy)
+    summary = main([
+        "--target", str(target_dir), "--data", str(data), "--text-data", str(text_dir), "--out", str(out),
+        "--layers", "1", "--block-size", "4", "--init-from-target", "--amp", "none", "--grad-accum", "3",
+        "--heldout-frac", "0.5", "--max-steps", "4", "--eval-every", "2", "--no-progress",
+    ])
+    assert summary["step"] == 4 and summary["best_val_tau"] > 0
+    text_calls = {flag for key, flag in calls if key in ("test-500", "test-501")}
+    assert text_calls == {True}  # trained on, always labelled by the target, never evaluated
+    assert {flag for key, flag in calls if key not in ("test-500", "test-501")} == {False}

@@ -1,8 +1,8 @@
 """CUDA-only fast paths: flash-attn for the drafter's attention, CUDA-graph capture of fixed-shape steps.
 
-UNTESTED WITHOUT A GPU: this module was written in a session with no CUDA device. Nothing here
-runs on CPU tensors (the guards fall back to PyTorch SDPA or refuse), so CPU results, the golden
-traces included, cannot change through it; scripts/gpu_check.py exercises it on a GPU.
+Not yet run on a GPU. Nothing here runs on CPU tensors (the guards fall back to PyTorch SDPA or
+refuse), so CPU results, the golden traces included, cannot change through it; scripts/gpu_check.py
+exercises it on a GPU.
 
 - `drafter_attention`: the drafter's block queries attend, without a causal mask, to all cached
   context plus the whole block. On CUDA, in fp16/bf16, with no explicit mask (no training block

@@ -20,6 +20,8 @@ import functools
 
 import torch
 
+from .backend import interpreting
+
 try:
     import triton
     import triton.language as tl
@@ -107,8 +109,6 @@ def _compiled(interpret: bool):
 
 def inject_kv_triton(k, v, k_norm_weight, eps, cos, sin, cache_k, cache_v, offset: int) -> None:
     """Triton version of `inject_kv_reference` (same arguments, same effect)."""
-    from . import interpreting
-
     b, n, heads, dim = k.shape
     if dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {dim}")

@@ -18,6 +18,8 @@ import functools
 
 import torch
 
+from .backend import interpreting
+
 try:
     import triton
     import triton.language as tl
@@ -115,8 +117,6 @@ def verify_triton(draft_ids, logits, *, block=None, split_size=None):
     `block` (chunk width) and `split_size` (vocabulary slice per program, a multiple of `block`)
     are tuning knobs; the defaults spread the vocabulary over about two programs per SM.
     """
-    from . import interpreting
-
     n_rows, vocab = logits.shape
     if draft_ids.shape[0] != n_rows - 1:
         raise ValueError(f"{n_rows} block slots need {n_rows - 1} draft ids, got {draft_ids.shape[0]}")

@@ -2,6 +2,7 @@
 
 - `prompts`: the prompt pool (packaged corpora, generated tasks, self-written user messages);
 - `datagen`: the target's greedy answers to those prompts, written as shards;
+- `text_data`: text the target did not write (offline corpora) as shards, for target-labelled training;
 - `data`: shards as training sequences, the held-out split, the draft vocabulary;
 - `objective`: what one step computes (anchors, block mask, loss, held-out tau);
 - `drafter_init`: a new drafter's config and weights, or a warm one grown;

@@ -236,7 +236,7 @@ def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: 
 
     missing = missing_sources()
     if missing and not allow_missing_sources:
-        # A partial pool silently shrinks the data (one session took it for exhausted).
+        # A partial pool would silently shrink the data.
         raise SystemExit(
             f"datagen: prompt sources {', '.join(sorted(missing))} are missing their packages; "
             f"run `pip install -r requirements-train.txt` (or pass --allow-missing-sources)")

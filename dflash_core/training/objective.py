@@ -6,8 +6,9 @@ features of the tapped layers. Each anchor inside the response makes a block
 through the drafter in one forward, under a block-sparse mask that reproduces inference exactly: a
 block sees the context strictly before its anchor and its own block (both directions), nothing
 else. The loss is the position-weighted cross-entropy of slots 1..B-1 against the target's greedy
-token and, optionally, its top-k next-token distribution. Evaluation turns the same forward into
-acceptance lengths: teacher-forced tau, and tau along the blocks greedy decoding would run.
+token and, optionally, its top-k next-token distribution; for text the target did not write, the
+greedy tokens come from the same forward, as far as the text follows them (`greedy_path_labels`).
+Evaluation turns the same forward into acceptance lengths: teacher-forced tau, and tau along the blocks greedy decoding would run.
 On CUDA the block mask is a Flex Attention `BlockMask`; elsewhere an equivalent dense boolean mask.
 """
 
@@ -78,6 +79,27 @@ def block_layout(anchors: torch.Tensor, seq_len: int, block_size: int, mask_toke
     labels = torch.where(valid, ids[label_pos.clamp(max=seq_len - 1)], torch.full_like(label_pos, -100))
     position_ids = torch.cat([torch.arange(seq_len, device=device), block_pos.reshape(-1)])
     return block_ids.reshape(-1), position_ids, labels, valid
+
+
+def greedy_path_labels(ids: torch.Tensor, greedy: torch.Tensor, anchors: torch.Tensor, block_size: int):
+    """Labels and validity [nA, B-1] for a text the target did not write, from its greedy next tokens.
+
+    `greedy[t]` is the target's argmax after position t of `ids` (one forward over the text). Slot k
+    of the block at anchor a must predict what greedy decoding writes k tokens after a: `greedy[a+k-1]`,
+    known only while the text follows greedy decoding over a+1..a+k-1; past the first token where it
+    does not, the label is unknown (-100). On the target's own greedy output these are `block_layout`'s.
+    """
+    T = ids.shape[0]
+    pos = anchors.to(ids.device)[:, None] + torch.arange(block_size - 1, device=ids.device)  # a+k-1
+    inside = pos < T
+    pos = pos.clamp(max=T - 1)
+    on_path = torch.ones(T, dtype=torch.bool, device=ids.device)
+    on_path[1:] = ids[1:] == greedy[:-1]  # token t is what greedy decoding writes after t-1
+    follows = torch.ones_like(inside)
+    follows[:, 1:] = on_path[pos[:, 1:]]  # slot k needs tokens a+1..a+k-1 on the path
+    valid = inside & follows.cumprod(dim=1).bool()
+    labels = torch.where(valid, greedy[pos], torch.full_like(pos, -100))
+    return labels, valid
 
 
 def dense_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device=None) -> torch.Tensor:
@@ -216,11 +238,12 @@ class DrafterTrainer:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def target_features(self, ids: torch.Tensor, key: str | None):
-        """Features of `ids`, plus (top ids, top probabilities) per position when soft labels are on."""
+    def target_features(self, ids: torch.Tensor, key: str | None, greedy: bool = False):
+        """Features of `ids`, plus (top ids, top probabilities) per position when soft labels are on
+        or `greedy` asks for the target's own next tokens (then at least the top 1)."""
         cached = self.feature_cache.get(key) if key is not None else None
         if cached is None:
-            feats, soft = self.features(ids[None], self.soft_top_k)
+            feats, soft = self.features(ids[None], max(self.soft_top_k, int(greedy)))
             if self.amp_dtype is not None:
                 # Autocast feeds `fc` in this dtype anyway; caching it halves the memory.
                 feats = feats.to(self.amp_dtype)
@@ -247,11 +270,13 @@ class DrafterTrainer:
         return -(p * logp.gather(-1, ids.clamp(min=0))).sum(-1)
 
     def forward(self, ids: torch.Tensor, anchors: torch.Tensor, dense: bool | None = None, unwrapped: bool = False,
-                key: str | None = None, walk_weight: float = 1.0) -> StepOut:
+                key: str | None = None, walk_weight: float = 1.0, target_labels: bool = False) -> StepOut:
         """Logits and weighted loss of every anchor's block for one sequence `ids` [T].
 
         With `walk_weight` != 1, `anchors` must be every response anchor; the blocks greedy decoding
         would run with the drafter as it is now (`walk_anchors`) weigh `walk_weight` times the rest.
+        With `target_labels` the response is text the target did not write: the labels come from the
+        target's own greedy tokens in the same forward (`greedy_path_labels`).
         """
         ids = ids.to(self.device)
         T, B = ids.shape[0], self.block_size
@@ -261,7 +286,10 @@ class DrafterTrainer:
         use_flex = (self.device.type == "cuda" and not sliding) if dense is None else not dense
         mask = (flex_block_mask if use_flex else dense_block_mask)(anchors, T, B, self.device)
         with self._autocast():
-            feats, soft = self.target_features(ids, key)
+            feats, soft = self.target_features(ids, key, greedy=target_labels)
+            if target_labels:
+                labels, valid = greedy_path_labels(ids, soft[0][:, 0], anchors, B)
+                soft = soft if self.soft_top_k else None
             with torch.no_grad():
                 embeds = self.target.embed(block_ids[None])
             # Rank-0-only evaluation must bypass DDP, whose forward would wait for the other ranks.

@@ -17,6 +17,12 @@ this file) under permissive licences:
 - ``self``: user messages the default target wrote itself when sampled from an empty user
   turn of its chat template (``python -m dflash_core.training.datagen --self-prompts N``), kept in
   ``assets/prompts/self-written.jsonl``: an unbounded, chat-like source once the others run dry.
+- ``natural``: requests written by hand the way people type them (terse, casual, some with typos),
+  in ``assets/prompts/natural-train.jsonl``.
+
+The natural evaluation set (``assets/prompts/natural.jsonl``: hand-written prompts and the app's
+examples) is never trained on: a prompt of any source whose text matches one of it (ignoring case
+and spacing) is left out of the pool.
 
 Each prompt has a stable id (source + hash of the text) and a deterministic split
 (hash of the text): about 5% ``heldout``, the rest ``train``. Sources whose package is
@@ -42,6 +48,8 @@ CATEGORIES = ("chat", "code", "math", "story")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELDOUT_JSONL = REPO_ROOT / "assets" / "prompts" / "heldout.jsonl"
 SELF_WRITTEN_JSONL = REPO_ROOT / "assets" / "prompts" / "self-written.jsonl"
+NATURAL_JSONL = REPO_ROOT / "assets" / "prompts" / "natural.jsonl"  # evaluation only
+NATURAL_TRAIN_JSONL = REPO_ROOT / "assets" / "prompts" / "natural-train.jsonl"
 # Sources that read an optional package (requirements-train.txt): source -> (module, pip name).
 SOURCE_PACKAGES = {
     "chatterbot": ("chatterbot_corpus", "chatterbot-corpus"),
@@ -445,6 +453,27 @@ def _self_written() -> list[Prompt]:
     return [_mk("self", "chat", t) for t in read_self_written()]
 
 
+def _natural() -> list[Prompt]:
+    # Categories as the other sources name them: writing is story, knowledge is chat.
+    cats = {"writing": "story", "knowledge": "chat"}
+    return [_mk("natural", cats.get(r["category"], r["category"]), r["prompt"]) for r in _jsonl(NATURAL_TRAIN_JSONL)]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
+        if path.is_file() else []
+
+
+def normalized(text: str) -> str:
+    """A prompt's text as compared with the natural evaluation set: case and spacing ignored."""
+    return " ".join(text.split()).casefold()
+
+
+def natural_eval_texts() -> frozenset[str]:
+    """The natural evaluation set's prompts (`normalized`), which no training source may offer."""
+    return frozenset(normalized(r["prompt"]) for r in _jsonl(NATURAL_JSONL))
+
+
 SOURCES = {
     "chatterbot": _chatterbot,
     "humaneval": _humaneval,
@@ -454,16 +483,19 @@ SOURCES = {
     "instruct": _instruct,
     "story": _story,
     "self": _self_written,
+    "natural": _natural,
 }
 
 
 @lru_cache(maxsize=None)
 def all_prompts() -> tuple[Prompt, ...]:
-    """Every prompt of every available source, deduplicated by text, in source order."""
+    """Every prompt of every available source, deduplicated by text, in source order, without the
+    natural evaluation set's prompts."""
     seen, out = set(), []
+    held_out = natural_eval_texts()
     for fn in SOURCES.values():
         for p in fn():
-            if p.text not in seen:
+            if p.text not in seen and normalized(p.text) not in held_out:
                 seen.add(p.text)
                 out.append(p)
     return tuple(out)

@@ -18,7 +18,8 @@ from the target's top layers::
 
 Later versions warm-start from the previous one (`--init-from`, optionally `--layers N` to grow it
 or `--target-layer-ids` to add target layers it reads,
-`--shards START:` for the data it has not seen, `--soft-labels 8`); the shipped drafter's model
+`--shards START:` for the data it has not seen, `--soft-labels 8`, `--text-data DIR` for text the target
+did not write, labelled by its own greedy tokens: `text_data`); the shipped drafter's model
 card (`assets/drafters/smollm2-135m-instruct-dflash/README.md`) has the exact chain of commands.
 
 `--time-budget` is training time (evaluations excluded) and the cosine schedule follows it, so a
@@ -45,22 +46,25 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
-from ..default_target import resolve_target
 from ..config import default_target_layer_ids, parse_drafter_config
+from ..default_target import resolve_target
 from ..drafter import DFlashDrafter
-from .drafter_init import add_feature_layers, build_drafter_config, grow_drafter, init_from_target, pick_mask_token_id
 from ..errors import DFlashError
-from .data import frequent_tokens, heldout, load_sequences, shard_range
-from .objective import DrafterTrainer, default_gamma, evaluate, is_every_anchor, sample_anchors
 from ..pair import has_fast_bf16
 from ..target import Target
+from .data import frequent_tokens, heldout, load_sequences, shard_range
+from .drafter_init import add_feature_layers, build_drafter_config, grow_drafter, init_from_target, pick_mask_token_id
+from .objective import DrafterTrainer, default_gamma, evaluate, is_every_anchor, sample_anchors
 
 CHECKPOINT_DIR = "checkpoint"
 LOG_FILE = "train_log.jsonl"
@@ -95,8 +99,7 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 def choose_amp(name: str, device: torch.device):
     if name == "auto":
-        # Measured on 2-core CPUs: without AVX512-BF16 a bf16 autocast step took 7.9 s vs 5.6 s in
-        # fp32; with it (Zen 4), 0.6 s vs 1.9 s. GPUs and AMX CPUs run bf16 matmuls natively too.
+        # bf16 autocast only where matmuls run it natively; emulated bf16 is slower than fp32.
         if has_fast_bf16(device):
             return torch.bfloat16
         return None
@@ -111,6 +114,11 @@ def parse_args(argv=None):
                    help="use only these shards, by position in name order (e.g. 40: for a warm "
                         "drafter that has seen the first 40; 101:,84:101:4 adds every 4th of 84-100 "
                         "to replay what it learnt there)")
+    p.add_argument("--text-data", default=None, metavar="DIR",
+                   help="also train on these shards of text the target did not write (`text_data`), labelled by "
+                        "the target's own greedy tokens in the forward that gives the features; never evaluated on")
+    p.add_argument("--text-shards", type=shard_range, default=None, metavar="START:STOP[:STEP][,...]",
+                   help="use only these shards of --text-data")
     p.add_argument("--out", required=True, help="output dir: released-format drafter + checkpoint/ + train_log.jsonl")
     p.add_argument("--layers", type=int, default=None,
                    help="drafter layers (default 3; with --init-from: grow the warm drafter to this many)")
@@ -173,7 +181,7 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
     if resume_state is not None:
         config = parse_drafter_config(json.loads((ckpt_dir / "config.json").read_text()))
     elif args.init_from:
-        # Warm start from a released-format drafter (e.g. the one a previous session shipped):
+        # Warm start from a released-format drafter:
         # its shape, mask token and target layers carry over; optimizer and schedule start anew.
         warm = DFlashDrafter.from_pretrained(args.init_from, dtype=torch.float32)
         if args.layers and args.layers != len(warm.layers):
@@ -223,13 +231,57 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
     return drafter
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+@dataclass
+class Progress:
+    """Where a run stands; saved in every checkpoint and restored by --resume."""
+
+    step: int = 0
+    epoch: int = 0
+    pos: int = 0  # sequences of this epoch's order already consumed
+    elapsed: float = 0.0  # training seconds, evaluations excluded
+    best_tau: float = 0.0
+    bad_evals: int = 0
+    block_tokens: int = 0
+    seen_seqs: int = 0
+
+
+@dataclass
+class Dist:
+    world: int
+    rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+class RunLog:
+    """Messages to stderr and records to OUT/train_log.jsonl, from the main rank only."""
+
+    def __init__(self, out_dir: Path, active: bool):
+        self.active = active
+        self.file = open(out_dir / LOG_FILE, "a") if active else None
+
+    def say(self, msg: str) -> None:
+        if self.active:
+            print(f"[train] {msg}", file=sys.stderr, flush=True)
+
+    def record(self, record: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def setup_distributed(args) -> Dist:
+    """The device for this rank, and the process group when launched by torchrun."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.device:
         device = torch.device(args.device)
     elif torch.cuda.is_available():
@@ -237,230 +289,239 @@ def main(argv=None) -> dict:
     else:
         device = torch.device("cpu")
     if world > 1:
-        import torch.distributed as dist
-
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    is_main = rank == 0
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(world, rank, device)
+
+
+def save_checkpoint(out_dir: Path, drafter, opt, progress: Progress, anchor_gen, args) -> None:
+    """OUT/checkpoint/: everything --resume needs, replaced atomically."""
+    ckpt_dir, tmp = out_dir / CHECKPOINT_DIR, out_dir / (CHECKPOINT_DIR + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": asdict(progress),
+                "rng": _rng_state(anchor_gen), "args": vars(args)}, tmp / "state.pt")
+    drafter.save_pretrained(tmp, dtype=torch.float32)  # config.json for resume; weights exact
+    if ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)
+    os.replace(tmp, ckpt_dir)
+
+
+def schedule_position(progress: Progress, total_steps: int, budget_s: float | None) -> float:
+    """Training progress in [0, 1] for the learning-rate schedule: steps or time, whichever is further."""
+    done = progress.step / total_steps
+    return max(done, progress.elapsed / budget_s) if budget_s else done
+
+
+def run_eval(trainer, eval_seqs, args, progress: Progress, position: float, drafter, out_dir: Path, log: RunLog) -> dict:
+    """Score the drafter on the held-out sequences; save it when it is the best so far."""
+    metrics = evaluate(trainer, eval_seqs, args.anchors_per_seq)
+    metrics.update(step=progress.step, elapsed_s=round(progress.elapsed, 1), kind="eval")
+    # Held-out tau, not loss, decides: with soft labels the loss also rewards matching the
+    # target's runners-up, which acceptance never sees.
+    improved = metrics["val_tau"] > progress.best_tau
+    if improved:
+        progress.best_tau, progress.bad_evals = metrics["val_tau"], 0
+        drafter.save_pretrained(out_dir)  # the best drafter so far is always the shipped one
+    elif position >= 0.5:
+        # Patience counts only past the cosine midpoint: a warm start scores below its step-0
+        # evaluation while the rate is high and recovers as it decays.
+        progress.bad_evals += 1
+    metrics["best"] = improved
+    log.record(metrics)
+    walk = metrics["val_tau_decode"]
+    log.say(f"eval step {progress.step}: val_loss {metrics['val_loss']:.4f} est. tau {metrics['val_tau']:.2f}"
+            + (f", as decoded {walk:.2f}" if walk is not None else "")
+            + (" (best, saved)" if improved else f" (no improvement x{progress.bad_evals})"))
+    return metrics
+
+
+def train_step(trainer, model, batch, args, anchor_gen, world: int, text_keys=frozenset()) -> tuple[float, int]:
+    """Forward and backward over one optimizer step's sequences; returns (mean loss, block tokens).
+
+    Sequences whose key is in `text_keys` are text the target did not write: their labels come from
+    the target's own forward (`--text-data`)."""
+    loss, tokens = 0.0, 0
+    for j, (ids, plen, key) in enumerate(batch):
+        anchors = sample_anchors(len(ids), plen, args.anchors_per_seq, anchor_gen)
+        if anchors.numel() == 0:
+            continue
+        # DDP reduces gradients on the last sequence of the step only.
+        sync = j == len(batch) - 1 or world == 1
+        ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
+        text = key in text_keys
+        walk_weight = args.walk_weight if is_every_anchor(anchors, len(ids), plen) and not text else 1.0
+        with ctx:
+            out = trainer.forward(ids, anchors, key=key, walk_weight=walk_weight, target_labels=text)
+            (out.loss / len(batch)).backward()
+        loss += float(out.loss.detach()) / len(batch)
+        tokens += out.block_tokens
+    return loss, tokens
+
+
+def main(argv=None) -> dict:
+    # --- arguments, devices, seeds ---------------------------------------------------------------
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dist = setup_distributed(args)
     out_dir = Path(args.out)
     ckpt_dir = out_dir / CHECKPOINT_DIR
-    if is_main:
+    if dist.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-
-    def log(msg):
-        if is_main:
-            print(f"[train] {msg}", file=sys.stderr, flush=True)
-
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
+    log = RunLog(out_dir, dist.is_main)
+    random.seed(args.seed + dist.rank)
+    np.random.seed(args.seed + dist.rank)
     torch.manual_seed(args.seed)  # same initial drafter on every rank
 
+    # --- the frozen target -----------------------------------------------------------------------
     target_path = resolve_target(args.target)
     dtype = torch.float32 if args.target_dtype == "float32" else torch.bfloat16
-    target = Target.from_pretrained(target_path, device=device, dtype=dtype)
+    target = Target.from_pretrained(target_path, device=dist.device, dtype=dtype)
     target.model.requires_grad_(False)
-    log(f"target {target_path}: {target.num_layers} layers, hidden {target.hidden_size}, vocab {target.vocab_size}")
+    log.say(f"target {target_path}: {target.num_layers} layers, hidden {target.hidden_size}, vocab {target.vocab_size}")
 
+    # --- data ------------------------------------------------------------------------------------
     seqs = load_sequences(args.data, args.max_len, shards=args.shards)
     if not seqs:
         raise SystemExit(f"no usable samples in {args.data}" + (" (--shards)" if args.shards else ""))
     val = [s for s in seqs if heldout(s[2], args.heldout_frac)]
     train = [s for s in seqs if not heldout(s[2], args.heldout_frac)]
-    log(f"data: {len(train)} train / {len(val)} held-out sequences, "
-        f"{sum(len(s[0]) - s[1] for s in train)} train response tokens")
+    log.say(f"data: {len(train)} train / {len(val)} held-out sequences, "
+            f"{sum(len(s[0]) - s[1] for s in train)} train response tokens")
+    text_keys = set()
+    if args.text_data:
+        # Text the target did not write: training only; its labels come from the target's forward.
+        text = load_sequences(args.text_data, args.max_len, shards=args.text_shards)
+        text_keys = {key for _, _, key in text}
+        train = train + text
+        log.say(f"text data: {len(text)} sequences, {sum(len(s[0]) - s[1] for s in text)} response tokens, "
+            "labelled by the target")
     calibration = [s[0] for s in train[:16]]  # text for measuring the target's q/k scales
-    # Spread over the whole held-out split (shards are written source by source, in time order),
-    # not its first sequences; runs before drafter v5 used val[:eval_seqs].
+    # Spread over the whole held-out split: shards are written source by source.
     eval_seqs = val[:: max(1, len(val) // args.eval_seqs)][: args.eval_seqs]
+    # Equal shares, so that every rank runs the same number of steps per epoch (and collectives).
+    my_train = train[dist.rank :: dist.world][: len(train) // dist.world]
 
+    # --- the drafter, its trainer and optimizer --------------------------------------------------
     resume_state = None
     if args.resume and (ckpt_dir / "state.pt").is_file():
         resume_state = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=False)
-        log(f"resuming from step {resume_state['state']['step']}")
-    drafter = make_drafter(args, target, seqs, train, calibration, resume_state, ckpt_dir, log).to(device)
-    config = drafter.config
+        log.say(f"resuming from step {resume_state['state']['step']}")
+    drafter = make_drafter(args, target, seqs, train, calibration, resume_state, ckpt_dir, log.say).to(dist.device)
     drafter.train()
-    n_params = sum(p.numel() for p in drafter.parameters())
-    log(f"drafter: {config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
-        f"{config.target_layer_ids}, {n_params / 1e6:.1f}M parameters")
-
+    config = drafter.config
+    log.say(f"drafter: {config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
+            f"{config.target_layer_ids}, {sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters")
     model = drafter
-    if world > 1:
+    if dist.world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(drafter, device_ids=[device.index] if device.type == "cuda" else None)
-    block_size = config.block_size
-    gamma = args.gamma or default_gamma(block_size)
-    amp = choose_amp(args.amp, device)
-    trainer = DrafterTrainer(target, model, block_size, gamma, amp, int(args.feature_cache_gb * 2**30),
+        model = DistributedDataParallel(drafter, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
+    gamma = args.gamma or default_gamma(config.block_size)
+    amp = choose_amp(args.amp, dist.device)
+    trainer = DrafterTrainer(target, model, config.block_size, gamma, amp, int(args.feature_cache_gb * 2**30),
                              soft_top_k=args.soft_labels, soft_weight=args.soft_weight)
-    log(f"gamma {gamma}, autocast {amp}, device {device}"
-        + (f", soft labels top-{args.soft_labels} weight {args.soft_weight}" if args.soft_labels else "")
-        + (f", decoding-walk blocks weigh {args.walk_weight}x" if args.walk_weight != 1 else ""))
-
-    grad_accum = args.grad_accum
-    if args.batch_tokens:
-        grad_accum = max(1, round(args.batch_tokens / (args.anchors_per_seq * block_size * world)))
-    # Equal shares, so that every rank runs the same number of steps per epoch (and collectives).
-    my_train = train[rank::world][: len(train) // world]
-    steps_per_epoch = max(1, len(my_train) // grad_accum)
-    total_steps = max(1, int(args.epochs * steps_per_epoch))
-    if args.max_steps:
-        total_steps = args.max_steps
-    budget_s = args.time_budget * 60 if args.time_budget else None
-    log(f"{grad_accum} sequences per step, {steps_per_epoch} steps per epoch, up to {total_steps} steps"
-        + (f", time budget {args.time_budget:g} min" if budget_s else ""))
-
+    log.say(f"gamma {gamma}, autocast {amp}, device {dist.device}"
+            + (f", soft labels top-{args.soft_labels} weight {args.soft_weight}" if args.soft_labels else "")
+            + (f", decoding-walk blocks weigh {args.walk_weight}x" if args.walk_weight != 1 else ""))
     opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    anchor_gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "best_tau": 0.0, "bad_evals": 0,
-             "block_tokens": 0, "seen_seqs": 0}
+    anchor_gen = torch.Generator().manual_seed(args.seed * 1000 + dist.rank)
+    progress = Progress()
     if resume_state is not None:
         opt.load_state_dict(resume_state["optimizer"])
-        state.update(resume_state["state"])
+        progress = Progress(**resume_state["state"])
         _set_rng_state(resume_state["rng"], anchor_gen)
-    # Frozen params are excluded above; make sure nothing of the target slipped in.
-    assert not any(p.requires_grad for p in target.model.parameters())
+    assert not any(p.requires_grad for p in target.model.parameters())  # nothing of the target slipped in
 
-    def progress() -> float:
-        p = state["step"] / total_steps
-        if budget_s:
-            p = max(p, state["elapsed"] / budget_s)
-        return p
+    # --- schedule --------------------------------------------------------------------------------
+    grad_accum = args.grad_accum
+    if args.batch_tokens:
+        grad_accum = max(1, round(args.batch_tokens / (args.anchors_per_seq * config.block_size * dist.world)))
+    steps_per_epoch = max(1, len(my_train) // grad_accum)
+    total_steps = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
+    budget_s = args.time_budget * 60 if args.time_budget else None
+    log.say(f"{grad_accum} sequences per step, {steps_per_epoch} steps per epoch, up to {total_steps} steps"
+            + (f", time budget {args.time_budget:g} min" if budget_s else ""))
 
-    def save_checkpoint():
-        if not is_main:
-            return
-        tmp = out_dir / (CHECKPOINT_DIR + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": dict(state),
-                    "rng": _rng_state(anchor_gen), "args": vars(args)}, tmp / "state.pt")
-        drafter.save_pretrained(tmp, dtype=torch.float32)  # config.json for resume; weights exact
-        if ckpt_dir.exists():
-            import shutil
-
-            shutil.rmtree(ckpt_dir)
-        os.replace(tmp, ckpt_dir)
-
-    log_fh = open(out_dir / LOG_FILE, "a") if is_main else None
-
-    def write_log(record):
-        if log_fh:
-            log_fh.write(json.dumps(record) + "\n")
-            log_fh.flush()
-
-    def run_eval():
-        if not is_main or not val:
+    def evaluate_now() -> dict | None:
+        if not dist.is_main or not val:
             return None
-        metrics = evaluate(trainer, eval_seqs, args.anchors_per_seq)
-        metrics.update(step=state["step"], elapsed_s=round(state["elapsed"], 1), kind="eval")
-        # Held-out tau, not loss, decides: with soft labels the loss also rewards matching the
-        # target's runners-up, which acceptance never sees.
-        improved = metrics["val_tau"] > state["best_tau"]
-        if improved:
-            state["best_tau"], state["bad_evals"] = metrics["val_tau"], 0
-            drafter.save_pretrained(out_dir)  # the best drafter so far is always the shipped one
-        elif progress() >= 0.5:
-            # Patience counts only once the learning rate is past its cosine midpoint: a warm start
-            # scores below its step-0 evaluation while the rate is high and recovers as it decays
-            # (drafter v5 would have stopped at step 800 of ~1,500, before any of that).
-            state["bad_evals"] += 1
-        metrics["best"] = improved
-        write_log(metrics)
-        walk = metrics["val_tau_decode"]
-        log(f"eval step {state['step']}: val_loss {metrics['val_loss']:.4f} est. tau {metrics['val_tau']:.2f}"
-            + (f", as decoded {walk:.2f}" if walk is not None else "")
-            + (" (best, saved)" if improved else f" (no improvement x{state['bad_evals']})"))
-        return metrics
+        position = schedule_position(progress, total_steps, budget_s)
+        return run_eval(trainer, eval_seqs, args, progress, position, drafter, out_dir, log)
 
-    last_eval = None
-    if state["step"] == 0:
-        # The starting point is the first candidate: a warm start that training never improves on
-        # ships the warm drafter, not whichever later step happened to score best.
-        last_eval = run_eval()
-    from tqdm import tqdm
-
-    bar = tqdm(total=total_steps, initial=state["step"], disable=not is_main or args.no_progress,
+    # --- the loop --------------------------------------------------------------------------------
+    # The starting point is the first candidate: a warm start that training never improves on
+    # ships the warm drafter, not whichever later step happened to score best.
+    last_eval = evaluate_now() if progress.step == 0 else None
+    bar = tqdm(total=total_steps, initial=progress.step, disable=not dist.is_main or args.no_progress,
                dynamic_ncols=True, file=sys.stderr, mininterval=2)
-    win_tokens, win_t0, win_loss, win_n = 0, time.perf_counter(), 0.0, 0
-    stop_reason = None
-    t_last = time.perf_counter()
-    order = None
+    win_tokens, win_loss, win_steps, win_t0 = 0, 0.0, 0, time.perf_counter()  # the current log window
+    stop_reason, order, t_last = None, None, time.perf_counter()
     while stop_reason is None:
-        if order is None or state["pos"] >= len(my_train):
+        if order is None or progress.pos >= len(my_train):
             if order is not None:
-                state["epoch"], state["pos"] = state["epoch"] + 1, 0
+                progress.epoch, progress.pos = progress.epoch + 1, 0
             # One permutation per epoch, reproducible from the seed: resume finds the same order.
-            order = torch.randperm(len(my_train), generator=torch.Generator().manual_seed(args.seed + state["epoch"])).tolist()
-        if len(my_train) - state["pos"] < grad_accum and state["pos"] > 0:
-            state["pos"] = len(my_train)  # drop the ragged tail; the next epoch reshuffles
+            order = torch.randperm(len(my_train), generator=torch.Generator().manual_seed(args.seed + progress.epoch)).tolist()
+        if len(my_train) - progress.pos < grad_accum and progress.pos > 0:
+            progress.pos = len(my_train)  # drop the ragged tail; the next epoch reshuffles
             continue
-        lr = lr_at(progress(), args.warmup, args.lr, args.min_lr_ratio)
+        lr = lr_at(schedule_position(progress, total_steps, budget_s), args.warmup, args.lr, args.min_lr_ratio)
         for group in opt.param_groups:
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        step_loss, step_tokens = 0.0, 0
-        for j in range(grad_accum):
-            ids, plen, key = my_train[order[(state["pos"] + j) % len(my_train)]]
-            anchors = sample_anchors(len(ids), plen, args.anchors_per_seq, anchor_gen)
-            if anchors.numel() == 0:
-                continue
-            sync = j == grad_accum - 1 or world == 1
-            ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
-            every = is_every_anchor(anchors, len(ids), plen)
-            with ctx:
-                out = trainer.forward(ids, anchors, key=key, walk_weight=args.walk_weight if every else 1.0)
-                (out.loss / grad_accum).backward()
-            step_loss += float(out.loss.detach()) / grad_accum
-            step_tokens += out.block_tokens
+        batch = [my_train[order[(progress.pos + j) % len(my_train)]] for j in range(grad_accum)]
+        step_loss, step_tokens = train_step(trainer, model, batch, args, anchor_gen, dist.world, text_keys)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip))
         opt.step()
         now = time.perf_counter()
-        state["elapsed"] += now - t_last
+        progress.elapsed += now - t_last
         t_last = now
-        state["step"] += 1
-        state["pos"] += grad_accum
-        state["seen_seqs"] += grad_accum
-        state["block_tokens"] += step_tokens
-        win_tokens += step_tokens
-        win_loss += step_loss
-        win_n += 1
+        progress.step += 1
+        progress.pos += grad_accum
+        progress.seen_seqs += grad_accum
+        progress.block_tokens += step_tokens
+        win_tokens, win_loss, win_steps = win_tokens + step_tokens, win_loss + step_loss, win_steps + 1
         bar.update(1)
-        if state["step"] % args.log_every == 0 or state["step"] == 1:
-            tok_s = win_tokens * world / max(1e-9, time.perf_counter() - win_t0)
-            bar.set_postfix(loss=f"{win_loss / win_n:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}", ep=state["epoch"])
-            write_log({"kind": "train", "step": state["step"], "epoch": state["epoch"], "loss": win_loss / win_n,
-                       "lr": lr, "grad_norm": grad_norm, "block_tok_s": tok_s, "elapsed_s": round(state["elapsed"], 1),
-                       "block_tokens": state["block_tokens"] * world})
-            win_tokens, win_t0, win_loss, win_n = 0, time.perf_counter(), 0.0, 0
-        if state["step"] >= total_steps:
+
+        # --- logging, evaluation, stopping, checkpoints ------------------------------------------
+        if progress.step % args.log_every == 0 or progress.step == 1:
+            tok_s = win_tokens * dist.world / max(1e-9, now - win_t0)
+            loss = win_loss / win_steps
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}", ep=progress.epoch)
+            log.record({"kind": "train", "step": progress.step, "epoch": progress.epoch, "loss": loss, "lr": lr,
+                        "grad_norm": grad_norm, "block_tok_s": tok_s, "elapsed_s": round(progress.elapsed, 1),
+                        "block_tokens": progress.block_tokens * dist.world})
+            win_tokens, win_loss, win_steps, win_t0 = 0, 0.0, 0, time.perf_counter()
+        if progress.step >= total_steps:
             stop_reason = "max_steps"
-        elif budget_s and state["elapsed"] >= budget_s:
+        elif budget_s and progress.elapsed >= budget_s:
             stop_reason = "time_budget"
-        if state["step"] % args.eval_every == 0 or stop_reason:
-            last_eval = run_eval()
+        if progress.step % args.eval_every == 0 or stop_reason:
+            last_eval = evaluate_now()
             t_last = time.perf_counter()  # evaluation time does not eat the training budget
-            if state["bad_evals"] >= args.patience and stop_reason is None:
+            if progress.bad_evals >= args.patience and stop_reason is None:
                 stop_reason = "early_stopping"
-        if world > 1:
-            flag = torch.tensor([stop_reason is not None], device=device, dtype=torch.int32)
+        if dist.world > 1:
+            flag = torch.tensor([stop_reason is not None], device=dist.device, dtype=torch.int32)
             torch.distributed.broadcast(flag, 0)
             if flag.item() and stop_reason is None:
                 stop_reason = "rank0"
-        if state["step"] % args.save_every == 0 or stop_reason:
-            save_checkpoint()
+        if dist.is_main and (progress.step % args.save_every == 0 or stop_reason):
+            save_checkpoint(out_dir, drafter, opt, progress, anchor_gen, args)
     bar.close()
-    if is_main and not val:
+
+    # --- the result --------------------------------------------------------------------------------
+    if dist.is_main and not val:
         drafter.save_pretrained(out_dir)  # without a held-out split the last drafter is the result
-    summary = {"kind": "done", "stop_reason": stop_reason, "step": state["step"], "epoch": state["epoch"],
-               "elapsed_s": round(state["elapsed"], 1), "block_tokens": state["block_tokens"] * world,
-               "best_val_tau": state["best_tau"], "last_eval": last_eval}
-    write_log(summary)
-    log(f"done ({stop_reason}) after {state['step']} steps, {state['elapsed'] / 60:.1f} min; drafter in {out_dir}")
-    if log_fh:
-        log_fh.close()
-    if world > 1:
+    summary = {"kind": "done", "stop_reason": stop_reason, "step": progress.step, "epoch": progress.epoch,
+               "elapsed_s": round(progress.elapsed, 1), "block_tokens": progress.block_tokens * dist.world,
+               "best_val_tau": progress.best_tau, "last_eval": last_eval}
+    log.record(summary)
+    log.say(f"done ({stop_reason}) after {progress.step} steps, {progress.elapsed / 60:.1f} min; drafter in {out_dir}")
+    log.close()
+    if dist.world > 1:
         # The DDP wrapper's reducer must go before its process group: torn down afterwards, as
         # main's locals are on return, it could hang a rank at exit.
         del trainer, model

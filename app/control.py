@@ -1,0 +1,110 @@
+"""Pause, Step and Continue for a race (live or replayed), and the paused-aware clock it runs on.
+
+The race's worker calls `hold(shown)` between its steps; while the viewer has paused and no step
+is owed, that call blocks, so nothing is computed or shown. The clock the race paces itself by
+(`clock()`) stops while blocked, so the on-screen clocks stay honest: a pause is never counted as
+compute time and the race resumes at the rate it had. A Step allows one more DFlash cycle on
+screen; the race shows the plain side up to that cycle's compute time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class Control:
+    """One viewer's pause state; the buttons' handlers and the race's worker share it."""
+
+    def __init__(self, clock=time.perf_counter):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self.paused = False
+        self.limit: int | None = None  # DFlash cycles allowed on screen while paused
+        self.stopped = False
+        self._held = 0.0  # seconds spent blocked in `hold`, left out of `clock()`
+        self.run = 0  # which run of this viewer the control drives; a newer one supersedes the rest
+
+    def clock(self) -> float:
+        return self._clock() - self._held
+
+    def reset(self) -> int:
+        """A new race starts playing (not paused); returns its run number."""
+        with self._lock:
+            self.paused, self.limit, self.stopped = False, None, False
+            self.run += 1
+            run = self.run
+        self._wake.set()
+        return run
+
+    def superseded(self, run: int) -> bool:
+        """True once a newer run of this viewer has started: the older one must end."""
+        return self.run != run
+
+    def pause(self, shown: int) -> None:
+        with self._lock:
+            self.paused = True
+            if self.limit is None:
+                self.limit = shown
+
+    def step(self, shown: int) -> None:
+        """One more DFlash cycle (pauses first when playing)."""
+        with self._lock:
+            self.paused = True
+            self.limit = max(self.limit if self.limit is not None else shown, shown) + 1
+        self._wake.set()
+
+    def resume(self) -> None:
+        with self._lock:
+            self.paused, self.limit = False, None
+        self._wake.set()
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped, self.paused, self.limit = True, False, None
+        self._wake.set()
+
+    def holding(self, shown: int) -> bool:
+        """True when the race must wait: paused, and the cycles owed are on screen."""
+        with self._lock:
+            return self.paused and not self.stopped and self.limit is not None and shown >= self.limit
+
+    def hold(self, shown: int, poll_s: float = 0.05, until=lambda: False) -> None:
+        """Block while `holding(shown)` and not `until()` (the race's Stop); the time blocked is
+        left out of `clock()`."""
+        started = self._clock()
+        while self.holding(shown) and not until():
+            self._wake.wait(poll_s)
+            self._wake.clear()
+        self._held += self._clock() - started
+
+    def cap(self) -> int | None:
+        """DFlash cycles the race may show now (None: no limit)."""
+        with self._lock:
+            return self.limit if self.paused else None
+
+
+class Controls:
+    """Every viewer's `Control`, by Gradio session; a bounded table, oldest sessions dropped."""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._table: dict[str, Control] = {}
+        self._lock = threading.Lock()
+
+    def get(self, session: str | None) -> Control:
+        key = session or ""
+        with self._lock:
+            control = self._table.pop(key, None) or Control()
+            self._table[key] = control  # most recently used last
+            while len(self._table) > self.size:
+                self._table.pop(next(iter(self._table)))
+            return control
+
+    def drop(self, session: str | None) -> None:
+        """Forget a session; a race it paused is told to stop waiting (it then ends)."""
+        with self._lock:
+            control = self._table.pop(session or "", None)
+        if control is not None:
+            control.reset()  # a newer run number: the paused race is superseded and returns

@@ -1,0 +1,232 @@
+""""Inside a cycle": one DFlash cycle laid out in the order it happens, from its explanation.
+
+1 the noisy block the drafter sees (slot-0 token, then mask slots, with positions); 2 the target
+features injected into every drafter layer; 3 the drafter's single pass proposing every slot (its
+top-3 per slot); 4 the target's verdict per slot (its own top-3); 5 the accepted prefix and the
+bonus token; 6 the cache lengths kept; 7 the cycle's time split against one plain decoding step,
+beside the passes an autoregressive drafter would have needed. All text is escaped here.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+
+from .render import COLORS
+from .tips import explain_of, prob, slot_decision, topk_rows, visible, why
+
+CYCLE_CSS = """
+.cycle { font: 13px/1.4 ui-sans-serif, system-ui, sans-serif; color: #111; }
+.cycle h4 { margin: 10px 0 4px; font-size: 14px; }
+.cycle table.grid { border-collapse: collapse; }
+.cycle table.grid td, .cycle table.grid th { border: 1px solid #d5d8e0; padding: 3px 6px; vertical-align: top; }
+.cycle table.grid th { background: #f3f5f9; text-align: left; font-weight: 600; white-space: nowrap; }
+.cycle .mask { color: #777; background: #eceff4; border-radius: 3px; padding: 0 4px; font-family: ui-monospace, monospace; }
+.cycle .tk { font-family: ui-monospace, monospace; border-radius: 3px; padding: 0 3px; white-space: pre; }
+.cycle table.grid table td { font-family: ui-monospace, monospace; padding: 0 4px 0 0; border: 0; white-space: pre; }
+.cycle .pick { font-weight: 700; }
+.cycle .bar { display: flex; height: 20px; border-radius: 3px; overflow: hidden; font-size: 11px; color: #111; }
+.cycle .bar > div { display: flex; align-items: center; justify-content: center; overflow: hidden; white-space: nowrap; }
+.cycle .barrow { display: grid; grid-template-columns: 15em 1fr 6em; gap: 8px; align-items: center; margin: 3px 0; }
+"""
+
+SPLIT_COLORS = {"draft": "#74c0fc", "verify": "#8ce99a", "other": "#dee2e6", "plain": "#bac8ff"}
+
+
+def _tok(text: str, color: str | None = None) -> str:
+    style = f' style="background:{color}"' if color else ""
+    return f'<span class="tk"{style}>{html.escape(visible(text))}</span>'
+
+
+def _cycle_times(view, index: int) -> tuple[float, float, float]:
+    """(draft, verify, other) seconds of cycle `index`: recorded split, else from the clocks."""
+    block = view.blocks[index]
+    split = (explain_of(block) or {}).get("time")
+    if split:
+        return float(split["draft_s"]), float(split["verify_s"]), float(split["other_s"])
+    before = view.blocks[index - 1].elapsed_s if index else view.prefill.seconds
+    return block.draft_s, block.verify_s, max(block.elapsed_s - before - block.draft_s - block.verify_s, 0.0)
+
+
+def plain_step_s(plain) -> float | None:
+    """Mean seconds per plain decoding step shown so far."""
+    if plain is None or plain.prefill is None or not plain.blocks:
+        return None
+    return (plain.blocks[-1].elapsed_s - plain.prefill.seconds) / len(plain.blocks)
+
+
+def _bar(label: str, parts: list[tuple[str, float, str]], scale: float) -> str:
+    total = sum(s for _, s, _ in parts)
+    cells = "".join(
+        f'<div title="{html.escape(name)}: {s * 1000:.1f} ms" style="width:{100 * s / scale:.2f}%;background:{color}">'
+        f"{html.escape(name) if s / scale > 0.12 else ''}</div>"
+        for name, s, color in parts
+        if s > 0
+    )
+    return (
+        f'<div class="barrow"><div>{html.escape(label)}</div><div class="bar">{cells}</div>'
+        f"<div>{total * 1000:.1f} ms</div></div>"
+    )
+
+
+def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) -> str:
+    """The view of DFlash cycle `index` (None or past the end: the latest shown)."""
+    style = f"<style>{CYCLE_CSS}</style>"
+    if dflash is None or not dflash.blocks:
+        return style + '<div class="cycle" style="color:#667">No DFlash cycle yet: start a race or a replay.</div>'
+    if not dflash.blocks[0].draft_ids:
+        return style + '<div class="cycle" style="color:#667">Block size 1: nothing is drafted, every cycle is a plain step.</div>'
+    last = len(dflash.blocks) - 1
+    index = last if index is None or not 0 <= int(index) <= last else int(index)
+    block = dflash.blocks[index]
+    explain = explain_of(block) or {}
+    drafts = len(block.draft_ids)
+    positions = explain.get("positions") or list(range(block.position, block.position + drafts + 1))
+    n = block.acceptance_length
+    accepted_text = " ".join(_tok(text_of(t), COLORS["accepted"]) for t in block.draft_ids[: block.accepted]) or "(none)"
+    note = (
+        ""
+        if explain
+        else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
+    )
+    return (
+        f'{style}<div class="cycle" id="cycle-{block.index}">'
+        f"<h4>Cycle {block.index} of {last + 1} · block at positions {positions[0]}–{positions[0] + drafts} · "
+        f"acceptance length {n} of {drafts + 1}</h4>{note}"
+        f"<h4>1 · the noisy block the drafter sees</h4>{_noisy_block(dflash, index, positions, text_of)}"
+        f"<h4>2 · target features injected into every drafter layer</h4><div>{_injected(explain)}</div>"
+        f"<h4>3, 4 · the drafter's single pass proposes every slot; the target's verdict on each</h4>"
+        f"{_slots_grid(block, positions, text_of)}"
+        f"<h4>5 · accepted prefix and bonus</h4><div>{accepted_text} + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
+        f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>"
+        f"<h4>6 · caches kept</h4><div>{_caches(explain)}</div>"
+        f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index)}</div>"
+    )
+
+
+def _noisy_block(view, index: int, positions: list[int], text_of) -> str:
+    """Slot 0's token, then a mask in every other slot, with their positions."""
+    block = view.blocks[index]
+    explain = explain_of(block) or {}
+    size = len(block.draft_ids) + 1
+    slot0 = explain.get("slot0_id")
+    slot0_text = text_of(slot0) if slot0 is not None else _slot0_text(view, index, text_of)
+    cells = f"<td>{_tok(slot0_text, COLORS['bonus'])}</td>" + '<td><span class="mask">[MASK]</span></td>' * (size - 1)
+    mask_id = explain.get("mask_id")
+    mask_note = (
+        f'<div style="color:#555">slot 0 is the token committed last; slots 1..{size - 1} hold mask_id {int(mask_id)}.</div>'
+        if mask_id is not None
+        else ""
+    )
+    return (
+        '<table class="grid"><tr><th>slot</th>' + "".join(f"<th>{s}</th>" for s in range(size)) + "</tr>"
+        "<tr><th>position</th>" + "".join(f"<td>{p}</td>" for p in positions[:size]) + "</tr>"
+        f"<tr><th>drafter input</th>{cells}</tr></table>{mask_note}"
+    )
+
+
+def _injected(explain: dict) -> str:
+    injected = explain.get("injected")
+    if not injected:
+        return "Not recorded for this run (record with explanations on to see the injected positions and layers)."
+    layers = ", ".join(str(int(x)) for x in injected.get("target_layers", []))
+    return (
+        f"{int(injected.get('positions', 0))} new context position(s) (the tokens committed by the previous cycle) "
+        f"from target layers [{layers}], concatenated, fused by <code>fc</code> + <code>hidden_norm</code>, "
+        "and injected as extra keys and values into <b>every</b> drafter layer (the drafter's cache keeps "
+        "the earlier ones)."
+    )
+
+
+def _slots_grid(block, positions: list[int], text_of) -> str:
+    """One column per slot (and one for the bonus when every draft was kept): the drafter's top-3,
+    the target's verdict with its top-3, and what was committed."""
+    drafts = len(block.draft_ids)
+    columns = range(drafts + 1 + (1 if block.accepted == drafts else 0))
+    head = "".join(f"<th>slot {s}" + (" (bonus)" if s == drafts + 1 else "") + "</th>" for s in columns)
+    pos_row = "".join(f"<td>{positions[s] if s < len(positions) else positions[-1] + 1}</td>" for s in columns)
+    cells = [_slot_cells(block, s, text_of) for s in columns]
+    rows = [f"<tr><th>{label}</th>{''.join(c[i] for c in cells)}</tr>" for i, label in enumerate(
+        ("3 · drafter's one pass: top-3", "4 · target's verdict: its top-3", "committed")
+    )]
+    return f'<table class="grid"><tr><th></th>{head}</tr><tr><th>position</th>{pos_row}</tr>{"".join(rows)}</table>'
+
+
+def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:
+    """(drafter, verdict, committed) cells of slot `s`."""
+    if s == 0:
+        return ('<td style="color:#667">known (last bonus)</td>', '<td style="color:#667">context</td>',
+                '<td style="color:#667">kept</td>')
+    explain = explain_of(block) or {}
+    drafts = len(block.draft_ids)
+    draft_id = block.draft_ids[s - 1] if s <= drafts else None
+    draft_rows = explain.get("draft_topk") or []
+    if s <= min(drafts, len(draft_rows)):
+        drafter = f"<td>{topk_rows(draft_rows[s - 1], text_of, draft_id, k=3)}</td>"
+    elif draft_id is not None:
+        drafter = f"<td>{_tok(text_of(draft_id))}</td>"
+    else:
+        drafter = '<td style="color:#667">no slot</td>'
+    target_rows = explain.get("target_topk") or []
+    chosen = block.bonus_id if s == block.accepted + 1 else draft_id
+    table = topk_rows(target_rows[s - 1], text_of, chosen, k=3) if s - 1 < len(target_rows) else ""
+    if s <= block.accepted:
+        mark = '<b style="color:#127a2a">✓ accepted</b>'
+        committed = f"<td>{_tok(text_of(draft_id), COLORS['accepted'])}</td>"
+    elif s == block.accepted + 1:
+        mark = '<b style="color:#b8860b">★ bonus</b>' if s > drafts else '<b style="color:#c92a2a">✗ rejected</b>'
+        committed = f"<td>{_tok(text_of(block.bonus_id), COLORS['bonus'])} bonus</td>"
+    else:
+        mark = '<span style="color:#888">— discarded</span>'
+        committed = '<td style="color:#888">—</td>'
+    entry = slot_decision(explain, s)
+    detail = ""
+    if entry and entry.get("u") is not None:
+        values = " ".join(f"{name}={prob(entry[name]):.3f}" for name in ("p", "q", "u") if entry.get(name) is not None)
+        detail = f'<div style="font-size:11px;color:#444">{values}</div>'
+    verdict = f'<td title="{html.escape(why(block, s, text_of), quote=True)}">{mark}{table}{detail}</td>'
+    return drafter, verdict, committed
+
+
+def _caches(explain: dict) -> str:
+    cache = explain.get("cache")
+    if not cache:
+        return "Not recorded for this run."
+    return (
+        f"target KV cache {cache['target_before']} → {cache['target_after']} positions (cropped to the accepted prefix); "
+        f"drafter cache {cache['drafter_before']} → {cache['drafter_after']}."
+    )
+
+
+def _time_split(dflash, plain, index: int) -> str:
+    """Bars of this cycle's draft / verify / other time, one plain step, and an autoregressive
+    drafter's estimate (one drafter pass per slot, the rest as measured)."""
+    block = dflash.blocks[index]
+    drafts = len(block.draft_ids)
+    draft_s, verify_s, other_s = _cycle_times(dflash, index)
+    step = plain_step_s(plain)
+    cycle = draft_s + verify_s + other_s
+    scale = max(cycle, step or 0.0, drafts * draft_s + verify_s + other_s) or 1.0
+    rest = [("verify", verify_s, SPLIT_COLORS["verify"]), ("other", other_s, SPLIT_COLORS["other"])]
+    bars = _bar("this DFlash cycle", [("draft", draft_s, SPLIT_COLORS["draft"]), *rest], scale)
+    if step:
+        bars += _bar("one plain decoding step", [("plain step", step, SPLIT_COLORS["plain"])], scale)
+    bars += _bar(
+        f"AR drafter, {drafts} passes (estimate)", [(f"{drafts}× draft", drafts * draft_s, SPLIT_COLORS["draft"]), *rest], scale
+    )
+    n = block.acceptance_length
+    per_plain = (
+        f". This cycle cost {cycle / step:.2f} plain steps and committed {n} token{'s' if n > 1 else ''}" if step else ""
+    )
+    return (
+        f"{bars}<div>The block-diffusion drafter proposed all {drafts} slots in <b>1</b> pass; an autoregressive "
+        f"(EAGLE-style) drafter would need <b>{drafts}</b> passes, one per slot{per_plain}.</div>"
+    )
+
+
+def _slot0_text(view, index: int, text_of) -> str:
+    """Slot 0 is the token committed last before this cycle (the prefill's token for cycle 0)."""
+    if index == 0:
+        return text_of(view.prefill.token_id)
+    previous = view.blocks[index - 1]
+    return text_of(previous.committed_ids[-1] if previous.committed_ids else previous.bonus_id)

@@ -1,0 +1,127 @@
+"""What one visitor may ask of a shared server: the bounds, their flags, and the checks of a request.
+
+`Limits` holds the queue bound, how many races are computed at once, and the sizes a request may
+have; `add_flags` / `from_args` expose them on the command line, `SPACE_LIMITS` are the defaults on
+a shared Space. `check_request` turns the raw values a client sent (any type, any value) into
+clean ones or raises `ValueError` with a message for the visitor; `check_prompt_tokens` bounds the
+prompt in tokens, after the chat template, by the flag and by the target's context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch comes with it: imported when a request is checked, not with the flags
+    from dflash_core import SamplingParams
+
+
+@dataclass(frozen=True)
+class Limits:
+    concurrency: int = 1  # races computed at once; each holds its pair's caches, a CPU's cores
+    max_queue: int = 16  # requests waiting beyond the running ones; more are told the server is busy
+    max_new_tokens: int = 512
+    max_prompt_tokens: int = 2048  # after the chat template
+    max_prompt_chars: int = 16_000  # checked before tokenizing, so a huge paste costs nothing
+
+    def __post_init__(self):
+        for f in fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"{f.name} must be at least 1, got {getattr(self, f.name)}")
+
+
+# A ZeroGPU slice is shared by every visitor of the Space and each GPU call is bounded in time, so
+# a Space serves shorter races and turns visitors away sooner than a machine of one's own.
+SPACE_LIMITS = Limits(concurrency=1, max_queue=8, max_new_tokens=256, max_prompt_tokens=1024, max_prompt_chars=8_000)
+
+_FLAGS = {
+    "concurrency": "races computed at the same time (default %(default)s; more than 1 only helps with several pairs on a GPU)",
+    "max_queue": "requests that may wait for a free slot; beyond it a visitor is told the server is busy (default %(default)s)",
+    "max_new_tokens": "largest max_new_tokens a request may ask for (default %(default)s)",
+    "max_prompt_tokens": "longest prompt in tokens after the chat template (default %(default)s)",
+    "max_prompt_chars": "longest prompt in characters, checked before tokenizing (default %(default)s)",
+}
+
+
+def add_flags(parser: argparse.ArgumentParser, defaults: Limits = Limits()) -> None:
+    group = parser.add_argument_group("limits")
+    for name, text in _FLAGS.items():
+        group.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name), help=text)
+
+
+def from_args(args: argparse.Namespace) -> Limits:
+    return Limits(**{name: getattr(args, name) for name in _FLAGS})
+
+
+@dataclass(frozen=True)
+class Request:
+    """A race request after the checks: the types the engine expects, inside the bounds."""
+
+    prompt: str
+    max_new_tokens: int
+    block_size: int
+    sampling: SamplingParams
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
+
+
+def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperature, top_p, seed) -> Request:
+    """Clean values for a race, or ValueError naming the bad value and its bounds."""
+    if not isinstance(prompt, str):
+        raise ValueError(f"The prompt must be text, got {type(prompt).__name__}.")
+    if not prompt.strip():
+        raise ValueError("The prompt is empty: type a message or pick an example.")
+    if len(prompt) > limits.max_prompt_chars:
+        raise ValueError(f"The prompt has {len(prompt)} characters; the limit is {limits.max_prompt_chars}.")
+    bad = _SURROGATE.search(prompt)
+    if bad:
+        raise ValueError(f"The prompt has an invalid character (a lone UTF-16 surrogate) at position {bad.start()}.")
+    max_new_tokens = _whole(max_new_tokens, "max_new_tokens", 1, limits.max_new_tokens)
+    block_size = _whole(block_size, "block_size", 1, None)
+    seed = None if seed is None or seed == "" else _whole(seed, "seed", 0, SEED_MAX)
+    from dflash_core import SamplingParams
+
+    sampling = SamplingParams(
+        temperature=_real(temperature, "temperature"), top_p=_real(top_p, "top_p"), seed=seed
+    )  # its own checks name the ranges
+    return Request(prompt, max_new_tokens, block_size, sampling)
+
+
+def check_prompt_tokens(num_tokens: int, limits: Limits, context: int | None) -> None:
+    """ValueError when the templated prompt is longer than the flag allows or the target can hold."""
+    over_flag = num_tokens > limits.max_prompt_tokens
+    over_context = context is not None and num_tokens >= context
+    if over_flag or over_context:
+        where = f"; the target's context holds {context} positions" if context is not None else ""
+        raise ValueError(
+            f"The prompt is {num_tokens} tokens after the chat template; this server accepts at most "
+            f"{limits.max_prompt_tokens} (--max-prompt-tokens){where}. Shorten the prompt."
+        )
+
+
+def _real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__}.")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {str(value)[:40]!r}.") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {number}.")
+    return number
+
+
+def _whole(value, name: str, low: int, high: int | None) -> int:
+    number = _real(value, name)
+    if number != int(number):
+        raise ValueError(f"{name} must be a whole number, got {value}.")
+    number = int(number)
+    if number < low or (high is not None and number > high):
+        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{name} must be {bounds}, got {number}.")
+    return number

@@ -1,0 +1,149 @@
+"""Replay a recorded race from its trace file (`dflash-trace/1`), with no model and no torch.
+
+The trace holds both sides' events (prefill, every block with its compute clock, the summary)
+and the text of every token they name, so the replay rebuilds the engine's own events and runs
+them through the same race, renderers and charts as a live run: the colours, the draft strip,
+the summary and every explanation view come out as they did live. Token text comes from the
+trace's `"tokens"` table (and its `"pieces"`, the live panes' exact text, when present).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from dflash_core.events import Block, Prefill, Summary
+from dflash_core.trace import TraceError, validate_trace
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = REPO_ROOT / "assets" / "traces"
+BLOCK_FIELDS = [f.name for f in fields(Block)]
+
+
+class ReplayError(ValueError):
+    """A trace that cannot be replayed; the message says why."""
+
+
+@dataclass(frozen=True)
+class Recording:
+    """Both sides of a recorded race, as the engine's events, and how to name their tokens."""
+
+    name: str
+    settings: dict
+    dflash: Summary
+    plain: Summary
+    tokens: dict[int, str]
+    pieces: dict[str, list[str]]  # side -> the live pane's text per output token, when recorded
+    recorded_report: dict | None = None  # the race's report as shown live (its lossless verdict too)
+
+    def text_of(self, token_id: int) -> str:
+        return self.tokens.get(int(token_id), f"<{int(token_id)}>")
+
+    @property
+    def block_size(self) -> int:
+        return self.dflash.block_size
+
+    @property
+    def temperature(self) -> float:
+        return float(self.settings.get("temperature", 0.0) or 0.0)
+
+    def events(self, side: str):
+        """The side's events in the order the engine yielded them."""
+        summary = self.dflash if side == "dflash" else self.plain
+        yield summary.prefill
+        yield from summary.blocks
+        yield summary
+
+    def report(self) -> dict:
+        """The live run's report; recomputed from the events (no lossless verdict) when absent."""
+        if isinstance(self.recorded_report, dict):
+            return self.recorded_report
+        from .report import race_report  # the engine's lossless module, torch with it: only here
+
+        return race_report(self.dflash, self.plain, self.temperature, self.block_size)
+
+    def label(self) -> str:
+        prompt = " ".join(str(self.settings.get("prompt", "")).split())
+        return f"{self.name}: T={self.temperature:g}, block {self.block_size} · {_short(prompt)}"
+
+
+def shipped_traces() -> list[tuple[Path, str]]:
+    """(path, label) of the recorded traces that ship with the app, in the order of
+    assets/traces/index.json (every other *.json after them, by name)."""
+    if not SHIPPED.is_dir():
+        return []
+    listed: list[tuple[Path, str]] = []
+    try:
+        index = json.loads((SHIPPED / "index.json").read_text(encoding="utf-8"))
+        for entry in index["traces"]:
+            prompt = " ".join(str(entry["prompt"]).split())
+            label = f"{entry['category']}, T={float(entry['temperature']):g}: {_short(prompt)}"
+            listed.append((SHIPPED / Path(str(entry["file"])).name, label))
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = []
+    known = {path.name for path, _ in listed}
+    others = [(path, path.stem) for path in sorted(SHIPPED.glob("*.json")) if path.name not in known | {"index.json"}]
+    return [(path, label) for path, label in listed if path.is_file()] + others
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "…"
+
+
+def load_trace(path) -> Recording:
+    """Read and check a trace file with the engine's validator (which never executes anything
+    from it); raises `ReplayError` with one clear message per fault."""
+    if path is None or str(path).strip() == "":
+        raise ReplayError("no trace chosen: pick a recorded run or upload a trace file (.json)")
+    path = Path(path)
+    try:
+        data = validate_trace(path)
+    except TraceError as exc:
+        raise ReplayError(f"{path.name}: {exc}") from None
+    runs = data["runs"]
+    missing = [side for side in ("dflash", "plain") if side not in runs]
+    if missing:
+        raise ReplayError(f"{path.name} holds no {' and no '.join(missing)} run: a race replay needs both sides")
+    tokens = {int(k): v for k, v in data["tokens"].items()}
+    pieces = data.get("pieces") if isinstance(data.get("pieces"), dict) else {}
+    return Recording(
+        path.stem, data["settings"], _summary(runs["dflash"]), _summary(runs["plain"]), tokens, pieces, data.get("report")
+    )
+
+
+def _summary(run: dict) -> Summary:
+    prefill = Prefill(int(run["prompt_len"]), int(run["prefill"]["token_id"]), float(run["prefill"]["seconds"]))
+    blocks = []
+    for raw in run["blocks"]:
+        values = {name: raw[name] for name in BLOCK_FIELDS if name in raw}
+        values["draft_ids"] = tuple(int(t) for t in raw["draft_ids"])
+        values["committed_ids"] = tuple(int(t) for t in raw["committed_ids"])
+        blocks.append(Block(**values))
+    return Summary(
+        output_ids=tuple(int(t) for t in run["output_ids"]),
+        prompt_len=int(run["prompt_len"]),
+        block_size=int(run["block_size"]),
+        stop_reason=run.get("stop_reason", "max_new_tokens"),
+        prefill=prefill,
+        blocks=tuple(blocks),
+        total_s=float(run["total_s"]),
+    )
+
+
+class RecordedPieces:
+    """Pane text per token for a replay, with the `extend(ids)` interface of `TokenPieces`."""
+
+    def __init__(self, recording: Recording, side: str):
+        self.recording = recording
+        recorded = recording.pieces.get(side)
+        ok = isinstance(recorded, list) and all(isinstance(piece, str) for piece in recorded)
+        self.recorded = recorded if ok else []  # anything else in the file: fall back to "tokens"
+        self.final = list((recording.dflash if side == "dflash" else recording.plain).output_ids)
+
+    def extend(self, ids) -> list[str]:
+        ids = [int(i) for i in ids]
+        if self.recorded and ids == self.final[: len(ids)] and len(self.recorded) == len(self.final):
+            return list(self.recorded[: len(ids)])
+        return [self.recording.text_of(i) for i in ids]

@@ -1,0 +1,152 @@
+"""What a token's hover shows: its block and slot, the drafter's and the target's top-k, and why.
+
+Reads a cycle's explanation (`Block.explain`, the `"explain"` of a trace block; layout in
+docs/design.md and `dflash_core/trace.py`): `draft_topk[k-1]` is the drafter's distribution for
+draft slot k, `target_topk[i]` the target's for the token after slot i (so the token in slot k is
+scored by row k-1), and `decision.slots` the verdict for each slot up to the first rejection.
+Returns HTML; every piece of model text is escaped here.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+
+TIP_CSS = """
+.tok, .chip { position: relative; }
+.tip { display: none; position: absolute; left: 0; top: 1.6em; z-index: 60; min-width: 22em; max-width: 34em;
+       background: #fffef6; color: #111; border: 1px solid #8a8f9c; border-radius: 6px; padding: 6px 8px;
+       box-shadow: 0 3px 10px rgba(0,0,0,.25); font: 12px/1.35 ui-sans-serif, system-ui, sans-serif;
+       white-space: normal; text-decoration: none; opacity: 1; }
+.tok:hover > .tip, .chip:hover > .tip { display: block; }
+.tip table { border-collapse: collapse; margin-top: 3px; }
+.tip td { padding: 0 6px 0 0; font-family: ui-monospace, monospace; white-space: pre; }
+.tip .cols { display: flex; gap: 14px; }
+.tip .pick { font-weight: 700; }
+.tip .why { margin-top: 4px; }
+"""
+
+
+# Probabilities are shown as a trace stores them (rounded to 4 digits by `build_trace`), so a
+# replay shows the same numbers as the live run did.
+DIGITS = 4
+
+
+def prob(x) -> float:
+    return round(float(x), DIGITS)
+
+
+# The panes and the strip scroll, which would clip a hover box inside them; on hover the box is
+# placed in the viewport instead, under the token (above it near the bottom of the window).
+TIP_JS = """
+element.addEventListener('mouseover', (event) => {
+  const host = event.target.closest('.tok, .chip');
+  const tip = host && host.querySelector(':scope > .tip');
+  if (!tip) return;
+  const box = host.getBoundingClientRect();
+  tip.style.position = 'fixed';
+  tip.style.left = Math.max(4, Math.min(box.left, window.innerWidth - tip.offsetWidth - 8)) + 'px';
+  const height = tip.offsetHeight;
+  const below = box.bottom + 4;
+  tip.style.top = (below + height > window.innerHeight ? Math.max(4, box.top - height - 4) : below) + 'px';
+});
+"""
+
+
+def explain_of(block) -> dict | None:
+    """The block's explanation, when the run recorded one."""
+    explain = getattr(block, "explain", None)
+    return explain if isinstance(explain, dict) else None
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible, so a space or newline token can be seen in a list."""
+    return text.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "␣") if text.strip() == "" else text.replace("\n", "⏎")
+
+
+def topk_rows(pairs, text_of: Callable[[int], str], pick: int | None = None, k: int = 5) -> str:
+    rows = []
+    for token, p in list(pairs or [])[:k]:
+        cls = ' class="pick"' if token == pick else ""
+        rows.append(
+            f"<tr{cls}><td>{html.escape(repr(visible(text_of(int(token))))[1:-1])}</td>"
+            f"<td>{100 * prob(p):5.1f}%</td></tr>"
+        )
+    return "<table>" + "".join(rows) + "</table>" if rows else "<i>not recorded</i>"
+
+
+def slot_decision(explain: dict, slot: int) -> dict | None:
+    for entry in explain.get("decision", {}).get("slots", []):
+        if entry.get("slot") == slot:
+            return entry
+    return None
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{prob(x):.3f}"
+
+
+def why(block, slot: int, text_of: Callable[[int], str]) -> str:
+    """Why the token in `slot` of `block` is what it is, in a sentence (plain text, unescaped)."""
+    explain = explain_of(block) or {}
+    rule = explain.get("decision", {}).get("rule", "greedy")
+    accepted = block.accepted
+    bonus = repr(text_of(block.bonus_id))
+    if slot > len(block.draft_ids):
+        return f"All {len(block.draft_ids)} drafts were accepted; the target adds its own next token {bonus} (the bonus)."
+    draft = repr(text_of(block.draft_ids[slot - 1]))
+    entry = slot_decision(explain, slot)
+    if slot <= accepted:
+        if rule == "rejection" and entry:
+            return (
+                f"Accepted: u = {_num(entry.get('u'))} ≤ p/q = {_num(entry.get('ratio'))} "
+                f"(target p = {_num(entry.get('p'))}, drafter q = {_num(entry.get('q'))})."
+            )
+        if rule == "match":
+            return f"Accepted: the target's sampled token here is the draft {draft}."
+        return f"Accepted: the draft {draft} is the target's own top choice here."
+    if slot == accepted + 1:
+        if rule == "rejection" and entry:
+            resampled = explain.get("decision", {}).get("resampled")
+            fill = "a token resampled from the residual max(p − q, 0)" if resampled else "its own token"
+            return (
+                f"Rejected: u = {_num(entry.get('u'))} > p/q = {_num(entry.get('ratio'))} "
+                f"(target p = {_num(entry.get('p'))}, drafter q = {_num(entry.get('q'))}); "
+                f"the target puts {fill}, {bonus}, here instead (the bonus token)."
+            )
+        return f"Rejected: the target chose {bonus}, not the draft {draft}; {bonus} is committed as the bonus token."
+    return (
+        f"Discarded unverified: an earlier slot ({accepted + 1}) was rejected, and every draft after the first "
+        "rejection is thrown away (the target's row here assumed the rejected prefix)."
+    )
+
+
+def token_tip(block, slot: int, what: str, text_of: Callable[[int], str], chosen: int) -> str:
+    """The hover box for the token `chosen` in `slot` (1..B) of `block`; `what` names its kind."""
+    explain = explain_of(block)
+    head = f"<b>block {block.index} · slot {slot}</b> · {html.escape(what)}"
+    if explain is None:
+        return f'<span class="tip">{head}<div class="why">{html.escape(why(block, slot, text_of))}</div></span>'
+    draft_rows = explain.get("draft_topk") or []
+    target_rows = explain.get("target_topk") or []
+    draft_pick = block.draft_ids[slot - 1] if slot <= len(block.draft_ids) else None
+    cols = []
+    if 1 <= slot <= len(draft_rows):
+        cols.append(f"<div>drafter top-{len(draft_rows[slot - 1])}{topk_rows(draft_rows[slot - 1], text_of, draft_pick)}</div>")
+    if 1 <= slot <= len(target_rows):
+        cols.append(f"<div>target top-{len(target_rows[slot - 1])}{topk_rows(target_rows[slot - 1], text_of, chosen)}</div>")
+    return (
+        f'<span class="tip">{head}<div class="cols">{"".join(cols)}</div>'
+        f'<div class="why">{html.escape(why(block, slot, text_of))}</div></span>'
+    )
+
+
+def plain_tip(block, text_of: Callable[[int], str]) -> str:
+    """The hover box for a plain-decoding token: the target's own top-k at that step."""
+    explain = explain_of(block)
+    rows = (explain or {}).get("target_topk") or []
+    table = topk_rows(rows[0], text_of, block.bonus_id) if rows else "<i>not recorded</i>"
+    return (
+        f'<span class="tip"><b>step {block.index}</b> · decoded by the target alone<div>target top-k{table}</div>'
+        '<div class="why">Plain decoding: one target pass for this one token.</div></span>'
+    )

@@ -1,0 +1,112 @@
+"""The opt-in explanation of one decoding cycle: what the drafter saw and proposed, what the target
+thought of it, why each slot was kept or rejected, cache lengths and the cycle's time split.
+
+`explain_cycle` builds it from tensors the cycle already holds (no extra forward pass); the result
+is the JSON form a trace stores under a block's "explain" key (docs/design.md §4 for the terms):
+
+    slot0_id, mask_id, positions            the block as the drafter saw it
+    injected {positions, target_layers}     new context positions fed into every drafter layer
+    draft_topk   [[[id, prob], ...k], ...]  one list per draft slot 1..B-1
+    target_topk  [[[id, prob], ...k], ...]  one list per verified slot 0..B-1 (row i scores the
+                                            token after slot i), sampling distribution (softmax
+                                            of the raw logits when greedy)
+    decision {rule, slots, resampled}       per draft slot up to the first rejected one
+    cache {target_before, target_after, drafter_before, drafter_after}
+    time {draft_s, verify_s, other_s}
+
+Plain decoding has no drafter: mask_id is None, draft_topk and decision.slots are empty.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling import SamplingParams, probabilities
+
+
+def _topk_lists(probs: torch.Tensor, k: int) -> list[list[list]]:
+    """Rows of `probs` [n, V] as [[id, prob], ...] of their k most likely ids."""
+    values, ids = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+    return [[[i, p] for i, p in zip(row_ids, row_p)] for row_ids, row_p in zip(ids.tolist(), values.tolist())]
+
+
+def distribution(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """What a top-k list reports: the sampling distribution, or the softmax of the raw logits when greedy."""
+    return logits.float().softmax(dim=-1) if sampling.greedy else probabilities(logits, sampling)
+
+
+def explain_cycle(
+    k: int,
+    *,
+    sampling: SamplingParams,
+    target,
+    block_ids: torch.Tensor,
+    target_logits: torch.Tensor,
+    record: dict,
+    accepted: int,
+    bonus: int,
+    times: dict,
+    drafting: tuple | None,
+) -> dict:
+    """The explanation of one cycle, called once the cycle has committed (target cache cropped).
+
+    block_ids: [1, B] the verified block (slot 0, then the B-1 drafts).
+    target_logits: [B, V] the target's logits at the block slots.
+    record: what `verify.accept` left (sampling distribution, samples, uniforms); empty when greedy.
+    drafting: (drafter, its cache, context positions injected this cycle, draft logits over the draft
+    vocabulary, the sampled drafts' distribution or None), or None for plain decoding.
+    """
+    draft = block_ids[0, 1:]
+    n = draft.shape[0]
+    position = target.cache_length - accepted - 1  # slot 0's position: the cache now ends at the bonus
+    draft_probs = None
+    if drafting is not None:
+        drafter, draft_cache, injected, draft_logits, draft_probs = drafting
+        if draft_probs is None:  # argmax drafts: report the distribution they were the mode of
+            draft_probs = distribution(drafter.full_logits(draft_logits, target.vocab_size), sampling)
+    if sampling.greedy:
+        rule, target_probs = "greedy", target_logits.float().softmax(dim=-1)
+    else:
+        rule = "rejection" if "u" in record else "match"
+        target_probs = record["target_probs"]
+    slots = []
+    checked = min(accepted + 1, n)  # up to and including the first rejected slot
+    if checked:
+        rows = torch.arange(checked, device=draft.device)
+        ids = draft[:checked]
+        p = target_probs[rows, ids].tolist()
+        q = draft_probs[rows, ids].tolist()
+        if rule == "greedy":
+            target_ids = target_logits[:checked].argmax(dim=-1).tolist()
+        elif rule == "match":
+            target_ids = record["choice"][:checked].tolist()
+        else:  # the rejection rule has no target token per slot; the rejected one is replaced by the bonus
+            target_ids = [None] * checked
+            if accepted < n:
+                target_ids[accepted] = bonus
+        u = record["u"][:checked].tolist() if rule == "rejection" else [None] * checked
+        for i, draft_id in enumerate(ids.tolist()):
+            ratio = p[i] / q[i] if rule == "rejection" and q[i] > 0 else None
+            slots.append(
+                {"slot": i + 1, "draft": draft_id, "target": target_ids[i], "p": p[i], "q": q[i],
+                 "ratio": ratio, "u": u[i], "accepted": i < accepted}
+            )
+    return {
+        "slot0_id": int(block_ids[0, 0]),
+        "mask_id": drafter.mask_token_id if drafting else None,
+        "positions": list(range(position, position + n + 1)),
+        "injected": {
+            "positions": injected if drafting else 0,
+            "target_layers": list(drafter.target_layer_ids) if drafting else [],
+        },
+        "draft_topk": _topk_lists(draft_probs, k) if drafting else [],
+        "target_topk": _topk_lists(target_probs, k),
+        "decision": {"rule": rule, "slots": slots, "resampled": rule == "rejection" and accepted < n},
+        "cache": {
+            "target_before": position,
+            "target_after": target.cache_length,
+            "drafter_before": draft_cache.length - injected if drafting else 0,
+            "drafter_after": draft_cache.length if drafting else 0,
+        },
+        "time": times,
+    }

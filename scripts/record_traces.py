@@ -1,0 +1,85 @@
+"""Record the shipped traces: each app example raced on the offline default pair, greedy and T=0.7.
+
+Runs the app's own `compare` (the same code path as a click on "Race"), with every cycle explained,
+validates each trace and writes it to assets/traces/ with an index.json that lists them. Re-record
+after replacing the default drafter with one command:
+
+    .venv/bin/python scripts/record_traces.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from app.examples import EXAMPLES  # noqa: E402
+from app.models import PairCache  # noqa: E402
+from app.pairs import load_pairs  # noqa: E402
+from app.ui import FRAME_FIELDS, App  # noqa: E402
+from dflash_core.trace import validate_trace  # noqa: E402
+
+CATEGORIES = ("math", "code", "chat", "story")  # the order of app/examples.py
+TEMPERATURES = {"greedy": 0.0, "t0.7": 0.7}
+SIZE_LIMIT = 1_000_000  # shipped files stay small; a bigger one means the format grew
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "assets" / "traces"))
+    parser.add_argument("--pair", help="pair id from app/pairs.json (default: the registry's default)")
+    parser.add_argument("--dtype", default="float32", help="target dtype (the shipped traces: float32)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as the app on a 2-core loopback)")
+    args = parser.parse_args(argv)
+    if len(EXAMPLES) != len(CATEGORIES):
+        raise SystemExit(f"app/examples.py has {len(EXAMPLES)} examples; this script names {len(CATEGORIES)}")
+    torch.set_num_threads(args.threads)
+
+    pairs, default_id = load_pairs()
+    pair_id = args.pair or default_id
+    pairs = [dataclasses.replace(p, dtype=args.dtype) if p.id == pair_id else p for p in pairs]
+    app = App(pairs, pair_id, PairCache("cpu"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    index = []
+    for category, (prompt,) in zip(CATEGORIES, EXAMPLES):
+        for label, temperature in TEMPERATURES.items():
+            t0 = time.perf_counter()
+            frame = None
+            for frame in app.compare(prompt, args.max_new_tokens, args.block_size, temperature, 1.0, args.seed, pair_id):
+                pass
+            source = frame[FRAME_FIELDS.index("trace_file")]
+            trace = validate_trace(source)
+            name = f"{category}-{label}.json"
+            shutil.copyfile(source, out / name)
+            size = (out / name).stat().st_size
+            if size > SIZE_LIMIT:
+                raise SystemExit(f"{name} is {size} bytes, over the {SIZE_LIMIT}-byte budget for shipped traces")
+            report = trace["report"]
+            index.append({
+                "file": name, "category": category, "prompt": prompt, "temperature": temperature,
+                "seed": args.seed, "tau": report["tau"], "speedup": report["speedup"],
+                "identical": report["identical"], "bytes": size,
+            })
+            print(f"{name}: tau {report['tau']:.2f}, speedup {report['speedup']:.2f}x, {size} bytes, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    (out / "index.json").write_text(json.dumps({"pair": pair_id, "traces": index}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The teaching views on hand-made cycles: hover boxes (escaped, with top-k and the verdict), the
+"inside a cycle" view, and the speedup model against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import render
+from app.cycle_view import cycle_html
+from app.race import SideView
+from app.speedup import Costs, effective_acceptance, expected_tokens, extend_rates, iid_rates, run_costs, speedup
+from dflash_core import Block, Prefill, Summary
+
+TEXT = {1: "<img src=x onerror=alert(1)>", 2: " ok", 3: "\n", 4: "x", 5: "y", 6: "&amp;", 7: "z"}
+
+
+def text_of(token_id: int) -> str:
+    return TEXT.get(token_id, f"t{token_id}")
+
+
+def explain(rule="greedy"):
+    """A cycle of block size 4: drafts 2, 4, 5; the target keeps 2, rejects 4 and puts 6 (bonus)."""
+    slots = [
+        {"slot": 1, "draft": 2, "target": 2, "p": None, "q": None, "ratio": None, "u": None, "accepted": True},
+        {"slot": 2, "draft": 4, "target": 6, "p": None, "q": None, "ratio": None, "u": None, "accepted": False},
+    ]
+    if rule == "rejection":
+        slots[0].update(p=0.8, q=0.5, ratio=1.6, u=0.91234, target=None)
+        slots[1].update(p=0.1, q=0.4, ratio=0.25, u=0.7)
+    return {
+        "slot0_id": 1, "mask_id": 99, "positions": [10, 11, 12, 13],
+        "injected": {"positions": 2, "target_layers": [1, 3]},
+        "draft_topk": [[[2, 0.7], [1, 0.2]], [[4, 0.5], [6, 0.3]], [[5, 0.9], [7, 0.1]]],
+        "target_topk": [[[2, 0.91], [4, 0.05]], [[6, 0.6], [4, 0.2], [1, 0.1]], [[7, 0.5]], [[5, 0.4]]],
+        "decision": {"rule": rule, "slots": slots, "resampled": rule == "rejection"},
+        "cache": {"target_before": 10, "target_after": 12, "drafter_before": 8, "drafter_after": 10},
+        "time": {"draft_s": 0.01, "verify_s": 0.03, "other_s": 0.002},
+    }
+
+
+def dflash_view(rule="greedy"):
+    block = Block(0, 10, (2, 4, 5), 1, 6, (2, 6), 0.01, 0.03, 0.092, explain=explain(rule))
+    return SideView("dflash", Prefill(10, 1, 0.05), (block,), None, 0.092, 4, ())
+
+
+def plain_view():
+    blocks = tuple(
+        Block(i, 10 + i, (), 0, t, (t,), 0.0, 0.02, 0.05 + 0.02 * (i + 1),
+              explain={"target_topk": [[[t, 0.75], [1, 0.2]]]})
+        for i, t in enumerate((2, 6))
+    )
+    return SideView("plain", Prefill(10, 1, 0.05), blocks, None, 0.09, 1, ())
+
+
+def test_hover_boxes_show_block_slot_topk_and_why_all_escaped():
+    view = dflash_view()
+    tips = render.dflash_tips(view, text_of)
+    out = render.tokens_html(render.dflash_marks(view), [text_of(t) for t in view.output_ids], text_of, None, tips)
+    assert "<img" not in out and "&lt;img src=x onerror=alert(1)&gt;" in out
+    accepted, bonus = tips[1], tips[2]
+    assert "block 0 · slot 1" in accepted and "drafter top-2" in accepted and "target top-2" in accepted
+    assert "70.0%" in accepted and "91.0%" in accepted and "Accepted: the draft" in accepted
+    assert "block 0 · slot 2" in bonus and "bonus token" in bonus and "60.0%" in bonus
+    assert "Rejected: the target chose" in bonus
+    # A tooltip replaces the title attribute (no double hover).
+    assert 'title="' not in out.split('class="tok tok-bonus"')[1].split(">")[0]
+    strip = render.draft_strip_html(view, text_of, tips=True)
+    rejected, discarded = strip.split('class="chip chip-rejected"')[1:3]
+    assert "slot 2" in rejected and "Rejected:" in rejected and "50.0%" in rejected
+    assert "slot 3" in discarded and "Discarded unverified" in discarded
+    plain = render.tokens_html(render.plain_marks(plain_view()), ["a", "b", "c"], text_of, None,
+                               render.plain_tips(plain_view(), text_of))
+    assert "target top-k" in plain and "75.0%" in plain
+
+
+def test_sampled_verdict_shows_the_uniform_draw_and_ratio():
+    tips = render.dflash_tips(dflash_view("rejection"), text_of)
+    assert "u = 0.912 ≤ p/q = 1.600" in tips[1]
+    assert "u = 0.700 &gt; p/q = 0.250" in tips[2] and "residual" in tips[2]
+
+
+def test_inside_a_cycle_lays_the_cycle_out_in_order():
+    out = cycle_html(dflash_view(), plain_view(), 0, text_of)
+    order = ["noisy block", "injected into every drafter layer", "single pass", "accepted prefix", "caches kept",
+             "where the time went"]
+    positions = [out.index(part) for part in order]
+    assert positions == sorted(positions)
+    assert out.count("[MASK]") == 3 and "mask_id 99" in out
+    assert "2 new context position(s)" in out and "target layers [1, 3]" in out
+    assert "✓ accepted" in out and "✗ rejected" in out and "— discarded" in out
+    assert "target KV cache 10 → 12" in out and "drafter cache 8 → 10" in out
+    # Time split against one plain step (20 ms), and the autoregressive drafter's 3 passes.
+    assert "one plain decoding step" in out and "20.0 ms" in out and "42.0 ms" in out
+    assert "would need <b>3</b> passes" in out and "2.10 plain steps" in out
+    assert "<img" not in out
+    assert "No DFlash cycle yet" in cycle_html(None, None, None, text_of)
+
+
+def test_expected_tokens_and_speedup_by_hand():
+    # a = 0.5, B = 4: E = 1 + .5 + .25 + .125 = 1.875 = (1 - .5^4) / (1 - .5)
+    assert expected_tokens(iid_rates(0.5, 3)) == pytest.approx(1.875)
+    costs = Costs(draft=0.2, verify=1.0, other=0.0, plain=1.0)
+    assert speedup(iid_rates(0.5, 3), costs) == pytest.approx(1.875 / 1.2)  # one drafter pass
+    assert speedup(iid_rates(0.5, 3), costs, autoregressive=True) == pytest.approx(1.875 / 1.6)  # three
+    # Leviathan et al.: (1 - a^(g+1)) / ((1 - a)(g c + 1)) with g = 3, c = 0.2
+    assert speedup(iid_rates(0.5, 3), costs, autoregressive=True) == pytest.approx((1 - 0.5**4) / (0.5 * 1.6))
+    assert speedup([], costs) == 1.0  # B = 1 drafts nothing
+    # Measured per-slot rates, then the last conditional rate carried on: .8, .4 -> .2, .1
+    assert extend_rates([0.8, 0.4], 4) == pytest.approx([0.8, 0.4, 0.2, 0.1])
+    assert effective_acceptance(1.875, 4) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_run_costs_are_the_measured_means():
+    d = Summary((1, 2, 6), 10, 4, "max_new_tokens", Prefill(10, 1, 0.05),
+                (Block(0, 10, (2, 4, 5), 1, 6, (2, 6), 0.01, 0.03, 0.092),), 0.092)
+    p = Summary((1, 2, 6), 10, 1, "max_new_tokens", Prefill(10, 1, 0.05), plain_view().blocks, 0.09)
+    costs = run_costs(d, p)
+    assert costs.draft == pytest.approx(0.01) and costs.verify == pytest.approx(0.03)
+    assert costs.other == pytest.approx(0.002) and costs.plain == pytest.approx(0.02)
+    # The model at the run's own block size gives back the run's decode speedup: 2 tokens in 42 ms
+    # against 2 tokens in 40 ms of plain steps.
+    assert speedup(d.per_position_acceptance, costs) == pytest.approx((2 / 0.042) / (2 / 0.04))

@@ -1,0 +1,176 @@
+"""The dflash-trace/1 file: built from runs, validated with one clear error per fault, CSV beside it."""
+
+import copy
+import csv
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from dflash_core import SamplingParams, run
+from dflash_core import trace as tr
+from dflash_core.__main__ import main
+from dflash_core.errors import DFlashError
+
+
+@pytest.fixture(scope="module")
+def race_trace(golden_pair, golden_expected):
+    target, drafter = golden_pair
+    prompt = golden_expected["prompts"][0]["prompt_ids"]
+    sampling = SamplingParams(temperature=0.7, seed=0)
+    runs = {
+        "dflash": run(target, prompt, drafter, max_new_tokens=24, block_size=4, sampling=sampling, explain=5),
+        "plain": run(target, prompt, None, max_new_tokens=24, sampling=sampling, explain=5),
+    }
+    return tr.build_trace(
+        settings=tr.settings_of(None, prompt, 24, 4, sampling),
+        pair={"id": "golden", "target": "t", "drafter": "d", "trained_block_size": drafter.block_size},
+        runs=runs,
+        vocab_size=target.vocab_size,
+        text_of=lambda t: f"tok{t}",
+        device="cpu",
+        report={"tau": runs["dflash"].tau},
+    )
+
+
+def as_bytes(trace) -> bytes:
+    return json.dumps(trace).encode()
+
+
+def test_a_built_trace_validates_from_bytes_and_from_a_file(race_trace, tmp_path):
+    assert race_trace["schema"] == "dflash-trace/1"
+    assert tr.validate_trace(as_bytes(race_trace)) == race_trace
+    json_path, csv_path = tr.write_trace(race_trace, tmp_path / "race.json")
+    assert tr.validate_trace(json_path) == race_trace
+    assert csv_path == tmp_path / "race.csv"
+    assert set(race_trace["hardware"]) == {"device", "cpu", "threads", "gpu"}
+    assert set(race_trace["versions"]) == {"dflash-studio", "torch", "transformers", "python"}
+
+
+def test_tokens_cover_every_id_and_probabilities_are_rounded(race_trace):
+    used = tr.token_ids(race_trace["runs"])
+    assert {int(t) for t in race_trace["tokens"]} == used
+    assert race_trace["tokens"][str(race_trace["runs"]["plain"]["output_ids"][0])].startswith("tok")
+    block = race_trace["runs"]["dflash"]["blocks"][0]["explain"]
+    probs = [p for row in block["draft_topk"] + block["target_topk"] for _, p in row]
+    probs += [s[f] for s in block["decision"]["slots"] for f in ("p", "q", "u") if s[f] is not None]
+    assert probs and all(p == round(p, 4) for p in probs)
+    assert block["decision"]["rule"] == "rejection"
+
+
+def test_csv_has_one_row_per_block_per_side(race_trace):
+    rows = list(csv.DictReader(io.StringIO(tr.trace_csv(race_trace))))
+    runs = race_trace["runs"]
+    assert len(rows) == len(runs["dflash"]["blocks"]) + len(runs["plain"]["blocks"])
+    assert list(rows[0]) == tr.CSV_COLUMNS
+    first = runs["dflash"]["blocks"][0]
+    assert rows[0]["side"] == "dflash" and int(rows[0]["acceptance_length"]) == first["accepted"] + 1
+    assert float(rows[0]["elapsed_s"]) == pytest.approx(first["elapsed_s"], abs=1e-6)
+    assert rows[-1]["side"] == "plain" and rows[-1]["acceptance_length"] == "1"
+
+
+def broken(trace, edit):
+    trace = copy.deepcopy(trace)
+    edit(trace)
+    return as_bytes(trace)
+
+
+def d_block(t, i=0):
+    return t["runs"]["dflash"]["blocks"][i]
+
+
+FAULTS = {
+    "not json": (lambda t: b'{"schema": "dflash-trace/1", ', tr.TraceNotJSONError, "is not JSON"),
+    "not an object": (lambda t: b"[1, 2]", tr.TraceNotJSONError, "not an object (got list)"),
+    "nan": (lambda t: as_bytes(t).replace(b'"total_s": ', b'"total_s": NaN, "x": ', 1), tr.TraceNotJSONError,
+            "NaN is not a JSON number"),
+    "no schema": (lambda t: broken(t, lambda x: x.pop("schema")), tr.TraceSchemaError, 'missing field "schema"'),
+    "wrong schema": (lambda t: broken(t, lambda x: x.update(schema="dflash-trace/9")), tr.TraceSchemaError,
+                     "schema is 'dflash-trace/9'"),
+    "no runs": (lambda t: broken(t, lambda x: x.pop("runs")), tr.TraceFieldError, "missing field trace.runs"),
+    "unknown side": (lambda t: broken(t, lambda x: x["runs"].update(eagle={})), tr.TraceFieldError,
+                     "trace.runs must hold some of"),
+    "no bonus": (lambda t: broken(t, lambda x: d_block(x).pop("bonus_id")), tr.TraceFieldError,
+                 "missing field trace.runs.dflash.blocks[0].bonus_id"),
+    "wrong type": (lambda t: broken(t, lambda x: d_block(x).update(accepted="2")), tr.TraceFieldError,
+                   "trace.runs.dflash.blocks[0].accepted must be int, got str"),
+    "bad top-k": (lambda t: broken(t, lambda x: d_block(x)["explain"]["target_topk"][0].append([3, 1.5])),
+                  tr.TraceFieldError, "expected [token_id, probability in 0..1]"),
+    "bad rule": (lambda t: broken(t, lambda x: d_block(x)["explain"]["decision"].update(rule="magic")),
+                 tr.TraceFieldError, "decision.rule is 'magic'"),
+    "output id": (lambda t: broken(t, lambda x: x["runs"]["plain"]["output_ids"].append(x["vocab_size"])),
+                  tr.TraceVocabError, "outside the vocabulary of size"),
+    "top-k id": (lambda t: broken(t, lambda x: d_block(x)["explain"]["draft_topk"][0][0].__setitem__(0, -4)),
+                 tr.TraceVocabError, "token ids [-4] are outside"),
+    "untexted id": (lambda t: broken(t, lambda x: x["tokens"].pop(str(x["runs"]["plain"]["output_ids"][0]))),
+                    tr.TraceFieldError, "trace.tokens has no text for token ids"),
+    "negative time": (lambda t: broken(t, lambda x: d_block(x, 1).update(verify_s=-0.5)), tr.TraceTimingError,
+                      "trace.runs.dflash.blocks[1].verify_s is -0.5"),
+    "negative split": (lambda t: broken(t, lambda x: d_block(x)["explain"]["time"].update(other_s=-1e-3)),
+                       tr.TraceTimingError, "explain.time.other_s is -0.001"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_every_fault_has_its_own_error_and_message(race_trace, fault):
+    make, error, message = FAULTS[fault]
+    with pytest.raises(error, match=None) as caught:
+        tr.validate_trace(make(race_trace))
+    assert message in str(caught.value)
+    assert isinstance(caught.value, DFlashError)
+    # One class per fault: no fault is reported as another kind.
+    assert type(caught.value) is error
+
+
+def test_size_limit_is_checked_before_reading(tmp_path, monkeypatch):
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate(tr.MAX_BYTES + 1)  # sparse: the validator must refuse it from its size alone
+    with pytest.raises(tr.TraceSizeError, match=f"{tr.MAX_BYTES + 1} bytes; the limit is {tr.MAX_BYTES} bytes"):
+        tr.validate_trace(huge)
+    monkeypatch.setattr(tr, "MAX_BYTES", 10)
+    with pytest.raises(tr.TraceSizeError, match="the trace is 12 bytes; the limit is 10 bytes"):
+        tr.validate_trace(b'{"a": 12345}')
+    with pytest.raises(tr.TraceFieldError, match="trace file not found"):
+        tr.validate_trace(tmp_path / "missing.json")
+
+
+def test_cli_explain_round_trip_validates(golden_dir, tmp_path, capsys):
+    path = tmp_path / "cli.json"
+    code = main(["generate", "--target", str(golden_dir / "target"), "--drafter", str(golden_dir / "drafter"),
+                 "--prompt-ids", "5,6,7", "--max-new-tokens", "12", "--block-size", "4", "--explain", "3",
+                 "--trace-json", str(path)])
+    out = SimpleNamespace(code=code, err=capsys.readouterr().err)
+    assert out.code == 0, out.err
+    trace = tr.validate_trace(path)
+    assert list(trace["runs"]) == ["dflash"] and "report" not in trace
+    assert trace["settings"]["prompt_ids"] == [5, 6, 7] and trace["settings"]["explain"] == 3
+    blocks = trace["runs"]["dflash"]["blocks"]
+    assert all(len(row) == 3 for b in blocks for row in b["explain"]["target_topk"])
+    assert trace["tokens"][str(blocks[0]["bonus_id"])] == f"<{blocks[0]['bonus_id']}>"  # no tokenizer
+    assert path.with_suffix(".csv").read_text().count("\n") == len(blocks) + 1
+
+
+def test_shipped_traces_validate_and_cover_every_example_at_both_temperatures():
+    from pathlib import Path
+
+    from app.examples import EXAMPLES
+
+    folder = Path(__file__).resolve().parent.parent / "assets" / "traces"
+    index = json.loads((folder / "index.json").read_text())["traces"]
+    prompts = [prompt for (prompt,) in EXAMPLES]
+    assert sorted((e["prompt"], e["temperature"]) for e in index) == sorted((p, t) for p in prompts for t in (0.0, 0.7))
+    for entry in index:
+        path = folder / entry["file"]
+        assert path.stat().st_size < 1_000_000
+        trace = tr.validate_trace(path)
+        settings = trace["settings"]
+        assert (settings["prompt"], settings["temperature"], settings["block_size"]) == (entry["prompt"], entry["temperature"], 4)
+        assert settings["max_new_tokens"] == 128 and settings["seed"] == 0
+        assert set(trace["runs"]) == {"dflash", "plain"}
+        assert all("explain" in b for run in trace["runs"].values() for b in run["blocks"])
+        assert trace["report"]["tau"] == entry["tau"]
+        if entry["temperature"] == 0.0:  # lossless: a replay shows the same text on both sides
+            assert trace["report"]["identical"] is True
+            assert trace["runs"]["dflash"]["output_ids"] == trace["runs"]["plain"]["output_ids"]
