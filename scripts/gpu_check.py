@@ -22,7 +22,7 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
   cycle, peak memory), the three-way lossless verdict of each run, and `bench_cycle.time_cycle`'s
   split of one cycle against one plain step with the targets of issue 4;
 - race: the app's race path without the web server (`app.race`, `app.report`, the lossless check);
-- kernel_tests: tests/test_kernels.py under pytest on the device, with whatever time is left.
+- kernel_tests: tests/test_kernels*.py under pytest on the device, with whatever time is left.
 
 Imports only torch, transformers, triton, huggingface_hub and this repository.
 """
@@ -418,7 +418,8 @@ def part_kernel_tests(state) -> dict:
         return {"status": "skipped", "why": "pytest is not installed here; the kernels part compared them in-process"}
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DFLASH_KERNELS")}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py"],
+    tests = ["tests/test_kernels.py", "tests/test_kernels_compile.py"]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(5, state["budget"] - 5))
     tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
     return {"returncode": done.returncode, "tail": tail, "status": "passed" if done.returncode == 0 else "failed"}
