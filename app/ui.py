@@ -53,6 +53,10 @@ CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half)
 faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper."""
 
 
+# Where no model can run, the page still shows a real race.
+REPLAY_HINT = "The *Replay a recorded run* tab plays races recorded on the default pair, with no model."
+
+
 # The race's outputs by name, in the order of the `compare` endpoint's outputs.
 FRAME_FIELDS = (
     "summary", "dflash_stats", "dflash_tokens", "dflash_strip", "plain_stats", "plain_tokens",
@@ -128,7 +132,7 @@ class App:
         device = self.cache.device_for(spec)
         reason = availability(spec, device)
         if reason:
-            yield f"⚠ **Unavailable:** {reason}", gr.skip()
+            yield f"⚠ **Unavailable:** {reason} {REPLAY_HINT}", gr.skip()
             return
         loading = f"Loading **{spec.label}** on {device} (first time only)"
         if not self.cache.is_loaded(spec):
@@ -136,7 +140,7 @@ class App:
         try:
             pair = yield from self.loading(spec, lambda line: (f"{loading}: {line}…", gr.skip()))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, the app keeps serving
-            yield f"⚠ **Could not load {spec.label}:** {explain(exc, self.cache.device)}", gr.skip()
+            yield f"⚠ **Could not load {spec.label}:** {explain(exc, device)} {REPLAY_HINT}", gr.skip()
             return
         trained = pair.trained_block_size
         freed = f" Freed {', '.join(self.cache.freed)} to make room." if self.cache.freed else ""
