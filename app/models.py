@@ -6,13 +6,17 @@ of a race keep separate KV caches while sharing memory.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
+from dflash_core.hub import resolve_model_dir, weights_bytes
+from dflash_core.pair import fetch_target, parse_dtype
 from dflash_core.batch_invariant import describe
 from dflash_core.chat_template import describe_template, template_args
 from dflash_core.default_target import DefaultTargetError, resolve_target
@@ -105,10 +109,28 @@ def _warm_up(pair: LoadedPair) -> None:
     run(pair.plain, prompt_ids, None, max_new_tokens=2)
 
 
-class PairCache:
-    """Loads each pair on first use; later calls return the same objects."""
+# Room a pair needs beyond its weights (KV caches, activations, the allocator's slack), as a factor.
+HEADROOM = 1.25
 
-    def __init__(self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False):
+
+def gpu_memory(device: str) -> tuple[int, int] | None:
+    """(free, total) bytes on a CUDA device; None elsewhere (CPU pairs share the host's memory)."""
+    if not str(device).startswith("cuda"):
+        return None
+    return torch.cuda.mem_get_info(torch.device(device))
+
+
+class PairCache:
+    """Loads each pair on first use; later calls return the same objects.
+
+    On a GPU a new pair is loaded beside the others only if free memory allows both; otherwise the
+    loaded pairs are freed first (`freed` names them, for the status line). `memory` replaces the
+    query of (free, total) device bytes (tests).
+    """
+
+    def __init__(
+        self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False, memory=None
+    ):
         """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU).
 
         cpu_for_cpu_pairs: pairs that do not need a GPU load on the CPU whatever `device` is (on
@@ -117,6 +139,8 @@ class PairCache:
         self.device = device or default_device()
         self.warm_up = warm_up
         self.cpu_for_cpu_pairs = cpu_for_cpu_pairs
+        self.memory = memory or (lambda: gpu_memory(self.device))
+        self.freed: list[str] = []  # labels of the pairs the last load freed
         self._pairs: dict[str, LoadedPair] = {}
         self._lock = threading.Lock()
 
@@ -126,7 +150,8 @@ class PairCache:
     def is_loaded(self, spec: PairSpec) -> bool:
         return spec.id in self._pairs
 
-    def get(self, spec: PairSpec) -> LoadedPair:
+    def get(self, spec: PairSpec, progress=None) -> LoadedPair:
+        """The loaded pair; `progress` sees Hub downloads (`dflash_core.hub.DownloadProgress`)."""
         with self._lock:  # two sessions clicking at once must not load the weights twice
             if spec.id in self._pairs:
                 return self._pairs[spec.id]
@@ -135,7 +160,15 @@ class PairCache:
                 raise PairUnavailable(reason)
             t0 = time.perf_counter()
             device = self.device_for(spec)
-            pair = load_pair(_target_location(spec), spec.drafter_location(), device=device, dtype=spec.dtype)
+            self.freed = []
+            target_dir = fetch_target(_target_location(spec), progress)
+            drafter_dir = resolve_model_dir(
+                spec.drafter_location(), ("config.json", "model.safetensors"), progress=progress
+            )
+            if device == self.device:  # a pair moved to the CPU takes no device memory
+                itemsize = parse_dtype(spec.dtype, device).itemsize
+                self.make_room(weights_bytes(Path(target_dir), itemsize) + weights_bytes(drafter_dir, itemsize))
+            pair = load_pair(target_dir, str(drafter_dir), device=device, dtype=spec.dtype)
             if pair.tokenizer is None:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
@@ -145,3 +178,15 @@ class PairCache:
                 _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded
+
+    def make_room(self, need: int) -> None:
+        """Free every loaded pair unless free device memory holds `need` bytes with headroom."""
+        self.freed = []
+        memory = self.memory()
+        if memory is None or not self._pairs or memory[0] >= need * HEADROOM:
+            return
+        self.freed = [p.spec.label for p in self._pairs.values()]
+        self._pairs.clear()
+        gc.collect()  # the pairs' tensors go when their last reference does
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()

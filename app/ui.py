@@ -8,7 +8,9 @@ so a replay-only app (`python app.py --replay FILE`) starts without them.
 
 from __future__ import annotations
 
+import queue
 import tempfile
+import threading
 import time
 from dataclasses import field, make_dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ import gradio as gr
 from gradio.utils import abspath as gradio_abspath
 from gradio.utils import get_upload_folder
 
-from dflash_core.errors import DFlashError
+from dflash_core.errors import explain
 
 from . import charts, render
 from .control import Controls
@@ -36,6 +38,7 @@ from .tokens import TokenPieces
 from .traces import TraceStore
 
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
+PROGRESS_EVERY_S = 0.25  # download progress lines at most this often
 EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for the views and the trace
 STOP_WAIT_S = 30.0  # a race ends within one engine step of Stop; this only bounds a stuck one
 
@@ -95,8 +98,33 @@ class App:
         self.race_stream, self.runs_in_process = gpu_task(self.race_frames, pairs)
 
     # --- pair selection and loading -----------------------------------------------------------
+    def loading(self, spec: PairSpec, frame):
+        """Generator: loads `spec` in a worker and yields `frame(line)` for each progress line
+        (Hub downloads in bytes and files); returns the loaded pair or raises what the load raised."""
+        updates: queue.Queue = queue.Queue()
+        result = {}
+
+        def work():
+            try:
+                result["pair"] = self.cache.get(spec, progress=updates.put)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which explains it
+                result["error"] = exc
+            finally:
+                updates.put(None)
+
+        threading.Thread(target=work, daemon=True).start()
+        last = float("-inf")
+        while (update := updates.get()) is not None:
+            now = time.perf_counter()
+            if now - last >= PROGRESS_EVERY_S:  # a download reports many times a second
+                last = now
+                yield frame(update.message())
+        if "error" in result:
+            raise result["error"]
+        return result["pair"]
+
     def load_selected(self, pair_id: str):
-        """Generator for the status line: a loading state first, then ready or why not."""
+        """Generator for the status line: loading (with download progress), then ready or why not."""
         spec = self.pairs.get(pair_id)
         if spec is None:
             yield f"⚠ Unknown pair {pair_id!r}.", gr.skip()
@@ -106,18 +134,20 @@ class App:
         if reason:
             yield f"⚠ **Unavailable:** {reason} {REPLAY_HINT}", gr.skip()
             return
+        loading = f"Loading **{spec.label}** on {device} (first time only)"
         if not self.cache.is_loaded(spec):
-            yield f"Loading **{spec.label}** on {device} (first time only)…", gr.skip()
+            yield f"{loading}…", gr.skip()
         try:
-            pair = self.cache.get(spec)
-        except (DFlashError, OSError) as exc:
-            yield f"⚠ **Could not load {spec.label}:** {exc} {REPLAY_HINT}", gr.skip()
+            pair = yield from self.loading(spec, lambda line: (f"{loading}: {line}…", gr.skip()))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message, the app keeps serving
+            yield f"⚠ **Could not load {spec.label}:** {explain(exc, device)} {REPLAY_HINT}", gr.skip()
             return
         trained = pair.trained_block_size
+        freed = f" Freed {', '.join(self.cache.freed)} to make room." if self.cache.freed else ""
         status = (
             f"✓ **{spec.label}** ready on {device} (loaded in {pair.load_s:.1f} s); "
             f"target in {pair.numerics}; drafter trained with block size {trained}; "
-            f"prompts through {pair.chat_template}."
+            f"prompts through {pair.chat_template}.{freed}"
         )
         yield status, gr.update(maximum=trained, value=trained)
 
@@ -166,14 +196,14 @@ class App:
             gr.Warning("Block size 1 means no drafting: both sides decode plainly, one token per step.")
         session = getattr(request, "session_hash", None)
         # Clear the previous race at once, so old tokens and numbers never mix with new ones.
-        loading = not self.cache.is_loaded(spec)
-        yield self._frame_start(f"Loading {spec.label}… (first time only)" if loading else "Racing…")
+        loading = f"Loading {spec.label}… (first time only)"
+        yield self._frame_start(loading if not self.cache.is_loaded(spec) else "Racing…")
         try:
-            pair = self.cache.get(spec)
+            pair = yield from self.loading(spec, lambda line: self._frame_start(f"{loading} {line}"))
             prompt_ids = pair.encode(req.prompt)
             check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
+            raise gr.Error(explain(exc, self.cache.device_for(spec))) from None
         sampling = req.sampling
         args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
         in_process = self.runs_in_process(spec.id)
@@ -238,8 +268,8 @@ class App:
                         last_chart = now
                     if not snapshot.done:
                         yield self._frame(snapshot, pieces, text_of, None, with_charts, control=control), None
-        except DFlashError as exc:
-            raise gr.Error(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
+            raise gr.Error(explain(exc, self.cache.device_for(self.pairs[pair_id]))) from None
 
         how = "stopped" if snapshot.stopped else "running"
         d_summary, p_summary = snapshot.dflash.as_summary(how), snapshot.plain.as_summary(how)

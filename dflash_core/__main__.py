@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
     gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     gen.add_argument("--plain", action="store_true", help="plain decoding with the target alone")
+    gen.add_argument("--static-cache", action="store_true",
+                     help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
     gen.add_argument("--no-chat-template", action="store_true", help="tokenize --prompt as raw text")
     gen.add_argument(
         "--thinking", choices=THINKING_CHOICES,
@@ -77,6 +79,7 @@ def main(argv=None) -> int:
             dtype=args.dtype,
             drafter_dtype=args.drafter_dtype,
             block_size=args.block_size,
+            static_cache=args.static_cache,
         )
         tokenizer = pair.tokenizer
         if args.prompt_ids is not None:

@@ -259,9 +259,10 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     @classmethod
-    def from_pretrained(cls, path_or_id: str | Path, device="cpu", dtype=torch.float32) -> "DFlashDrafter":
-        """Load a released drafter (`config.json` + `model.safetensors`) from a directory or Hub id."""
-        directory = resolve_model_dir(path_or_id, ("config.json", "model.safetensors"))
+    def from_pretrained(cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, progress=None) -> "DFlashDrafter":
+        """Load a released drafter (`config.json` + `model.safetensors`) from a directory or Hub id
+        (`progress`: see `hub.resolve_model_dir`)."""
+        directory = resolve_model_dir(path_or_id, ("config.json", "model.safetensors"), progress=progress)
         config = parse_drafter_config(json.loads((directory / "config.json").read_text()))
         state = load_file(directory / "model.safetensors")
         with torch.device("meta"):

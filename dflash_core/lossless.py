@@ -18,15 +18,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-import torch
-
-from .target import Target
-
 VerdictKind = Literal["identical", "near_tie", "diverged"]
 # A tie is "near" when both tokens score within this many ulps (of the largest score, in the
 # target's dtype) of the best token. Rounding one matmul differently moves a logit by about one
 # ulp; the layers before it add a few more.
-NEAR_TIE_ULPS = 8
+NEAR_TIE_ULPS = 4
 
 
 @dataclass(frozen=True)
@@ -70,14 +66,22 @@ def first_difference(a, b) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def tie_tolerance(logits: torch.Tensor) -> float:
+def tie_tolerance(logits) -> float:
     """`NEAR_TIE_ULPS` ulps of the largest score, in the scores' dtype."""
+    import torch
+
     return NEAR_TIE_ULPS * torch.finfo(logits.dtype).eps * max(1.0, float(logits.abs().max()))
 
 
-@torch.inference_mode()
-def compare(target: Target, prompt_ids, dflash_ids, plain_ids) -> Verdict:
-    """Classify greedy DFlash output `dflash_ids` against plain decoding's `plain_ids` (see the module doc)."""
+def compare(target, prompt_ids, dflash_ids, plain_ids) -> Verdict:
+    """Classify greedy DFlash output `dflash_ids` against plain decoding's `plain_ids` (see the module doc).
+
+    torch is imported here, not at the top: a replay-only app reads `first_difference` without it.
+    """
+    import torch
+
+    from .target import Target
+
     dflash_ids, plain_ids = [int(t) for t in dflash_ids], [int(t) for t in plain_ids]
     i = first_difference(dflash_ids, plain_ids)
     dtype = str(target.dtype).removeprefix("torch.")
@@ -89,7 +93,8 @@ def compare(target: Target, prompt_ids, dflash_ids, plain_ids) -> Verdict:
         return Verdict("diverged", position=i, dtype=dtype)
     probe = Target(target.model)  # its own cache: the runs' caches stay as they are
     ids = torch.tensor([[*prompt_ids, *plain_ids[:i]]], device=target.device)
-    logits, _ = probe.forward(ids, last_logits_only=True)
+    with torch.inference_mode():
+        logits, _ = probe.forward(ids, last_logits_only=True)
     scores = logits[-1]
     top = scores.float().topk(2).values
     tolerance = tie_tolerance(scores)

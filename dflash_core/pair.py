@@ -14,6 +14,7 @@ from .cpu_linear import pack_linears
 from .default_target import resolve_target
 from .drafter import DFlashDrafter
 from .errors import PairMismatchError
+from .hub import TARGET_PATTERNS, looks_like_path, resolve_model_dir
 from .target import Target, wants_batch_invariance
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,6 +55,15 @@ def validate_pair(target: Target, drafter: DFlashDrafter, block_size: int | None
         raise PairMismatchError(
             f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"
         )
+
+
+def fetch_target(target, progress=None) -> str:
+    """A local directory for `target`: the default target's cache, a path as given, or a Hub
+    snapshot downloaded here (so `progress` sees it) rather than inside transformers."""
+    name = resolve_target(target)
+    if looks_like_path(name):
+        return name
+    return str(resolve_model_dir(name, ("config.json",), TARGET_PATTERNS, progress))
 
 
 @dataclass
@@ -105,21 +115,24 @@ def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype)
 
 
 def load_pair(
-    target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None, batch_invariant=None
+    target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None, batch_invariant=None,
+    progress=None, static_cache=False,
 ) -> ModelPair:
     """Load a target (path or Hub id) and optionally a drafter, and validate them as a pair.
 
     `dtype` "auto" picks `default_target_dtype`, `drafter_dtype` None `default_drafter_dtype`,
-    `batch_invariant` None `wants_batch_invariance` (see `Target.from_pretrained`).
+    `batch_invariant` None `wants_batch_invariance` (see `Target.from_pretrained`, also for
+    `static_cache`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
     """
     dtype = parse_dtype(dtype, device)
+    target = fetch_target(target, progress)
     target_model = Target.from_pretrained(
-        resolve_target(target), device=device, dtype=dtype, batch_invariant=batch_invariant
+        target, device=device, dtype=dtype, batch_invariant=batch_invariant, static_cache=static_cache
     )
     if drafter is None:
         return ModelPair(target_model, None)
     drafter_dtype = parse_dtype(drafter_dtype) if drafter_dtype else default_drafter_dtype(device, dtype)
-    drafter_model = DFlashDrafter.from_pretrained(drafter, device=device, dtype=drafter_dtype)
+    drafter_model = DFlashDrafter.from_pretrained(drafter, device=device, dtype=drafter_dtype, progress=progress)
     validate_pair(target_model, drafter_model, block_size)
     pack_linears(drafter_model)  # loaded for decoding, not training: its weights are fixed
     return ModelPair(target_model, drafter_model)

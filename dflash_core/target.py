@@ -7,12 +7,11 @@ partial acceptance. Works for Llama, Qwen3 and other `AutoModelForCausalLM` deco
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StaticCache
 
 from .batch_invariant import make_batch_invariant
 from .cpu_linear import pack_linears
@@ -27,9 +26,14 @@ def wants_batch_invariance(device: torch.device | str, dtype: torch.dtype) -> bo
 
 
 def default_attention(device: torch.device | str) -> str:
-    """flash-attn where it can run (CUDA with the package installed), PyTorch SDPA elsewhere."""
-    if torch.device(device).type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
+    """PyTorch SDPA everywhere, flash-attn installed or not.
+
+    transformers' flash-attention path checks the position ids of every multi-token forward for
+    packed sequences with a host sync in every layer (`_is_packed_sequence`), which would add one
+    sync per layer to each verification; on CUDA in bf16, SDPA runs fused flash/memory-efficient
+    kernels of its own. flash-attn still serves the drafter's attention (`fallbacks.py`).
+    """
+    del device  # the same answer on every device; kept so callers need not change
     return "sdpa"
 
 
@@ -48,14 +52,26 @@ def load_tokenizer(name: str):
         return None
 
 
-class Target:
-    """A causal LM with its own KV cache and feature taps on selected decoder layers."""
+# A static cache is allocated in multiples of this many positions, so runs of similar length reuse it.
+STATIC_CHUNK = 256
 
-    def __init__(self, model, tokenizer=None):
+
+class Target:
+    """A causal LM with its own KV cache and feature taps on selected decoder layers.
+
+    static_cache: keep keys/values in transformers' preallocated `StaticCache` (written in place,
+    rolled back by moving its length) instead of a `DynamicCache` that concatenates and slices
+    tensors every cycle; the cache length is tracked on the host either way, so neither costs a sync.
+    """
+
+    def __init__(self, model, tokenizer=None, static_cache: bool = False):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.layers = model.get_decoder().layers
-        self.cache = DynamicCache(config=model.config)
+        self.static_cache = static_cache
+        self.cache = None
+        self._length = self._capacity = 0
+        self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
         self._recording = False
         self._hooks = []
@@ -66,10 +82,11 @@ class Target:
 
     @classmethod
     def from_pretrained(
-        cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, attn_implementation=None, batch_invariant=None
+        cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, attn_implementation=None, batch_invariant=None,
+        static_cache: bool = False,
     ):
         """batch_invariant: verify blocks bitwise as one-token steps (`batch_invariant.py`); None
-        decides by `wants_batch_invariance`."""
+        decides by `wants_batch_invariance`. static_cache: see the class."""
         name = str(path_or_id)
         if looks_like_path(name) and not Path(name).expanduser().is_dir():
             raise CheckpointError(f"target model directory not found: {name}")
@@ -87,7 +104,7 @@ class Target:
         pack_linears(model, calibrate=not batch_invariant)
         if batch_invariant:
             make_batch_invariant(model)
-        return cls(model, load_tokenizer(name))
+        return cls(model, load_tokenizer(name), static_cache=static_cache)
 
     # --- shapes and shared modules -------------------------------------------------------------
     @property
@@ -137,22 +154,36 @@ class Target:
     # --- decoding -------------------------------------------------------------------------------
     @property
     def cache_length(self) -> int:
-        return self.cache.get_seq_length()
+        return self._length
 
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+    def reset(self, capacity: int | None = None) -> None:
+        """Empty the cache. A static cache is (re)allocated to hold `capacity` positions (default:
+        the model's context), or kept, zeroed, when it already holds that many."""
+        used, self._length = self._length, 0
+        if not self.static_cache:
+            self.cache = DynamicCache(config=self.model.config)
+            return
+        limit = getattr(self.model.config, "max_position_embeddings", None) or STATIC_CHUNK
+        size = min(limit, -(-(capacity or limit) // STATIC_CHUNK) * STATIC_CHUNK)
+        if isinstance(self.cache, StaticCache) and self._capacity >= size:
+            if used:
+                self.cache.crop(-used)  # the buffers stay; the next prefill overwrites them
+        else:
+            self.cache, self._capacity = StaticCache(config=self.model.config, max_cache_len=size), size
 
     def crop(self, length: int) -> None:
         """Drop cached positions from `length` on (rejected draft tokens)."""
-        extra = self.cache_length - length
+        extra = self._length - length
         if extra > 0:
-            # A negative count means "drop this many" on every transformers 5.x release.
+            # A negative count means "drop this many" on every transformers 5.x release; a static
+            # cache only moves its length back, and the next forward overwrites the stale slots.
             self.cache.crop(-extra)
+            self._length = length
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, last_logits_only: bool = False):
         """Run `ids` ([1, n]) after the cached positions; return (logits [n or 1, V], features [1, n, k*h])."""
-        start = self.cache_length
+        start = self._length
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
         self._taps.clear()
         self._recording = True
@@ -166,6 +197,7 @@ class Target:
             )
         finally:
             self._recording = False
+        self._length += ids.shape[1]
         features = torch.cat([self._taps[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
         self._taps.clear()
         return out.logits[0], features

@@ -2,7 +2,7 @@
 
 On a machine without CUDA the Triton kernels run in Triton's interpreter, which `tests/conftest.py`
 turns on before anything imports triton (`test_kernels_compile.py` checks the compiled path). With
-CUDA the same tests run the compiled kernels on the GPU.
+CUDA (scripts/gpu_check.py) the same tests run the compiled kernels on the GPU.
 
 Error bounds (also in kernels/kv_injection.py):
   - KV injection, fp32 inputs: |kernel - reference| <= 1e-5 absolute (rtol 1e-5);

@@ -8,20 +8,63 @@ CUDA-only extras (flash-attn for the drafter's attention, CUDA-graph capture), u
 
 Backend choice, per call, from the environment variable `DFLASH_KERNELS`:
   - `auto` (default): Triton when the tensors are on CUDA and `triton` imports, PyTorch otherwise;
+    a kernel that fails to compile or launch falls back to its reference for the rest of the
+    process, with one `FallbackWarning` naming the error (`run_kernel`);
   - `torch`: always the PyTorch references;
   - `triton`: always Triton; on CPU tensors this only works under `TRITON_INTERPRET=1` (Triton's
     interpreter, slow, used by the tests), otherwise it raises `KernelUnavailableError`.
 The variable is read on every call so tests and benchmarks can flip it without reloading modules.
+Triton launches on the current CUDA device, so every launch runs under `torch.cuda.device` of its
+tensors' own device (`cuda:N`).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from ..fallbacks import notice
 from .backend import KernelUnavailableError, interpreting, mode, triton_available, use_triton
 
 __all__ = ["KernelUnavailableError", "interpreting", "mode", "triton_available", "use_triton",
-           "inject_kv", "greedy_verify", "project_kv"]
+           "inject_kv", "greedy_verify", "project_kv", "run_kernel", "on_device", "describe_backend"]
+
+# Kernels that failed in auto mode, with the error: they run as references from then on.
+BROKEN: dict[str, str] = {}
+
+
+def on_device(device: torch.device):
+    """`torch.cuda.device(device)` for CUDA tensors (Triton launches on the current device), else nothing."""
+    device = torch.device(device)
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def run_kernel(name: str, triton_fn, reference_fn, device: torch.device, *args):
+    """`triton_fn(*args)` where `use_triton(device)`, else `reference_fn(*args)`.
+
+    In auto mode a Triton error (compile, launch, unsupported GPU) switches this kernel to its
+    reference for good, with one warning naming the error; DFLASH_KERNELS=triton lets it raise.
+    """
+    if not use_triton(device) or (name in BROKEN and mode() == "auto"):
+        return reference_fn(*args)
+    try:
+        with on_device(device):
+            return triton_fn(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure of the optional path
+        if mode() == "triton":
+            raise
+        BROKEN[name] = f"{type(exc).__name__}: {exc}"
+        notice(f"Triton kernel {name} failed on {device} ({BROKEN[name]}); using its PyTorch reference")
+        return reference_fn(*args)
+
+
+def describe_backend(device: torch.device | str) -> str:
+    """Which implementation the kernels use on `device`, in words (reports, benchmarks)."""
+    if not use_triton(device):
+        return "torch"
+    return "triton" + (f" (fell back to torch: {', '.join(sorted(BROKEN))})" if BROKEN else "")
+
 
 def inject_kv(cache, layer: int, k, v, k_norm_weight, eps: float, cos, sin):
     """k_norm + RoPE on keys, then keys and values into `cache` for `layer`; returns its filled K/V views.
@@ -31,10 +74,12 @@ def inject_kv(cache, layer: int, k, v, k_norm_weight, eps: float, cos, sin):
     """
     from . import kv_injection
 
-    fn = kv_injection.inject_kv_triton if use_triton(k.device) else kv_injection.inject_kv_reference
     end = cache.length + k.shape[1]
     buf_k, buf_v = cache.reserve(layer, end, k.shape[0], k.shape[2], k.shape[3], k.dtype, k.device)
-    fn(k, v, k_norm_weight, eps, cos, sin, buf_k, buf_v, cache.length)
+    run_kernel(
+        "kv_injection", kv_injection.inject_kv_triton, kv_injection.inject_kv_reference, k.device,
+        k, v, k_norm_weight, eps, cos, sin, buf_k, buf_v, cache.length,
+    )
     return buf_k[:, :, :end], buf_v[:, :, :end]
 
 
@@ -42,8 +87,9 @@ def greedy_verify(draft_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor
     """[accepted, bonus] (int64, on the logits' device, no host sync) for greedy acceptance."""
     from . import verify
 
-    fn = verify.verify_triton if use_triton(logits.device) else verify.greedy_verify_reference
-    return fn(draft_ids, logits)
+    return run_kernel(
+        "greedy_verify", verify.verify_triton, verify.greedy_verify_reference, logits.device, draft_ids, logits
+    )
 
 
 def project_kv(k_proj: torch.nn.Linear, v_proj: torch.nn.Linear, x: torch.Tensor):

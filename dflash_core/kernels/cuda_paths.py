@@ -1,12 +1,12 @@
 """CUDA-only fast paths: flash-attn for the drafter's attention, CUDA-graph capture of fixed-shape steps.
 
 Not yet run on a GPU. Nothing here runs on CPU tensors (the guards fall back to PyTorch SDPA or
-refuse), so CPU results, the golden traces included, cannot change through it; the GPU check
-script exercises it on a GPU.
+refuse), so CPU results, the golden traces included, cannot change through it; scripts/gpu_check.py
+exercises it on a GPU.
 
 - `drafter_attention`: the drafter's block queries attend, without a causal mask, to all cached
   context plus the whole block. On CUDA, in fp16/bf16, with no explicit mask (no training block
-  mask, no sliding window) and flash-attn installed, that is `flash_attn_func(causal=False)`,
+  mask, no sliding window) and flash-attn passing a test call (`fallbacks.py`), that is `flash_attn_func(causal=False)`,
   which handles grouped-query attention natively and reads the cache buffers in place; anything
   else goes to `F.scaled_dot_product_attention` with exactly the arguments the drafter used before.
 - `capture_graph`: records a step whose shapes AND cache offsets are fixed (e.g. the synthetic
@@ -19,28 +19,16 @@ script exercises it on a GPU.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
-
-@functools.cache
-def _flash_attn_func():
-    if importlib.util.find_spec("flash_attn") is None:
-        return None
-    try:
-        from flash_attn import flash_attn_func
-    except ImportError:  # installed but built for another torch/CUDA: SDPA still works
-        return None
-    return flash_attn_func
+from ..fallbacks import HALF_DTYPES, drafter_flash_attn
 
 
 def drafter_attention(q, k, v, scale: float, attn_mask=None, enable_gqa: bool = False) -> torch.Tensor:
     """Non-causal attention, q [b, heads, q, d], k/v [b, kv_heads, keys, d] -> [b, heads, q, d]."""
-    if attn_mask is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        flash = _flash_attn_func()
+    if attn_mask is None and q.is_cuda and q.dtype in HALF_DTYPES:
+        flash = drafter_flash_attn(q.device, q.dtype)  # probed once; None (with a notice) if it fails
         if flash is not None:
             # flash-attn takes [b, seq, heads, d]; the transposes are views (unit stride on d kept).
             out = flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=False)

@@ -1,0 +1,529 @@
+"""One prepared device check: what a user with an H200 and the released Qwen3 drafters meets, in one call.
+
+    python -u scripts/gpu_check.py --shape qwen3-8b --device cuda --out $OUT     # the device, < 9 min
+    python scripts/gpu_check.py --shape tiny --device cpu --out DIR             # CPU dry run (test suite)
+
+Writes DIR/gpu_check.json after every part (so a part that fails or overruns still leaves the
+others' results) and exits 0 when every part passed or was skipped as not applicable. Each part
+runs under a hard time budget (SIGALRM), and all of them under one deadline. Parts:
+
+- environment: versions, GPU, attention backends (flash-attn probed), kernel mode, compilers;
+- golden: the reference traces (tests/golden) reproduced in float32 on the device, kernels on and off;
+- kernels: the Triton kernels against their PyTorch references on the device (CUDA only);
+- hub_load: a random target and a DFlash drafter in the exact shapes of Qwen3-8B and its released
+  drafter, written in the released formats into a fake offline Hub cache and loaded by Hub id
+  through the app's `PairCache` (dtype "auto", the pair's chat template arguments);
+- exactness: an oracle drafter (`dflash_core/oracle.py`) proposes plain decoding's continuation
+  with slots corrupted on a fixed schedule; in float32 the output must equal plain decoding and
+  the acceptance lengths the schedule, kernels on and off, greedy and top-k-1 sampling (both draft
+  modes), dynamic and static KV cache; seeded sampling must repeat itself;
+- speed: bf16 plain decoding against DFlash with the oracle at tau 4, 6.5 and 8 (speedup, speedup
+  over tau, per-cycle draft/verify/bookkeeping from the engine's CUDA-event timings, host syncs per
+  cycle, peak memory), the three-way lossless verdict of each run, and `bench_cycle.time_cycle`'s
+  split of one cycle against one plain step with the targets of issue 4;
+- race: the app's race path without the web server (`app.race`, `app.report`, the lossless check);
+- kernel_tests: tests/test_kernels*.py under pytest on the device, with whatever time is left.
+
+Imports only torch, transformers, triton, huggingface_hub and this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_ID = "gpu-check/Qwen3-8B"
+DRAFTER_ID = "gpu-check/Qwen3-8B-DFlash-b16"
+PROMPT = "Write a quicksort in Python."
+SCHEDULE = [1, 16, 3, 9, 2, 16, 5, 12, 7, 16, 4, 11]  # acceptance lengths per cycle, repeated
+TAUS = (4, 6.5, 8)
+# Per part: seconds allowed at the released shapes (one H200) and at the tiny shape (a CPU, where a
+# busy CI box may run the few seconds of work ten times slower).
+BUDGETS = {
+    "environment": (40, 60), "golden": (60, 90), "kernels": (60, 10), "hub_load": (170, 90),
+    "exactness": (130, 120), "speed": (120, 120), "race": (45, 60), "kernel_tests": (150, 10),
+}
+# Tokens per run at each shape: (exactness, speed).
+TOKENS = {"qwen3-8b": (96, 128), "qwen3-4b": (96, 128), "tiny": (32, 24)}
+
+
+class PartTimeout(Exception):
+    pass
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=("qwen3-8b", "qwen3-4b", "tiny"), default="qwen3-8b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))
+    parser.add_argument("--work", help="scratch directory for the fake Hub cache (default: a new temp dir)")
+    parser.add_argument("--deadline", type=float, help="seconds for the whole run (default: 520 on CUDA, 480 on CPU)")
+    parser.add_argument("--parts", help="comma-separated subset of parts to run")
+    return parser.parse_args(argv)
+
+
+# --- the fake Hub --------------------------------------------------------------------------------
+def hub_snapshot(cache: Path, repo_id: str) -> Path:
+    """The snapshot folder of `repo_id` in a Hub cache laid out as huggingface_hub writes it."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    return snapshot
+
+
+def write_fake_hub(cache: Path, shape: str, device: str) -> dict:
+    """Random target (Qwen3ForCausalLM) and drafter of `shape`, saved by Hub id into `cache`."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import THINKING_CHATML, build_tokenizer  # a Qwen3-style template with enable_thinking
+
+    from dflash_core.bench_cycle import SHAPES, _qwen3_dict
+    from dflash_core.config import default_target_layer_ids, parse_drafter_config
+    from dflash_core.drafter import DFlashDrafter
+
+    s = SHAPES[shape]
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.device(device):  # initialised where it is fast; saved from there
+        target = Qwen3ForCausalLM._from_config(Qwen3Config(**_qwen3_dict(s, s["layers"])), dtype=torch.bfloat16)
+    target_dir = hub_snapshot(cache, TARGET_ID)
+    target.save_pretrained(target_dir)
+    build_tokenizer(chat_template=THINKING_CHATML).save_pretrained(target_dir)
+    del target
+    raw = _qwen3_dict(s, s["draft_layers"])
+    raw.update(block_size=s["block"], num_target_layers=s["layers"],
+               dflash_config=dict(mask_token_id=s["vocab"] - 1,
+                                  target_layer_ids=default_target_layer_ids(s["layers"], s["draft_layers"])))
+    with torch.device(device):
+        drafter = DFlashDrafter(parse_drafter_config(raw))
+    drafter.save_pretrained(hub_snapshot(cache, DRAFTER_ID), dtype=torch.bfloat16)
+    del drafter
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    sizes = {repo: sum(f.stat().st_size for f in hub_snapshot(cache, repo).glob("*.safetensors"))
+             for repo in (TARGET_ID, DRAFTER_ID)}
+    return {"write_s": round(time.perf_counter() - t0, 1), "bytes": sizes}
+
+
+# --- parts ---------------------------------------------------------------------------------------
+def part_environment(state) -> dict:
+    import huggingface_hub
+    import torch
+    import transformers
+
+    from dflash_core import kernels
+    from dflash_core.fallbacks import attention_report
+
+    device = state["device"]
+    info = {
+        "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+        "transformers": transformers.__version__, "huggingface_hub": huggingface_hub.__version__,
+        "kernel_mode": kernels.mode(), "kernels": kernels.describe_backend(device),
+        "attention_bf16": attention_report(device, torch.bfloat16),
+        "attention_fp32": attention_report(device, torch.float32),
+        "compilers": {name: shutil.which(name) for name in ("cc", "gcc", "nvcc", "ptxas")},
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        info["compilers"]["triton ptxas"] = str(bundled) if bundled.exists() else None
+    except ImportError:
+        info["triton"] = None
+    if device.startswith("cuda"):
+        dev = torch.device(device)
+        props = torch.cuda.get_device_properties(dev)
+        info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                       "capability": f"{props.major}.{props.minor}", "count": torch.cuda.device_count()}
+    return info
+
+
+def part_golden(state) -> dict:
+    import torch
+
+    from dflash_core import DFlashDrafter, Target, run
+
+    golden = ROOT / "tests" / "golden" / "zlab-tiny-a"
+    expected = json.loads((golden / "expected.json").read_text())
+    device = state["device"]
+    target = Target.from_pretrained(golden / "target", device=device, dtype=torch.float32)
+    drafter = DFlashDrafter.from_pretrained(golden / "drafter", device=device, dtype=torch.float32)
+    result, ok = {}, True
+    # On CPU "auto" is the PyTorch references already: one pass says it all.
+    for mode in ("auto", "torch") if device.startswith("cuda") else ("auto",):
+        os.environ["DFLASH_KERNELS"] = mode
+        same = differ = 0
+        for p in expected["prompts"]:
+            plain = run(target, p["prompt_ids"], max_new_tokens=expected["max_new_tokens"])
+            checks = [list(plain.output_ids) == p["target_greedy_ids"]]
+            for r in p["runs"]:
+                s = run(target, p["prompt_ids"], drafter, max_new_tokens=expected["max_new_tokens"],
+                        block_size=r["block_size"])
+                checks.append(list(s.output_ids) == r["output_ids"] and s.acceptance_lengths == r["acceptance_lengths"])
+            same, differ = same + sum(checks), differ + len(checks) - sum(checks)
+        result[f"kernels={mode}"] = {"equal_to_reference": same, "different": differ}
+        ok = ok and differ == 0
+    os.environ.pop("DFLASH_KERNELS", None)
+    return {**result, "status": "passed" if ok else "failed"}
+
+
+def part_kernels(state) -> dict:
+    """Triton against the PyTorch references, on the device (CUDA only)."""
+    import torch
+
+    from dflash_core import kernels
+    from dflash_core.kernels import kv_injection, verify
+
+    device = state["device"]
+    if not device.startswith("cuda"):
+        return {"status": "skipped", "why": "the Triton kernels run on CUDA; on CPU the test suite runs them interpreted"}
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    worst, checks = {}, []
+    for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        b, n, heads, dim, cap, offset = 1, 23, 8, 128, 64, 9
+        k = torch.randn(b, n, heads, dim, device=dev, generator=gen).to(dtype)
+        v = torch.randn(b, n, heads, dim, device=dev, generator=gen).to(dtype)
+        w = torch.randn(dim, device=dev, generator=gen).to(dtype)
+        angles = torch.randn(b, n, dim // 2, device=dev, generator=gen)
+        cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+        outs = []
+        for fn, work_dtype in ((kv_injection.inject_kv_triton, dtype), (kv_injection.inject_kv_reference, torch.float32)):
+            ck = torch.zeros(b, heads, cap, dim, device=dev, dtype=work_dtype)
+            cv = torch.zeros_like(ck)
+            args = [t.to(work_dtype) for t in (k, v, w)]
+            fn(args[0], args[1], args[2], 1e-6, cos.to(work_dtype), sin.to(work_dtype), ck, cv, offset)
+            outs.append((ck.float(), cv.float()))
+        err = max(float((outs[0][i] - outs[1][i]).abs().max()) for i in (0, 1))
+        worst[f"kv_injection {dtype}"] = err
+        checks.append(err <= bound)
+        logits = torch.randn(16, 151936, device=dev, generator=gen).to(dtype)
+        choice = logits.argmax(-1)
+        for accepted in (0, 7, 15):
+            draft = choice[:15].clone()
+            if accepted < 15:
+                draft[accepted] = (draft[accepted] + 1) % logits.shape[1]
+            got = verify.verify_triton(draft, logits).tolist()
+            want = verify.greedy_verify_reference(draft, logits).tolist()
+            checks.append(got == want == [accepted, int(choice[accepted])])
+    return {"max_abs_error": worst, "checks_passed": sum(checks), "checks": len(checks),
+            "backend": kernels.describe_backend(dev), "status": "passed" if all(checks) and not kernels.BROKEN else "failed"}
+
+
+def part_hub_load(state) -> dict:
+    import torch
+
+    from app.models import PairCache
+    from app.pairs import PairSpec
+
+    device = state["device"]
+    written = write_fake_hub(state["hub"], state["shape"], device)
+    spec = PairSpec(id="gpu-check", label=f"{state['shape']} random pair (fake Hub)", target=TARGET_ID,
+                    drafter=DRAFTER_ID, needs_gpu=device.startswith("cuda"), dtype="auto",
+                    chat_template_args={"enable_thinking": False})
+    progress = []
+    cache = PairCache(device)
+    t0 = time.perf_counter()
+    pair = cache.get(spec, progress=progress.append)
+    state["pair"] = pair
+    prompt = pair.encode(PROMPT)
+    state["prompt_ids"] = prompt
+    text = pair.tokenizer.decode(prompt)
+    expect_dtype = torch.bfloat16 if device.startswith("cuda") else pair.target.dtype
+    ok = pair.target.dtype == expect_dtype and text.endswith("<think>\n\n</think>\n\n")
+    return {
+        **written, "load_s": round(time.perf_counter() - t0, 1), "target_dtype": str(pair.target.dtype),
+        "drafter_dtype": str(pair.drafter.dtype), "chat_template": pair.chat_template,
+        "progress_reports": len(progress), "layers": pair.target.num_layers, "vocab": pair.target.vocab_size,
+        "status": "passed" if ok else "failed",
+    }
+
+
+def _oracle_runs(target, drafter, prompt, plan, n, schedule, kernels_mode, **kwargs):
+    from dflash_core import run
+    from dflash_core.oracle import OracleDrafter, expected_lengths
+
+    os.environ["DFLASH_KERNELS"] = kernels_mode
+    try:
+        oracle = OracleDrafter(drafter, plan, schedule, target.vocab_size)
+        s = run(target, prompt, oracle, max_new_tokens=n, **kwargs)
+    finally:
+        os.environ.pop("DFLASH_KERNELS", None)
+    return s, expected_lengths(schedule, drafter.block_size, len(s.blocks))
+
+
+def part_exactness(state) -> dict:
+    from dflash_core import SamplingParams, Target, load_pair, run
+    from dflash_core.lossless import compare
+
+    device, n = state["device"], TOKENS[state["shape"]][0]
+    fp32 = load_pair(TARGET_ID, DRAFTER_ID, device=device, dtype="float32")
+    target, drafter, prompt = fp32.target, fp32.drafter, state["prompt_ids"]
+    b = drafter.block_size
+    plan = list(run(target, prompt, None, max_new_tokens=n + b).output_ids)
+    checks = {}
+    greedy = {}
+    for mode in ("auto", "torch"):
+        s, lengths = _oracle_runs(target, drafter, prompt, plan, n, SCHEDULE, mode)
+        greedy[mode] = s
+        checks[f"greedy kernels={mode}"] = list(s.output_ids) == plan[:n] and s.acceptance_lengths == lengths
+    static = Target(target.model, static_cache=True)  # the preallocated cache, same weights
+    s, lengths = _oracle_runs(static, drafter, prompt, plan, n, SCHEDULE, "auto")
+    checks["greedy, static KV cache"] = list(s.output_ids) == plan[:n] and s.acceptance_lengths == lengths
+    checks["lossless verdict identical"] = compare(target, prompt, greedy["auto"].output_ids, plan[:n]).kind == "identical"
+    point_mass = SamplingParams(temperature=0.7, top_k=1, seed=11)  # the sampled paths, with a known answer
+    for draft_mode in ("sample", "argmax"):
+        s, lengths = _oracle_runs(target, drafter, prompt, plan, n, SCHEDULE, "auto", sampling=point_mass,
+                                  draft_mode=draft_mode)
+        checks[f"top-k 1 sampling, {draft_mode} drafts"] = list(s.output_ids) == plan[:n] and s.acceptance_lengths == lengths
+    seeded = SamplingParams(temperature=1.0, seed=5)
+    runs = [_oracle_runs(target, drafter, prompt, plan, n, SCHEDULE, mode, sampling=seeded)[0] for mode in ("auto", "torch")]
+    checks["seeded sampling repeats, kernels on/off"] = runs[0].output_ids == runs[1].output_ids
+    plains = [run(target, prompt, None, max_new_tokens=n, sampling=seeded).output_ids for _ in range(2)]
+    checks["seeded plain sampling repeats"] = plains[0] == plains[1]
+    del fp32, target
+    _free(device)
+    return {"tokens": n, "schedule": SCHEDULE, "checks": checks, "greedy_tau": greedy["auto"].tau,
+            "seeded_tau": runs[0].tau, "status": "passed" if all(checks.values()) else "failed"}
+
+
+def _free(device: str) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def _decode_rate(summary) -> float:
+    """Tokens per second after the first (prefill excluded: both sides pay the same prefill)."""
+    seconds = summary.total_s - summary.prefill.seconds
+    return (len(summary.output_ids) - 1) / seconds if seconds > 0 else 0.0
+
+
+def part_speed(state) -> dict:
+    import torch
+
+    from dflash_core import Block, Target, generate, run
+    from dflash_core.bench_cycle import SHAPES, TARGETS, time_cycle
+    from dflash_core.lossless import compare
+    from dflash_core.oracle import OracleDrafter, schedule_for_tau
+    from dflash_core.syncs import SyncCounter
+
+    device, n = state["device"], TOKENS[state["shape"]][1]
+    pair, prompt = state["pair"], state["prompt_ids"]
+    target, drafter = pair.target, pair.drafter
+    b = drafter.block_size
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+    run(target, prompt, None, max_new_tokens=8)  # warm-up outside the clock
+    plain = run(target, prompt, None, max_new_tokens=n + b)
+    plan = list(plain.output_ids)
+    plain_rate = _decode_rate(plain)
+    result = {"tokens": n, "dtype": str(target.dtype), "plain_tok_s": plain_rate,
+              "plain_step_ms": 1000 / plain_rate if plain_rate else None, "oracle": {}}
+    ok = True
+    for tau in TAUS:
+        schedule = schedule_for_tau(tau, b)
+        oracle = OracleDrafter(drafter, plan, schedule, target.vocab_size)
+        run(target, prompt, oracle, max_new_tokens=8)  # warm-up
+        s = run(target, prompt, oracle, max_new_tokens=n)
+        cycles = len(s.blocks)
+        cycle_s = (s.total_s - s.prefill.seconds) / cycles
+        draft_s, verify_s = s.draft_s / cycles, s.verify_s / cycles
+        with SyncCounter() as counter:
+            syncs = []
+            for event in generate(target, prompt, oracle, max_new_tokens=n):
+                count = counter.take()
+                if isinstance(event, Block):
+                    syncs.append(count)
+        verdict = compare(target, prompt, s.output_ids, plan[: len(s.output_ids)])
+        rate = _decode_rate(s)
+        result["oracle"][str(tau)] = {
+            "schedule": schedule, "tau": s.tau, "tok_s": rate, "speedup": rate / plain_rate,
+            "speedup_over_tau": rate / plain_rate / s.tau, "cycle_ms": 1000 * cycle_s,
+            "draft_ms": 1000 * draft_s, "verify_ms": 1000 * verify_s,
+            "bookkeeping_ms": 1000 * (cycle_s - draft_s - verify_s),
+            "draft/verify": draft_s / verify_s, "verify/plain_step": verify_s * plain_rate,
+            "bookkeeping/cycle": (cycle_s - draft_s - verify_s) / cycle_s,
+            "max_syncs_per_cycle": max(syncs), "lossless": verdict.to_dict(),
+        }
+        ok = ok and max(syncs) <= 1 and verdict.kind != "diverged"
+    static = Target(target.model, static_cache=True)
+    oracle = OracleDrafter(drafter, plan, schedule_for_tau(6.5, b), target.vocab_size)
+    run(static, prompt, oracle, max_new_tokens=8)
+    s = run(static, prompt, oracle, max_new_tokens=n)
+    result["static_cache_tau_6.5"] = {"tau": s.tau, "tok_s": _decode_rate(s), "speedup": _decode_rate(s) / plain_rate}
+    split = time_cycle(target, drafter, SHAPES[state["shape"]]["context"], b, iters=10 if cuda else 3, taus=TAUS)
+    result["cycle_split"] = {k: split[k] for k in ("plain_ms", "draft_ms", "verify_ms", "bookkeeping_ms", "cycle_ms",
+                                                   "ratios", "speedup", "draft_cuda_graph_ms", "kernels")}
+    result["targets"] = {ratio: {"value": split["ratios"][ratio], "target": bound, "met": split["ratios"][ratio] <= bound}
+                         for ratio, bound in TARGETS.items()}
+    six = result["oracle"]["6.5"]["speedup_over_tau"]
+    result["targets"]["speedup/tau at tau 6.5"] = {"value": six, "target": 0.8, "met": six >= 0.8}
+    if cuda:
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated(torch.device(device)) / 2**30
+    return {**result, "status": "passed" if ok else "failed"}
+
+
+def part_race(state) -> dict:
+    from app.race import race
+    from app.report import race_report
+    from dflash_core import SamplingParams, generate
+    from dflash_core.lossless import compare
+
+    pair, prompt = state["pair"], state["prompt_ids"]
+    b = pair.trained_block_size
+    common = {"max_new_tokens": 48, "sampling": SamplingParams(), "stop_ids": pair.stop_ids}
+    snapshot = None
+    frames = 0
+    for snapshot in race(generate(pair.target, prompt, pair.drafter, block_size=b, **common),
+                         generate(pair.plain, prompt, None, **common), dflash_block_size=b, pace=False):
+        frames += 1
+    d, p = snapshot.dflash.summary, snapshot.plain.summary
+    verdict = compare(pair.plain, prompt, d.output_ids, p.output_ids)
+    report = race_report(d, p, 0.0, b, verdict)
+    ok = snapshot.done and report["lossless"]["kind"] != "diverged" and report["speedup"] > 0
+    return {"frames": frames, "report": {k: report[k] for k in ("tau", "speedup", "identical", "lossless",
+                                                                 "dflash_tokens", "plain_tokens")},
+            "status": "passed" if ok else "failed"}
+
+
+def part_kernel_tests(state) -> dict:
+    if not state["device"].startswith("cuda"):
+        return {"status": "skipped", "why": "CUDA only (the CPU test suite runs these interpreted)"}
+    import importlib.util
+
+    if importlib.util.find_spec("pytest") is None:
+        return {"status": "skipped", "why": "pytest is not installed here; the kernels part compared them in-process"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DFLASH_KERNELS")}
+    env["PYTHONPATH"] = str(ROOT)
+    tests = ["tests/test_kernels.py", "tests/test_kernels_compile.py"]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(5, state["budget"] - 5))
+    tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
+    return {"returncode": done.returncode, "tail": tail, "status": "passed" if done.returncode == 0 else "failed"}
+
+
+PARTS = {
+    "environment": part_environment, "golden": part_golden, "kernels": part_kernels, "hub_load": part_hub_load,
+    "exactness": part_exactness, "speed": part_speed, "race": part_race, "kernel_tests": part_kernel_tests,
+}
+NEEDS = {"exactness": "hub_load", "speed": "hub_load", "race": "hub_load"}
+
+
+# --- running the parts ---------------------------------------------------------------------------
+def _raise_timeout(signum, frame):
+    raise PartTimeout("over its time budget")
+
+
+def run_part(name: str, state: dict, budget: float) -> dict:
+    print(f"=== {name} (budget {budget:.0f} s)", flush=True)
+    need = NEEDS.get(name)
+    if need and state["results"]["parts"].get(need, {}).get("status") != "passed":
+        return {"status": "failed", "error": f"needs the {need} part, which did not pass", "seconds": 0.0}
+    state["budget"] = budget
+    signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.setitimer(signal.ITIMER_REAL, budget)
+    t0 = time.perf_counter()
+    try:
+        result = PARTS[name](state)
+        result.setdefault("status", "passed")
+    except PartTimeout:
+        result = {"status": "timeout", "error": f"stopped after its budget of {budget:.0f} s"}
+    except Exception as exc:  # noqa: BLE001 - one part's failure must not lose the others
+        result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc(limit=12).splitlines()[-24:]}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def write_json(path: Path, results: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="gpu_check_"))
+    # Before anything imports huggingface_hub: a private, offline Hub cache.
+    os.environ["HF_HUB_CACHE"] = str(work / "hub")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.pop("DFLASH_KERNELS", None)
+    os.environ.pop("TRITON_INTERPRET", None)
+    sys.path.insert(0, str(ROOT))
+    cuda = args.device.startswith("cuda")
+    t_import = time.perf_counter()
+    # The heavy imports happen here, outside every part's budget: an alarm must never land inside
+    # an import (it would leave a half-initialised module behind for the later parts).
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    import app.models  # noqa: F401
+    import dflash_core.bench_cycle  # noqa: F401
+    import dflash_core.lossless  # noqa: F401
+
+    print(f"=== imports: {time.perf_counter() - t_import:.1f} s", flush=True)
+    if not cuda:
+        torch.set_num_threads(1)  # tiny models gain nothing from threads, and a shared CI box stalls them
+    deadline = time.perf_counter() + (args.deadline or (520 if cuda else 480))
+    state = {"device": args.device, "shape": args.shape, "hub": work / "hub"}
+    results = state["results"] = {
+        "shape": args.shape, "device": args.device, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "parts": {},
+    }
+    path = out / "gpu_check.json"
+    names = args.parts.split(",") if args.parts else list(PARTS)
+    try:
+        for name in names:
+            left = deadline - time.perf_counter()
+            budget = min(BUDGETS[name][0 if args.shape != "tiny" else 1], left)
+            if budget < 5:
+                result = {"status": "timeout", "error": "no time left before the deadline", "seconds": 0.0}
+            else:
+                result = run_part(name, state, budget)
+            results["parts"][name] = result
+            print(f"=== {name}: {result['status']} in {result['seconds']} s"
+                  + (f" ({result['error']})" if "error" in result else ""), flush=True)
+            print(json.dumps({k: v for k, v in result.items() if k != "traceback"}, default=str)[:2000], flush=True)
+            write_json(path, results)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    failed = [n for n, r in results["parts"].items() if r["status"] not in ("passed", "skipped")]
+    results["failed"] = failed
+    results["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_json(path, results)
+    print(f"=== done: {'all parts passed' if not failed else 'FAILED: ' + ', '.join(failed)}; {path}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Loading you can watch: Hub download progress on the status line, pairs freed when the GPU is
+full, and every load or race failure as a clear message."""
+
+from __future__ import annotations
+
+import shutil
+
+import gradio as gr
+import pytest
+import torch
+
+import app.ui as ui
+import dflash_core
+from app.models import PairCache
+from app.pairs import PairSpec
+from app.ui import App
+from dflash_core.errors import explain
+from dflash_core.hub import progress_tqdm
+
+GB = 2**30
+
+
+def spec_for(target, drafter, pair_id="p", label="tiny pair"):
+    return PairSpec(id=pair_id, label=label, target=str(target), drafter=str(drafter))
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tiny_dirs, tmp_path):
+    """snapshot_download that reports 3 files and 3 GB through `tqdm_class`, then returns a tiny model."""
+    import huggingface_hub
+
+    local = {"fake-org/target": tiny_dirs[0], "fake-org/drafter": tiny_dirs[1]}
+    calls = []
+
+    def snapshot_download(repo_id, allow_patterns=None, tqdm_class=None, **kwargs):
+        calls.append((repo_id, tuple(allow_patterns)))
+        files = tqdm_class(total=3, desc="Fetching 3 files")
+        data = tqdm_class(total=0, unit="B", unit_scale=True, desc="Downloading bytes")
+        data.total = 3 * GB  # huggingface_hub grows the total as files start
+        for _ in range(3):
+            data.update(GB)
+            files.update(1)
+        dest = tmp_path / repo_id.replace("/", "--")
+        if not dest.exists():
+            shutil.copytree(local[repo_id], dest)
+        return str(dest)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(ui, "PROGRESS_EVERY_S", 0.0)
+    return calls
+
+
+def test_download_progress_reaches_the_status_line(fake_hub):
+    spec = spec_for("fake-org/target", "fake-org/drafter")
+    app = App([spec], spec.id, PairCache("cpu"))
+    lines = [status for status, _ in app.load_selected(spec.id)]
+    assert lines[0] == "Loading **tiny pair** on cpu (first time only)…"
+    assert "downloading fake-org/target: 1.00 of 3.00 GB, 1 of 3 files" in " ".join(lines)
+    assert "downloading fake-org/drafter: 3.00 of 3.00 GB, 3 of 3 files" in " ".join(lines)
+    assert lines[-1].startswith("✓ **tiny pair** ready on cpu")
+    # The target's snapshot holds its weights, config and tokenizer; the drafter's its two files.
+    assert fake_hub[0][0] == "fake-org/target" and "*.safetensors" in fake_hub[0][1]
+    assert fake_hub[1] == ("fake-org/drafter", ("config.json", "model.safetensors"))
+
+
+def test_progress_is_counted_even_when_the_bar_is_not_shown():
+    seen = []
+    bar_class = progress_tqdm("org/model", seen.append)
+    files = bar_class(total=2, disable=True)
+    data = bar_class(total=4 * GB, unit="B", disable=True)
+    data.update(GB)
+    files.update(1)
+    assert seen[-1].message() == "downloading org/model: 1.00 of 4.00 GB, 1 of 2 files"
+
+
+def test_switching_pairs_frees_the_previous_one_unless_memory_allows_both(tiny_dirs):
+    free = {"bytes": 100 * GB}
+    cache = PairCache("cpu", memory=lambda: (free["bytes"], 141 * GB))
+    first, second, third = (spec_for(*tiny_dirs, pair_id=i, label=f"pair {i}") for i in "abc")
+    app = App([first, second, third], "a", cache)
+    *_, (status, _) = app.load_selected("a")
+    assert "Freed" not in status
+    *_, (status, _) = app.load_selected("b")  # plenty of room: both stay
+    assert cache.is_loaded(first) and cache.is_loaded(second) and cache.freed == []
+    free["bytes"] = 1000  # less than the next pair's weights
+    *_, (status, _) = app.load_selected("c")
+    assert cache.is_loaded(third) and not cache.is_loaded(first) and not cache.is_loaded(second)
+    assert cache.freed == ["pair a", "pair b"] and "Freed pair a, pair b to make room." in status
+
+
+def test_cpu_pairs_are_never_freed(tiny_dirs):
+    cache = PairCache("cpu")  # the real query: no device memory to count on a CPU
+    cache.get(spec_for(*tiny_dirs, pair_id="a"))
+    cache.get(spec_for(*tiny_dirs, pair_id="b"))
+    assert cache.is_loaded(spec_for(*tiny_dirs, pair_id="a")) and cache.freed == []
+
+
+class FailingCache(PairCache):
+    def __init__(self, error):
+        super().__init__("cuda:0")
+        self.error = error
+
+    def get(self, spec, progress=None):
+        raise self.error
+
+
+@pytest.mark.parametrize("error, words", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "out of GPU memory on cuda:0 (CUDA out of memory"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors..."), "CUDA error on cuda:0 (RuntimeError: CUDA error: an illegal memory access"),
+    (FileNotFoundError(2, "No such file", "/models/x/model-00001.safetensors"), "a file is missing: /models/x/model-00001.safetensors"),
+])
+def test_load_failures_reach_the_visitor_as_messages(tiny_dirs, error, words):
+    spec = spec_for(*tiny_dirs)
+    app = App([spec], spec.id, FailingCache(error))
+    *_, (status, _) = app.load_selected(spec.id)
+    assert status.startswith("⚠ **Could not load tiny pair:** ") and words in status
+    with pytest.raises(gr.Error) as raised:
+        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, spec.id))
+    assert words in raised.value.message
+
+
+def test_a_cuda_error_during_the_race_is_a_message(tiny_dirs, monkeypatch):
+    spec = spec_for(*tiny_dirs)
+    app = App([spec], spec.id, PairCache("cpu"))
+
+    def broken_generate(*args, **kwargs):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+        yield
+
+    monkeypatch.setattr(dflash_core, "generate", broken_generate)  # the race imports it at call time
+    with pytest.raises(gr.Error) as raised:
+        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, spec.id))
+    assert raised.value.message.startswith("CUDA error on cpu (RuntimeError: CUDA error: device-side assert")
+
+
+def test_explain_never_says_just_error():
+    assert explain(ValueError("bad")) == "unexpected ValueError: bad"
+    assert explain(PermissionError(13, "Permission denied")).startswith("could not read the model files")

@@ -1,0 +1,40 @@
+"""The device script's CPU dry run: every part of scripts/gpu_check.py at the tiny shape, on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_check_dry_run_on_cpu(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-u", "scripts/gpu_check.py", "--shape", "tiny", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    parts = result["parts"]
+    assert done.returncode == 0, {n: p.get("error") for n, p in parts.items() if p["status"] != "passed"}
+    assert {n: p["status"] for n, p in parts.items()} == {
+        "environment": "passed", "golden": "passed", "kernels": "skipped", "hub_load": "passed",
+        "exactness": "passed", "speed": "passed", "race": "passed", "kernel_tests": "skipped",
+    }
+    assert result["failed"] == [] and "=== done: all parts passed" in done.stdout
+    assert parts["golden"]["kernels=auto"]["different"] == 0
+    hub = parts["hub_load"]
+    assert hub["layers"] == 8 and hub["chat_template"].endswith("thinking off (enable_thinking=False)")
+    exact = parts["exactness"]["checks"]
+    assert len(exact) == 8 and all(exact.values())
+    speed = parts["speed"]
+    assert set(speed["oracle"]) == {"4", "6.5", "8"}
+    for tau, figures in speed["oracle"].items():
+        assert figures["tau"] == float(tau) and figures["max_syncs_per_cycle"] == 1
+        assert figures["lossless"]["kind"] == "identical"
+    assert speed["static_cache_tau_6.5"]["tau"] == 6.5
+    assert set(speed["targets"]) == {"draft/verify", "bookkeeping/cycle", "verify/plain", "speedup/tau at tau 6.5"}
+    assert parts["race"]["report"]["lossless"]["kind"] in ("identical", "near_tie")

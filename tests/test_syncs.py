@@ -1,0 +1,35 @@
+"""One host sync per decoding cycle, counted on CPU by patching the calls that read device values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_core import Block, SamplingParams, generate
+from dflash_core.syncs import SyncCounter
+
+
+def test_counter_counts_host_reads_and_restores_them():
+    t = torch.arange(4)
+    with SyncCounter(cuda_debug=False) as counter:
+        t.tolist(), t[0].item(), int(t[1]), float(t[2]), bool(t[3]), [10, 11][t[1]]
+        torch.cuda.synchronize  # looked up, not called
+        assert counter.take() == 6 and counter.take() == 0
+    assert "__int__" not in torch.Tensor.__dict__ and torch.Tensor.tolist is torch._C.TensorBase.tolist
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=3)])
+@pytest.mark.parametrize("draft_mode", ["sample", "argmax"])
+@pytest.mark.parametrize("with_drafter", [True, False])
+def test_one_host_sync_per_cycle(golden_pair, sampling, draft_mode, with_drafter):
+    target, drafter = golden_pair
+    per_cycle = []
+    with SyncCounter(cuda_debug=False) as counter:
+        events = generate(target, [1, 2, 3, 4], drafter if with_drafter else None, max_new_tokens=24,
+                          sampling=sampling, draft_mode=draft_mode)
+        for event in events:
+            if isinstance(event, Block):
+                per_cycle.append(counter.take())
+            else:
+                counter.take()  # the prefill's first token is read once, outside the cycles
+    assert len(per_cycle) >= 4 and per_cycle == [1] * len(per_cycle)
