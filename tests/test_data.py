@@ -108,7 +108,8 @@ def test_text_pairs_lay_out_text_the_target_did_not_write_as_chat_turns(tiny_dir
     pairs = text_data.text_pairs(seed=0)
     # ChatterBot's corpus comes with requirements-train.txt; the other sources ship with Python.
     expected = set(text_data.SOURCES) - (set() if prompts._pkg_dir("chatterbot") else {"chatterbot"})
-    assert {source for source, _, _ in pairs} == expected and len(pairs) > 1000
+    assert {source for source, _, _ in pairs} == expected
+    assert len(pairs) > (1000 if "chatterbot" in expected else 500)
     held_out = prompts.HELDOUT_JSONL.read_text() + prompts.NATURAL_JSONL.read_text()
     for source, user, _ in pairs:
         if source == "stdlib":  # no function a held-out prompt asks for
