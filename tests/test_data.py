@@ -26,6 +26,17 @@ def test_datagen_refuses_a_partial_prompt_pool(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
+def test_datagen_can_answer_only_some_sources():
+    natural = datagen.pending_prompts(set(), sources={"natural"})
+    assert len(natural) > 500 and {p.source for p in natural} == {"natural"}
+    everything = datagen.pending_prompts(set())
+    assert [p for p in everything if p.source == "natural"] == natural  # same order as the full run
+    done = {p.id for p in natural[::2]}
+    assert datagen.pending_prompts(done, sources={"natural"}) == natural[1::2]
+    with pytest.raises(SystemExit, match=r"no prompts from source\(s\) nope; known: .*natural"):
+        datagen.pending_prompts(set(), sources={"natural", "nope"})
+
+
 def test_user_turn_prefix_and_prompt_filter(tiny_dirs):
     from transformers import AutoTokenizer
 

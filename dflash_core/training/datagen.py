@@ -224,15 +224,30 @@ def write_self_prompts(path: Path, n: int, seed: int = 0, batch_size: int = 32, 
     return added
 
 
+def pending_prompts(done: set[str], split: str = "train", seed: int = 0,
+                    sources: set[str] | None = None) -> list:
+    """The prompts of `split` (shuffled by `seed`) not in `done`, only from `sources` when given."""
+    from .prompts import load_prompts
+
+    pool = load_prompts(split, shuffle_seed=seed)
+    if sources is not None:
+        known = {p.source for p in pool}
+        if sources - known:
+            raise SystemExit(f"datagen: no prompts from source(s) {', '.join(sorted(sources - known))}; "
+                             f"known: {', '.join(sorted(known))}")
+        pool = [p for p in pool if p.source in sources]
+    return [p for p in pool if p.id not in done]
+
+
 def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: int = 512,
         split: str = "train", seed: int = 0, limit: int | None = None, model_dir: str | None = None,
         dtype: str = "float32", threads: int | None = None, shard_minutes: float = 15.0,
-        allow_missing_sources: bool = False) -> None:
+        allow_missing_sources: bool = False, sources: set[str] | None = None) -> None:
     import torch
     from tqdm import tqdm
 
     from ..prompting import encode_prompt
-    from .prompts import load_prompts, missing_sources
+    from .prompts import missing_sources
 
     missing = missing_sources()
     if missing and not allow_missing_sources:
@@ -244,7 +259,7 @@ def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: 
         torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     done = done_prompt_ids(out)
-    todo = [p for p in load_prompts(split, shuffle_seed=seed) if p.id not in done]
+    todo = pending_prompts(done, split, seed, sources)
     if limit is not None:
         todo = todo[:limit]
     print(f"[datagen] {len(done)} prompts already done, {len(todo)} to go -> {out}",
@@ -332,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--split", default="train", choices=["train", "heldout", "all"])
     ap.add_argument("--seed", type=int, default=0, help="prompt shuffle seed")
     ap.add_argument("--limit", type=int, default=None, help="at most this many new prompts")
+    ap.add_argument("--sources", type=lambda s: set(s.split(",")), default=None, metavar="A,B",
+                    help="answer only prompts of these sources (e.g. natural,self)")
     ap.add_argument("--model", default=None, help="target dir (default: converted SmolLM2-135M)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=None)
@@ -359,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
               a.bench_prompts, a.max_new_tokens, a.model, a.threads)
     else:
         run(a.out, a.max_new_tokens, a.batch_size, a.shard_size, a.split, a.seed, a.limit,
-            a.model, a.dtype, a.threads, a.shard_minutes, a.allow_missing_sources)
+            a.model, a.dtype, a.threads, a.shard_minutes, a.allow_missing_sources, a.sources)
 
 
 if __name__ == "__main__":
