@@ -69,6 +69,12 @@ class Target:
         self.tokenizer = tokenizer
         self.layers = model.get_decoder().layers
         self.static_cache = static_cache
+        config = model.config
+        # Our own causal mask (see `_causal_mask`) assumes full attention in every layer and an
+        # attention that takes a 4D mask as is.
+        self._own_mask = static_cache and config._attn_implementation in ("sdpa", "eager") and set(
+            getattr(config, "layer_types", None) or ["full_attention"]
+        ) == {"full_attention"}
         self.cache = None
         self._length = self._capacity = 0
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
@@ -185,12 +191,15 @@ class Target:
         """Run `ids` ([1, n]) after the cached positions; return (logits [n or 1, V], features [1, n, k*h])."""
         start = self._length
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
+        # The prefill keeps transformers' mask: on an empty cache SDPA then runs its causal kernel.
+        mask = self._causal_mask(positions) if self._own_mask and not last_logits_only else None
         self._taps.clear()
         self._recording = True
         try:
             out = self.model(
                 input_ids=ids,
                 position_ids=positions,
+                attention_mask=mask,
                 **{self._cache_kwarg: self.cache},
                 use_cache=True,
                 logits_to_keep=1 if last_logits_only else 0,
@@ -201,3 +210,16 @@ class Target:
         features = torch.cat([self._taps[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
         self._taps.clear()
         return out.logits[0], features
+
+    def _causal_mask(self, positions: torch.Tensor) -> torch.Tensor:
+        """[1, 1, n, capacity]: each query sees the cache slots up to its own position.
+
+        transformers builds the same mask for a static cache, but first tests the cache length on
+        the host (`q_offset == 0`), which is a second host sync in every cycle.
+        """
+        allowed = torch.arange(self._capacity, device=positions.device)[None, :] <= positions[0, :, None]
+        if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
+            return torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill_(
+                ~allowed, torch.finfo(self.dtype).min
+            )[None, None]
+        return allowed[None, None]
