@@ -38,14 +38,14 @@ class CudaGraphBackend:
         self.warmup = warmup
 
     def capture(self, step, inputs):
-        device = inputs[0].device
+        device = inputs[0].device if inputs else torch.device("cuda")  # no inputs: the current CUDA device
         if device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need CUDA tensors, not {device.type}")
         with torch.cuda.device(device):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(self.warmup):  # lazy allocations, autotuning and caches happen here, not in the graph
+                for _ in range(self.warmup):  # lazy allocations, Triton compiles and caches: not in the graph
                     step(*inputs)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()

@@ -166,7 +166,8 @@ def generate(
             else:
                 positions = static_slots(draft_cache.length, injected, context.shape[1], block_size, device)[None]
                 if context.shape[1] == block_size:  # every cycle after the first: the one captured shape
-                    draft_logits = graphs(("draft", drafter, draft_cache.capacity), draft_step, bonus_ids, context, positions)
+                    tag = ("draft", drafter, draft_cache.capacity)
+                    draft_logits = graphs(tag, draft_step, bonus_ids, context, positions)
                 else:
                     draft_logits = draft_step(bonus_ids, context, positions)
                 draft_cache.commit(injected)
