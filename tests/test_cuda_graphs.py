@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dflash_core.decoding
 from dflash_core import SamplingParams, Target, fallbacks, load_pair, run
 from dflash_core.__main__ import main as cli_main
+from dflash_core.bench import main as bench_main
 from dflash_core.cuda_graphs import CudaGraphBackend, StepGraphs
 from dflash_core.drafter import DrafterCache, static_slots
 from dflash_core.errors import ConfigError
@@ -224,6 +225,9 @@ def test_graphs_without_the_static_cache_are_a_clear_error(golden_dir, golden_pa
     assert cli_main(["generate", "--target", str(golden_dir / "target"), "--plain", "--prompt-ids", "1,2",
                      "--cuda-graphs"]) == 1
     assert "error: CUDA graphs need the static KV cache" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_main(["--cuda-graphs"])
+    assert "--cuda-graphs needs --static-cache" in capsys.readouterr().err
 
 
 def test_graphs_off_never_touch_the_graph_machinery(golden_pair, monkeypatch):
