@@ -272,7 +272,8 @@ class DFlashDrafter(nn.Module):
 
     def new_cache(self, capacity: int | None = None) -> DrafterCache:
         """A fresh cache; with `capacity`, this drafter's static cache, emptied. The static cache is
-        kept across runs, so CUDA graphs captured on it stay valid; it is replaced only to grow."""
+        kept across runs, so CUDA graphs captured on it stay valid, and replaced only to grow; hence
+        one graphed run at a time per drafter."""
         if capacity is None:
             return DrafterCache(len(self.layers))
         cache = self._static_cache

@@ -11,7 +11,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dflash_core.decoding
-from dflash_core import SamplingParams, Target, fallbacks, load_pair, run
+from dflash_core import DFlashDrafter, SamplingParams, Target, fallbacks, load_pair, run
 from dflash_core.__main__ import main as cli_main
 from dflash_core.bench import main as bench_main
 from dflash_core.cuda_graphs import CudaGraphBackend, StepGraphs
@@ -20,6 +20,7 @@ from dflash_core.errors import ConfigError
 from dflash_core.fallbacks import FallbackWarning
 from dflash_core.oracle import OracleDrafter, expected_lengths
 from dflash_core.syncs import SyncCounter
+from tiny import build_drafter
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -146,6 +147,22 @@ def test_graphs_with_a_llama_target_and_draft_modes(tiny_pair, fresh_notices):
             a, b = run(target, [5, 6, 7], drafter, **kwargs), run(on, [5, 6, 7], drafter, **kwargs)
             assert b.output_ids == a.output_ids and b.acceptance_lengths == a.acceptance_lengths
     assert fallbacks.NOTICES == []
+
+
+def test_graphs_with_sliding_window_and_draft_vocabulary_drafters(tmp_path, tiny_dirs, tiny_pair):
+    """The static draft step's own mask keeps a sliding window, and draft vocabularies map back."""
+    target_dir, _ = tiny_dirs
+    target, _ = tiny_pair
+    fake = FakeGraphs()
+    on = graphed(target, fake)
+    prompt = list(range(5, 45))
+    for name, extra in (("narrow", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}),
+                        ("vocab", {"draft_vocab": list(range(target.vocab_size - 2, 3, -5))})):
+        drafter = DFlashDrafter.from_pretrained(build_drafter(tmp_path / name, target_dir, seed=7, **extra))
+        for sampling in SAMPLINGS:
+            a, b = (run(t, prompt, drafter, max_new_tokens=24, sampling=sampling) for t in (target, on))
+            assert b.output_ids == a.output_ids and [x.draft_ids for x in b.blocks] == [x.draft_ids for x in a.blocks]
+    assert len(fake.captured) == 3 and sum(fake.replays.values()) > 20  # verify, and one draft graph each
 
 
 def test_shapes_not_captured_run_eagerly(golden_pair):
