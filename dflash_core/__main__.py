@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--plain", action="store_true", help="plain decoding with the target alone")
     gen.add_argument("--static-cache", action="store_true",
                      help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
+    gen.add_argument("--cuda-graphs", action="store_true",
+                     help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only, "
+                     "elsewhere they run eagerly with one warning)")
     gen.add_argument("--no-chat-template", action="store_true", help="tokenize --prompt as raw text")
     gen.add_argument(
         "--thinking", choices=THINKING_CHOICES,
@@ -80,6 +83,7 @@ def main(argv=None) -> int:
             drafter_dtype=args.drafter_dtype,
             block_size=args.block_size,
             static_cache=args.static_cache,
+            cuda_graphs=args.cuda_graphs,
         )
         tokenizer = pair.tokenizer
         if args.prompt_ids is not None:

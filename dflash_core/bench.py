@@ -93,6 +93,7 @@ def benchmark(args) -> dict:
     pair = load_pair(
         args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
         batch_invariant={"on": True, "off": False, "auto": None}[args.batch_invariant],
+        static_cache=args.static_cache, cuda_graphs=args.cuda_graphs,
     )
     target, drafter, tokenizer = pair.target, pair.drafter, pair.tokenizer
     block_sizes = args.block_sizes or [drafter.block_size]
@@ -183,6 +184,8 @@ def benchmark(args) -> dict:
         "device": args.device,
         "dtype": args.dtype,
         "drafter_dtype": str(drafter.dtype).removeprefix("torch."),
+        "static_cache": args.static_cache,
+        "cuda_graphs": args.cuda_graphs,  # plain decoding replays its one-token verify from a graph too
         "threads": torch.get_num_threads(),
         # Which library ran the target's one-row (plain decoding) matmuls; chosen per machine.
         "cpu_single_row": single_row_library(target.model),
@@ -214,7 +217,8 @@ def cycle_times(args) -> dict:
     """`bench_cycle.time_cycle` for the loaded pair at each block size; prints one table per size."""
     from .bench_cycle import print_table as print_cycle, time_cycle
 
-    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+                     static_cache=args.static_cache, cuda_graphs=args.cuda_graphs)
     result = {"target": str(args.target), "drafter": str(args.drafter), "per_block_size": {}}
     for b in args.block_sizes or [pair.drafter.block_size]:
         r = time_cycle(pair.target, pair.drafter, args.context, b, taus=(2, 3, 4, 6, 8, 12, 16))
@@ -227,7 +231,8 @@ def explain_costs(args) -> dict:
     """`bench_explain.explain_overhead` for the loaded pair at its first block size."""
     from .bench_explain import explain_overhead
 
-    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype)
+    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+                     static_cache=args.static_cache, cuda_graphs=args.cuda_graphs)
     tokenizer = pair.tokenizer
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     prompts = load_prompts(args.prompts, args.num_prompts)
@@ -288,6 +293,10 @@ def main(argv=None) -> int:
                         "switch, as the released DFlash drafters were trained)")
     parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
                         help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
+    parser.add_argument("--static-cache", action="store_true",
+                        help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only)")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--cycle-times", action="store_true",
                         help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
@@ -301,6 +310,8 @@ def main(argv=None) -> int:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.cuda_graphs and not args.static_cache:
+        parser.error("--cuda-graphs needs --static-cache: a graph replays fixed cache addresses and offsets")
     if args.synthetic:
         from .bench_cycle import print_table as print_cycle, run_synthetic
 

@@ -13,7 +13,7 @@ from typing import Literal, get_args
 
 import torch
 
-from .drafter import DFlashDrafter
+from .drafter import DFlashDrafter, static_slots
 from .errors import GenerationInputError
 from .events import Block, Prefill, StopReason, Summary
 from .explain import explain_cycle
@@ -119,7 +119,17 @@ def generate(
 
     target.reset(len(prompt_ids) + max_new_tokens + block_size)
     target.tap_layers(drafter.target_layer_ids if use_drafter else ())
-    draft_cache = drafter.new_cache() if use_drafter else None
+    graphs = target.graphs  # the verify step replays inside target.forward; the draft step here
+    draft_cache = None
+    if use_drafter:
+        # A static drafter cache for graphs: its last block's padding rows reach 2 blocks past the end.
+        draft_cache = drafter.new_cache(len(prompt_ids) + max_new_tokens + 2 * block_size if graphs else None)
+
+    def draft_step(bonus_ids, context, positions):
+        block = torch.full((1, block_size), drafter.mask_token_id, device=device)
+        block[0, :1] = bonus_ids
+        hidden = drafter(target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions, cache=draft_cache)
+        return drafter.draft_logits(hidden[0, 1:], target.head)
 
     t_start = _clock(device)
     logits, context = target.forward(torch.tensor([prompt_ids], device=device), last_logits_only=True)
@@ -132,6 +142,7 @@ def generate(
 
     output = [bonus]
     bonus_ids = torch.tensor([bonus], device=device)  # slot 0 of the next block, kept on the device
+    fresh = len(prompt_ids)  # leading rows of `context` that are new context (with graphs, rejected slots follow)
     blocks: list[Block] = []
     stop_reason: StopReason = "stop_token" if bonus in stop_ids else "max_new_tokens"
     start = len(prompt_ids)  # position of the bonus token, the block's slot 0
@@ -147,13 +158,19 @@ def generate(
         draft = torch.empty(0, dtype=torch.long, device=device)
         draft_probs = None
         if use_drafter:
-            block = torch.full((1, block_size), drafter.mask_token_id, device=device)
-            block[0, :1] = bonus_ids
-            positions = torch.arange(draft_cache.length, start + block_size, device=device)[None]
-            hidden = drafter(
-                target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions, cache=draft_cache
-            )
-            draft_logits = drafter.draft_logits(hidden[0, 1:], target.head)
+            drafter.before_draft(start)
+            injected = fresh
+            if graphs is None:
+                positions = torch.arange(draft_cache.length, start + block_size, device=device)[None]
+                draft_logits = draft_step(bonus_ids, context, positions)
+            else:
+                positions = static_slots(draft_cache.length, injected, context.shape[1], block_size, device)[None]
+                if context.shape[1] == block_size:  # every cycle after the first: the one captured shape
+                    tag = ("draft", drafter, draft_cache.capacity)
+                    draft_logits = graphs(tag, draft_step, bonus_ids, context, positions)
+                else:
+                    draft_logits = draft_step(bonus_ids, context, positions)
+                draft_cache.commit(injected)
             if sample_drafts:
                 draft_probs = probabilities(drafter.full_logits(draft_logits, target.vocab_size), sampling)
                 draft = sample(draft_probs, generator)
@@ -172,7 +189,9 @@ def generate(
         start += accepted + 1
         target.crop(start)
         if use_drafter:
-            context = features[:, : accepted + 1]
+            fresh = accepted + 1
+            # With graphs the whole block goes on, its rejected rows as padding: one shape every cycle.
+            context = features if graphs is not None else features[:, :fresh]
 
         new_ids = [*draft_ids[:accepted], bonus][: max_new_tokens - len(output)]
         for i, token in enumerate(new_ids):
@@ -196,7 +215,7 @@ def generate(
                 accepted=accepted,
                 bonus=bonus,
                 times={"draft_s": draft_s, "verify_s": verify_s, "other_s": now - t0 - draft_s - verify_s},
-                drafting=(drafter, draft_cache, positions.shape[1] - block_size, draft_logits, draft_probs)
+                drafting=(drafter, draft_cache, injected, draft_logits, draft_probs)
                 if use_drafter
                 else None,
             )

@@ -30,16 +30,27 @@ class DrafterCache:
     Positions `[0, length)` hold committed context. During a draft forward the new context and the
     block are written after them; only the context part is kept (`commit`), so the block's slots
     are a scratch tail that the next forward overwrites.
+
+    capacity: a static cache of that many positions, for CUDA graphs (`cuda_graphs.py`): allocated
+    once and never moved, and written at slots given as a device tensor (`write_at`).
     """
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, capacity: int | None = None):
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.length = 0
+        self.capacity = capacity
 
     def reserve(self, layer: int, end: int, batch: int, heads: int, head_dim: int, dtype, device):
         """The buffers of `layer` ([b, kv_heads, capacity, head_dim]), grown to hold `end` positions."""
         buf_k, buf_v = self.keys[layer], self.values[layer]
+        if self.capacity is not None:
+            if buf_k is None:
+                # Zeros, not garbage: a static step attends over every slot, masking those past its
+                # block, and a masked NaN would still turn the weighted sum into NaN.
+                buf_k = torch.zeros(batch, heads, self.capacity, head_dim, dtype=dtype, device=device)
+                self.keys[layer], self.values[layer] = buf_k, buf_v = buf_k, torch.zeros_like(buf_k)
+            return buf_k, buf_v
         if buf_k is None or buf_k.shape[2] < end:
             # Grow geometrically so a long generation reallocates only a few times.
             capacity = max(end, 256, 0 if buf_k is None else 2 * buf_k.shape[2])
@@ -59,11 +70,34 @@ class DrafterCache:
         buf_v[:, :, self.length : end] = v
         return buf_k[:, :, :end], buf_v[:, :, :end]
 
+    def write_at(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Static cache: store row i of `k`, `v` ([b, kv_heads, n, head_dim]) at slot `slots[i]`; return the
+        whole buffers."""
+        buf_k, buf_v = self.reserve(layer, 0, k.shape[0], k.shape[1], k.shape[3], k.dtype, k.device)
+        buf_k.index_copy_(2, slots, k)
+        buf_v.index_copy_(2, slots, v)
+        return buf_k, buf_v
+
     def commit(self, num_context: int) -> None:
         self.length += num_context
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+
+
+def static_slots(length: int, num_context: int, rows: int, block: int, device) -> torch.Tensor:
+    """Slot (= position) of every row of a static draft step, whose context is padded to `rows`.
+
+    The `num_context` real context rows go after the committed `length`, the block right after
+    them, and the padding rows after the block, where the block's mask hides them and the next
+    cycle overwrites them. Host ints in, a device tensor out, with no sync.
+    """
+    start = length + num_context  # the block's slot 0
+    return torch.cat([
+        torch.arange(length, start, device=device),
+        torch.arange(start + block, start + block + rows - num_context, device=device),
+        torch.arange(start, start + block, device=device),
+    ])
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -107,8 +141,9 @@ class DrafterAttention(nn.Module):
         is_sliding = layer_idx < len(layer_types) and layer_types[layer_idx] == "sliding_attention"
         self.sliding_window = config.sliding_window if is_sliding else None
 
-    def forward(self, x, context, cos, sin, cache=None, attn_mask=None, key_positions=None):
-        """`x`: normed block [b, q, h]; `context`: fused target features [b, c, h] (not normed)."""
+    def forward(self, x, context, cos, sin, cache=None, attn_mask=None, key_positions=None, slots=None):
+        """`x`: normed block [b, q, h]; `context`: fused target features [b, c, h] (not normed);
+        `slots`: cache slots of [context; block] rows, for a static cache."""
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         kv_in = torch.cat([context, x], dim=1)
@@ -117,7 +152,10 @@ class DrafterAttention(nn.Module):
         k = k.view(b, n, self.num_kv_heads, self.head_dim)
         v = v.view(b, n, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:])
-        if cache is not None:
+        if slots is not None:
+            k = apply_rope(self.k_norm(k).transpose(1, 2), cos, sin)
+            k, v = cache.write_at(self.layer_idx, slots, k, v.transpose(1, 2))
+        elif cache is not None:
             # k_norm + RoPE + cache write: one fused launch per layer on CUDA (kernels/kv_injection.py).
             k, v = kernels.inject_kv(
                 cache, self.layer_idx, k, v, self.k_norm.weight, self.k_norm.variance_epsilon, cos, sin
@@ -132,7 +170,7 @@ class DrafterAttention(nn.Module):
             )
             return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
         if self.sliding_window is not None:
-            query_positions = key_positions[-q_len:]
+            query_positions = (key_positions if slots is None else slots)[-q_len:]
             in_window = (query_positions[:, None] - key_positions[None, :]) < self.sliding_window
             attn_mask = in_window if attn_mask is None else attn_mask & in_window
         # flash-attn on CUDA when installed and no mask is needed, else SDPA (kernels/cuda_paths.py).
@@ -173,6 +211,7 @@ class DFlashDrafter(nn.Module):
         else:
             self.draft_vocab = None
         self._head: tuple | None = None
+        self._static_cache: DrafterCache | None = None
 
     @property
     def block_size(self) -> int:
@@ -231,8 +270,21 @@ class DFlashDrafter(nn.Module):
         full = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), float("-inf"), dtype=torch.float32)
         return full.index_copy_(-1, self.draft_vocab, draft_logits.float())
 
-    def new_cache(self) -> DrafterCache:
-        return DrafterCache(len(self.layers))
+    def new_cache(self, capacity: int | None = None) -> DrafterCache:
+        """A fresh cache; with `capacity`, this drafter's static cache, emptied. The static cache is
+        kept across runs, so CUDA graphs captured on it stay valid, and replaced only to grow; hence
+        one graphed run at a time per drafter."""
+        if capacity is None:
+            return DrafterCache(len(self.layers))
+        cache = self._static_cache
+        if cache is None or cache.capacity < capacity:
+            cache = self._static_cache = DrafterCache(len(self.layers), -(-capacity // 256) * 256)
+        cache.length = 0
+        return cache
+
+    def before_draft(self, start: int) -> None:
+        """Host-side work before a draft step whose slot 0 is at `start`, outside any CUDA graph
+        (none here; `OracleDrafter` picks its proposal)."""
 
     def forward(self, block_embeds, target_features, position_ids, cache=None, attn_mask=None):
         """Hidden states (after the final norm) of every block slot.
@@ -240,21 +292,30 @@ class DFlashDrafter(nn.Module):
         block_embeds: [b, q, h], the target's embeddings of `[last token, mask, ...]`.
         target_features: [b, c, n*h], concatenated target layer outputs of the new context.
         position_ids: [b, c + q], positions of the new context, then of the block.
-        cache: a `DrafterCache`; the new context is committed to it, the block is not.
+        cache: a `DrafterCache`; the new context is committed to it, the block is not. A static cache
+        (with a capacity) commits nothing: position_ids are then the rows' slots (`static_slots`),
+        context rows may be padding, and the caller commits the real ones.
         attn_mask: optional boolean mask [q, keys] (True = attend), e.g. the training block mask.
         """
         context = self.hidden_norm(self.fc(target_features))
         cos, sin = self.rotary(block_embeds, position_ids)
+        static = cache is not None and cache.capacity is not None
         key_positions = None  # only sliding-window layers need them; skip the work otherwise
-        if any(layer.self_attn.sliding_window is not None for layer in self.layers):
+        if static:
+            # Fixed shapes for a CUDA graph: the block attends to the whole capacity, masked past its
+            # last slot (slot = position, so the host never needs the cache length).
+            key_positions = torch.arange(cache.capacity, device=position_ids.device)
+            attn_mask = key_positions[None, :] <= position_ids[0, -1]
+        elif any(layer.self_attn.sliding_window is not None for layer in self.layers):
             key_positions = position_ids[0]
             if cache is not None and cache.length:
                 past = torch.arange(cache.length, device=position_ids.device, dtype=position_ids.dtype)
                 key_positions = torch.cat([past, key_positions])
         x = block_embeds
+        slots = position_ids[0] if static else None
         for layer in self.layers:
-            x = layer(x, context, cos, sin, cache=cache, attn_mask=attn_mask, key_positions=key_positions)
-        if cache is not None:
+            x = layer(x, context, cos, sin, cache=cache, attn_mask=attn_mask, key_positions=key_positions, slots=slots)
+        if cache is not None and not static:
             cache.commit(context.shape[1])
         return self.norm(x)
 

@@ -9,8 +9,10 @@ plain decoding produced, except that in cycle c the slot `schedule[c]` (1-based:
 B) and the output must equal plain decoding: both are checked by scripts/gpu_check.py.
 
 Everything the oracle needs per cycle is on the device before decoding starts (the plan and a
-corruption mask per cycle); the slot-0 position is known on the host from the drafter cache, so
-the oracle adds no host sync.
+corruption mask per cycle); the decoding loop tells it the slot-0 position, known on the host
+(`before_draft`), so the oracle adds no host sync. It picks the proposal there, outside the draft
+step, into a buffer the step reads: the step stays the same launches every cycle, so it can be
+replayed from a CUDA graph (`cuda_graphs.py`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class OracleDrafter(nn.Module):
                 corrupt[c, length - 1] = 1  # slot `length` is wrong: `length - 1` drafts accepted
         self.corrupt = corrupt.to(device)
         self.cycle = 0
-        self._proposal = None
+        self._proposal = torch.zeros(b - 1, dtype=torch.long, device=device)
 
     # What the decoding loop reads of a drafter, passed through.
     block_size = property(lambda self: self.inner.block_size)
@@ -73,21 +75,20 @@ class OracleDrafter(nn.Module):
     target_layer_ids = property(lambda self: self.inner.target_layer_ids)
     dtype = property(lambda self: self.inner.dtype)
 
-    def new_cache(self) -> DrafterCache:
+    def new_cache(self, capacity: int | None = None) -> DrafterCache:
         self.cycle = 0  # a new run starts
-        return self.inner.new_cache()
+        return self.inner.new_cache(capacity)
 
-    def forward(self, block_embeds, target_features, position_ids, cache=None, attn_mask=None):
-        b = self.block_size
-        committed = cache.length if cache is not None else 0
-        slot0 = committed + target_features.shape[1]  # position of the block's first slot (host-known)
+    def before_draft(self, start: int) -> None:
         if self.cycle == 0:
-            self._prompt_len = slot0  # slot 0 of the first block holds the prefill's token, plan[0]
-        first = slot0 - self._prompt_len + 1  # plan index of the first drafted slot
-        drafts = self.plan[first : first + b - 1]
-        self._proposal = (drafts + self.corrupt[self.cycle]) % self.vocab_size
+            self._prompt_len = start  # slot 0 of the first block holds the prefill's token, plan[0]
+        first = start - self._prompt_len + 1  # plan index of the first drafted slot
+        drafts = self.plan[first : first + self.block_size - 1]
+        torch.remainder(drafts + self.corrupt[self.cycle], self.vocab_size, out=self._proposal)
         self.cycle += 1
-        return self.inner(block_embeds, target_features, position_ids, cache=cache, attn_mask=attn_mask)
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
 
     def draft_logits(self, hidden, lm_head) -> torch.Tensor:
         self.inner.draft_logits(hidden, lm_head)  # the real head's cost; its scores are replaced

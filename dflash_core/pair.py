@@ -116,18 +116,19 @@ def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype)
 
 def load_pair(
     target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None, batch_invariant=None,
-    progress=None, static_cache=False,
+    progress=None, static_cache=False, cuda_graphs=False,
 ) -> ModelPair:
     """Load a target (path or Hub id) and optionally a drafter, and validate them as a pair.
 
     `dtype` "auto" picks `default_target_dtype`, `drafter_dtype` None `default_drafter_dtype`,
     `batch_invariant` None `wants_batch_invariance` (see `Target.from_pretrained`, also for
-    `static_cache`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
+    `static_cache` and `cuda_graphs`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
     """
     dtype = parse_dtype(dtype, device)
     target = fetch_target(target, progress)
     target_model = Target.from_pretrained(
-        target, device=device, dtype=dtype, batch_invariant=batch_invariant, static_cache=static_cache
+        target, device=device, dtype=dtype, batch_invariant=batch_invariant, static_cache=static_cache,
+        cuda_graphs=cuda_graphs,
     )
     if drafter is None:
         return ModelPair(target_model, None)

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, Stat
 
 from .batch_invariant import make_batch_invariant
 from .cpu_linear import pack_linears
-from .errors import CheckpointError
+from .cuda_graphs import StepGraphs
+from .errors import CheckpointError, ConfigError
 from .hub import looks_like_path
 
 
@@ -62,13 +63,36 @@ class Target:
     static_cache: keep keys/values in transformers' preallocated `StaticCache` (written in place,
     rolled back by moving its length) instead of a `DynamicCache` that concatenates and slices
     tensors every cycle; the cache length is tracked on the host either way, so neither costs a sync.
+    cuda_graphs: replay the verify forward (and, in `generate`, the draft step) from CUDA graphs
+    (`cuda_graphs.py`); needs `static_cache`. `graph_backend` replaces `torch.cuda.CUDAGraph` (tests).
     """
 
-    def __init__(self, model, tokenizer=None, static_cache: bool = False):
+    def __init__(self, model, tokenizer=None, static_cache: bool = False, cuda_graphs: bool = False,
+                 graph_backend=None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.layers = model.get_decoder().layers
         self.static_cache = static_cache
+        config = model.config
+        # Our own causal mask (see `_causal_mask`) assumes full attention in every layer and an
+        # attention that takes a 4D mask as is.
+        self._own_mask = static_cache and config._attn_implementation in ("sdpa", "eager") and set(
+            getattr(config, "layer_types", None) or ["full_attention"]
+        ) == {"full_attention"}
+        self.graphs = None
+        if cuda_graphs:
+            if not static_cache:
+                raise ConfigError(
+                    "CUDA graphs need the static KV cache (static_cache=True, --static-cache): a graph replays "
+                    "fixed cache addresses and offsets, which a DynamicCache reallocates every cycle"
+                )
+            if not self._own_mask:
+                raise ConfigError(
+                    f"CUDA graphs need full attention in every layer through sdpa or eager attention; this model "
+                    f"uses {config._attn_implementation} with layer types "
+                    f"{sorted(set(getattr(config, 'layer_types', None) or ['full_attention']))}"
+                )
+            self.graphs = StepGraphs(graph_backend)
         self.cache = None
         self._length = self._capacity = 0
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
@@ -83,10 +107,10 @@ class Target:
     @classmethod
     def from_pretrained(
         cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, attn_implementation=None, batch_invariant=None,
-        static_cache: bool = False,
+        static_cache: bool = False, cuda_graphs: bool = False,
     ):
         """batch_invariant: verify blocks bitwise as one-token steps (`batch_invariant.py`); None
-        decides by `wants_batch_invariance`. static_cache: see the class."""
+        decides by `wants_batch_invariance`. static_cache, cuda_graphs: see the class."""
         name = str(path_or_id)
         if looks_like_path(name) and not Path(name).expanduser().is_dir():
             raise CheckpointError(f"target model directory not found: {name}")
@@ -104,7 +128,7 @@ class Target:
         pack_linears(model, calibrate=not batch_invariant)
         if batch_invariant:
             make_batch_invariant(model)
-        return cls(model, load_tokenizer(name), static_cache=static_cache)
+        return cls(model, load_tokenizer(name), static_cache=static_cache, cuda_graphs=cuda_graphs)
 
     # --- shapes and shared modules -------------------------------------------------------------
     @property
@@ -170,6 +194,8 @@ class Target:
                 self.cache.crop(-used)  # the buffers stay; the next prefill overwrites them
         else:
             self.cache, self._capacity = StaticCache(config=self.model.config, max_cache_len=size), size
+            if self.graphs is not None:
+                self.graphs.clear()  # they write into the old buffers
 
     def crop(self, length: int) -> None:
         """Drop cached positions from `length` on (rejected draft tokens)."""
@@ -182,22 +208,55 @@ class Target:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, last_logits_only: bool = False):
-        """Run `ids` ([1, n]) after the cached positions; return (logits [n or 1, V], features [1, n, k*h])."""
+        """Run `ids` ([1, n]) after the cached positions; return (logits [n or 1, V], features [1, n, k*h]).
+
+        With CUDA graphs, a forward after the prefill replays the graph of its shape (a fresh key is
+        captured first); its outputs are overwritten by the next replay of that shape.
+        """
         start = self._length
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
+        if self.graphs is not None and start > 0 and not last_logits_only:
+            out = self.graphs(("verify", self._capacity, self.feature_layers), self._step, ids, positions)
+        else:
+            out = self._step(ids, positions, last_logits_only)
+        self._length += ids.shape[1]
+        return out
+
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor, last_logits_only: bool = False):
+        """The forward itself: a function of the two tensors (and the cache), capturable as a graph."""
+        # The prefill keeps transformers' mask: on an empty cache SDPA then runs its causal kernel.
+        mask = self._causal_mask(positions) if self._own_mask and not last_logits_only else None
+        if self.graphs is not None:
+            # Writes land at the positions given, however often the step runs (capture warms it up).
+            for layer in self.cache.layers:
+                if layer.is_initialized:
+                    layer.cumulative_length.copy_(positions[0, 0])
         self._taps.clear()
         self._recording = True
         try:
             out = self.model(
                 input_ids=ids,
                 position_ids=positions,
+                attention_mask=mask,
                 **{self._cache_kwarg: self.cache},
                 use_cache=True,
                 logits_to_keep=1 if last_logits_only else 0,
             )
         finally:
             self._recording = False
-        self._length += ids.shape[1]
         features = torch.cat([self._taps[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
         self._taps.clear()
         return out.logits[0], features
+
+    def _causal_mask(self, positions: torch.Tensor) -> torch.Tensor:
+        """[1, 1, n, capacity]: each query sees the cache slots up to its own position.
+
+        transformers builds the same mask for a static cache, but first tests the cache length on
+        the host (`q_offset == 0`): a second host sync per cycle, and one a graph capture cannot take.
+        """
+        allowed = torch.arange(self._capacity, device=positions.device)[None, :] <= positions[0, :, None]
+        if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
+            return torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill_(
+                ~allowed, torch.finfo(self.dtype).min
+            )[None, None]
+        return allowed[None, None]

@@ -21,6 +21,9 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
   over tau, per-cycle draft/verify/bookkeeping from the engine's CUDA-event timings, host syncs per
   cycle, peak memory), the three-way lossless verdict of each run, and `bench_cycle.time_cycle`'s
   split of one cycle against one plain step with the targets of issue 4;
+- cuda_graphs: the speed part's plain and oracle runs on the static KV cache with CUDA graphs off
+  and on (`dflash_core/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
+  identical either way, and no failed capture (CUDA only);
 - race: the app's race path without the web server (`app.race`, `app.report`, the lossless check);
 - kernel_tests: tests/test_kernels*.py under pytest on the device, with whatever time is left.
 
@@ -52,7 +55,8 @@ TAUS = (4, 6.5, 8)
 # busy CI box may run the few seconds of work ten times slower).
 BUDGETS = {
     "environment": (40, 60), "golden": (60, 90), "kernels": (60, 10), "hub_load": (170, 90),
-    "exactness": (130, 120), "speed": (120, 120), "race": (45, 60), "kernel_tests": (150, 10),
+    "exactness": (130, 120), "speed": (120, 120), "cuda_graphs": (100, 10), "race": (45, 60),
+    "kernel_tests": (150, 10),
 }
 # Tokens per run at each shape: (exactness, speed).
 TOKENS = {"qwen3-8b": (96, 128), "qwen3-4b": (96, 128), "tiny": (32, 24)}
@@ -386,6 +390,65 @@ def part_speed(state) -> dict:
     return {**result, "status": "passed" if ok else "failed"}
 
 
+def part_cuda_graphs(state) -> dict:
+    """The speed part's runs on the static KV cache, CUDA graphs off and on (CUDA only)."""
+    if not state["device"].startswith("cuda"):
+        return {"status": "skipped", "why": "CUDA graphs need CUDA; tests/test_cuda_graphs.py checks their logic "
+                                            "on CPU through a fake graph backend"}
+    from dflash_core import Block, Target, generate, run
+    from dflash_core.fallbacks import NOTICES
+    from dflash_core.lossless import compare
+    from dflash_core.oracle import OracleDrafter, expected_lengths, schedule_for_tau
+    from dflash_core.syncs import SyncCounter
+
+    n = TOKENS[state["shape"]][1]
+    pair, prompt = state["pair"], state["prompt_ids"]
+    drafter, b = pair.drafter, pair.drafter.block_size
+    seen = len(NOTICES)
+    targets = {mode: Target(pair.target.model, static_cache=True, cuda_graphs=mode == "on") for mode in ("off", "on")}
+    result, plans, ok = {"tokens": n, "plain_tok_s": {}, "oracle": {}}, {}, True
+    for mode, target in targets.items():
+        run(target, prompt, None, max_new_tokens=8)  # warm-up; with graphs, the one-token verify's capture
+        plain = run(target, prompt, None, max_new_tokens=n + b)
+        plans[mode], result["plain_tok_s"][mode] = list(plain.output_ids), _decode_rate(plain)
+    checks = {"plain outputs identical": plans["on"] == plans["off"]}
+    plan = plans["off"]
+    for tau in TAUS:
+        schedule = schedule_for_tau(tau, b)
+        row, runs = {}, {}
+        for mode, target in targets.items():
+            oracle = OracleDrafter(drafter, plan, schedule, target.vocab_size)
+            run(target, prompt, oracle, max_new_tokens=8)  # warm-up; with graphs, the captures
+            s = runs[mode] = run(target, prompt, oracle, max_new_tokens=n)
+            cycles, rate = len(s.blocks), _decode_rate(s)
+            row[mode] = {"tau": s.tau, "tok_s": rate, "speedup": rate / result["plain_tok_s"][mode],
+                         "cycle_ms": 1000 * (s.total_s - s.prefill.seconds) / cycles,
+                         "draft_ms": 1000 * s.draft_s / cycles, "verify_ms": 1000 * s.verify_s / cycles}
+        with SyncCounter() as counter:
+            syncs = []
+            for event in generate(targets["on"], prompt, oracle, max_new_tokens=n):
+                count = counter.take()
+                if isinstance(event, Block):
+                    syncs.append(count)
+        on, off = runs["on"], runs["off"]
+        row["on/off tok_s"] = row["on"]["tok_s"] / row["off"]["tok_s"]
+        row["max_syncs_per_cycle"] = max(syncs)
+        row["lossless"] = compare(targets["on"], prompt, on.output_ids, plan[: len(on.output_ids)]).to_dict()
+        checks[f"tau {tau}: on = off, lengths = schedule"] = (
+            on.output_ids == off.output_ids and on.acceptance_lengths == off.acceptance_lengths
+            == expected_lengths(schedule, b, len(on.blocks)))
+        ok = ok and max(syncs) <= 1 and row["lossless"]["kind"] != "diverged"
+        result["oracle"][str(tau)] = row
+    graphs = targets["on"].graphs.graphs
+    result["graphs"] = {"captured": sum(g is not None for g in graphs.values()),
+                        "failed": sum(g is None for g in graphs.values()), "notices": NOTICES[seen:]}
+    checks["every capture worked"] = result["graphs"]["failed"] == 0 and result["graphs"]["captured"] > 0
+    result["checks"] = checks
+    del targets, graphs
+    _free(state["device"])
+    return {**result, "status": "passed" if ok and all(checks.values()) else "failed"}
+
+
 def part_race(state) -> dict:
     from app.race import race
     from app.report import race_report
@@ -427,9 +490,10 @@ def part_kernel_tests(state) -> dict:
 
 PARTS = {
     "environment": part_environment, "golden": part_golden, "kernels": part_kernels, "hub_load": part_hub_load,
-    "exactness": part_exactness, "speed": part_speed, "race": part_race, "kernel_tests": part_kernel_tests,
+    "exactness": part_exactness, "speed": part_speed, "cuda_graphs": part_cuda_graphs, "race": part_race,
+    "kernel_tests": part_kernel_tests,
 }
-NEEDS = {"exactness": "hub_load", "speed": "hub_load", "race": "hub_load"}
+NEEDS = {"exactness": "hub_load", "speed": "hub_load", "cuda_graphs": "hub_load", "race": "hub_load"}
 
 
 # --- running the parts ---------------------------------------------------------------------------

@@ -22,8 +22,10 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert done.returncode == 0, {n: p.get("error") for n, p in parts.items() if p["status"] != "passed"}
     assert {n: p["status"] for n, p in parts.items()} == {
         "environment": "passed", "golden": "passed", "kernels": "skipped", "hub_load": "passed",
-        "exactness": "passed", "speed": "passed", "race": "passed", "kernel_tests": "skipped",
+        "exactness": "passed", "speed": "passed", "cuda_graphs": "skipped", "race": "passed",
+        "kernel_tests": "skipped",
     }
+    assert parts["cuda_graphs"]["why"].startswith("CUDA graphs need CUDA")
     assert result["failed"] == [] and "=== done: all parts passed" in done.stdout
     assert parts["golden"]["kernels=auto"]["different"] == 0
     hub = parts["hub_load"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_core import Block, SamplingParams, generate
+from dflash_core import Block, SamplingParams, Target, generate
 from dflash_core.syncs import SyncCounter
 
 
@@ -21,8 +21,11 @@ def test_counter_counts_host_reads_and_restores_them():
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=3)])
 @pytest.mark.parametrize("draft_mode", ["sample", "argmax"])
 @pytest.mark.parametrize("with_drafter", [True, False])
-def test_one_host_sync_per_cycle(golden_pair, sampling, draft_mode, with_drafter):
+@pytest.mark.parametrize("static_cache", [False, True])
+def test_one_host_sync_per_cycle(golden_pair, sampling, draft_mode, with_drafter, static_cache):
     target, drafter = golden_pair
+    if static_cache:
+        target = Target(target.model, static_cache=True)
     per_cycle = []
     with SyncCounter(cuda_debug=False) as counter:
         events = generate(target, [1, 2, 3, 4], drafter if with_drafter else None, max_new_tokens=24,

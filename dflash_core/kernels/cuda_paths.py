@@ -1,4 +1,4 @@
-"""CUDA-only fast paths: flash-attn for the drafter's attention, CUDA-graph capture of fixed-shape steps.
+"""CUDA-only fast paths: flash-attn for the drafter's attention, CUDA-graph capture of a benchmark step.
 
 Not yet run on a GPU. Nothing here runs on CPU tensors (the guards fall back to PyTorch SDPA or
 refuse), so CPU results, the golden traces included, cannot change through it; scripts/gpu_check.py
@@ -9,12 +9,10 @@ exercises it on a GPU.
   mask, no sliding window) and flash-attn passing a test call (`fallbacks.py`), that is `flash_attn_func(causal=False)`,
   which handles grouped-query attention natively and reads the cache buffers in place; anything
   else goes to `F.scaled_dot_product_attention` with exactly the arguments the drafter used before.
-- `capture_graph`: records a step whose shapes AND cache offsets are fixed (e.g. the synthetic
+- `capture_graph`: records a step whose shapes AND cache offsets are fixed (the synthetic
   benchmark's steady-state draft step, which crops the drafter cache back before every replay)
-  and returns a replay function. The decoding loop does not use it yet: its drafter cache length
-  changes every cycle and is a host-side integer baked into the launches, so a graph per
-  decoding cycle would need device-side offsets and length-masked attention over the full
-  capacity first.
+  and returns a replay function. Decoding uses `cuda_graphs.py` instead, whose steps take their
+  offsets as device tensors.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..cuda_graphs import CudaGraphBackend
 from ..fallbacks import HALF_DTYPES, drafter_flash_attn
 
 
@@ -44,18 +43,11 @@ def capture_graph(step, warmup: int = 3):
     """
     if not torch.cuda.is_available():
         raise RuntimeError("CUDA graphs need a CUDA device")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):  # allocations and Triton compiles must happen before capture
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = step()
+    backend = CudaGraphBackend(warmup)
+    graph, outputs = backend.capture(step, ())
 
     def replay():
-        graph.replay()
+        backend.replay(graph)
         return outputs
 
     return replay
