@@ -35,7 +35,7 @@ from .cpu_linear import single_row_library
 from .decoding import run
 from .default_target import DEFAULT_TARGET
 from .lossless import compare as lossless_check
-from .pair import DTYPES, load_pair
+from .pair import DTYPES, load_drafter, load_pair
 from .prompting import encode_prompt
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
@@ -103,81 +103,94 @@ def benchmark(args) -> dict:
     chat_args = template_args(tokenizer, args.thinking) if tokenizer is not None else {}
     encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]
     peers = ("hf_generate", "prompt_lookup") if args.peers else ()
+    # DFlash variants raced on every prompt: the drafter at each block size, then `--versus` at the first.
+    variants = {f"dflash_b{b}": (drafter, b) for b in block_sizes}
+    if args.versus:
+        variants["versus"] = (load_drafter(target, args.versus, drafter.dtype, block_sizes[0]), block_sizes[0])
 
-    def decode(prompt_ids, block_size=None, use_drafter=True):
-        return run(
-            target, prompt_ids, drafter if use_drafter else None,
-            max_new_tokens=args.max_new_tokens, block_size=block_size, stop_ids=stop_ids,
-        )
+    def decode(prompt_ids, variant=None):
+        model, block_size = variants[variant] if variant else (None, None)
+        return run(target, prompt_ids, model, max_new_tokens=args.max_new_tokens, block_size=block_size,
+                   stop_ids=stop_ids)
 
-    decode(encoded[0][:8], use_drafter=False)  # warm up kernels and allocator outside the clock
-    decode(encoded[0][:8], block_sizes[0])
+    decode(encoded[0][:8])  # warm up kernels and allocator outside the clock
+    for variant in variants:
+        decode(encoded[0][:8], variant)
 
     # Per method, one (seconds, new tokens) per prompt, in prompt order.
-    rows = {"plain": [], **{name: [] for name in peers}, **{f"dflash_b{b}": [] for b in block_sizes}}
-    summaries = {b: [] for b in block_sizes}
-    same = {b: [] for b in block_sizes}
-    verdicts = {b: [] for b in block_sizes}
+    rows = {"plain": [], **{name: [] for name in peers}, **{v: [] for v in variants}}
+    summaries = {v: [] for v in variants}
+    same = {v: [] for v in variants}
+    verdicts = {v: [] for v in variants}
     for i, prompt_ids in enumerate(encoded):
-        plain = decode(prompt_ids, use_drafter=False)
+        plain = decode(prompt_ids)
         rows["plain"].append((plain.total_s, len(plain.output_ids)))
-        for b in block_sizes:
-            s = decode(prompt_ids, b)
-            summaries[b].append(s)
-            rows[f"dflash_b{b}"].append((s.total_s, len(s.output_ids)))
-            same[b].append(s.output_ids == plain.output_ids)
-            verdicts[b].append(lossless_check(target, prompt_ids, s.output_ids, plain.output_ids))
+        for v in variants:
+            s = decode(prompt_ids, v)
+            summaries[v].append(s)
+            rows[v].append((s.total_s, len(s.output_ids)))
+            same[v].append(s.output_ids == plain.output_ids)
+            verdicts[v].append(lossless_check(target, prompt_ids, s.output_ids, plain.output_ids))
         kwargs = {"hf_generate": {}, "prompt_lookup": {"prompt_lookup_num_tokens": 10}}
         for name in peers:
             seconds, ids = timed_hf_generate(target.model, prompt_ids, args.max_new_tokens, eos, **kwargs[name])
             rows[name].append((seconds, len(ids)))
         print(f"  prompt {i + 1}/{len(encoded)} ({prompts[i]['set']}/{prompts[i].get('category', '-')}): tau "
-              + ", ".join(f"b{b}={summaries[b][-1].tau:.2f}" for b in block_sizes), file=sys.stderr, flush=True)
+              + ", ".join(f"{v.removeprefix('dflash_')}={summaries[v][-1].tau:.2f}" for v in variants),
+              file=sys.stderr, flush=True)
 
     def tok_s(name, picked=None):
         picked = range(len(encoded)) if picked is None else picked
         return sum(rows[name][i][1] for i in picked) / sum(rows[name][i][0] for i in picked)
 
-    def figures(b, picked) -> dict:
-        """tau, speedup and identical at block size `b` over the prompts `picked` (indices)."""
-        lengths = [length for i in picked for length in summaries[b][i].acceptance_lengths]
+    def figures(v, picked) -> dict:
+        """tau, speedup and identical of variant `v` over the prompts `picked` (indices)."""
+        lengths = [length for i in picked for length in summaries[v][i].acceptance_lengths]
         return {"num_prompts": len(picked), "tau": statistics.fmean(lengths) if lengths else None,
-                "speedup": tok_s(f"dflash_b{b}", picked) / tok_s("plain", picked),
-                "identical": sum(same[b][i] for i in picked) / len(picked)}
+                "speedup": tok_s(v, picked) / tok_s("plain", picked),
+                "identical": sum(same[v][i] for i in picked) / len(picked)}
 
-    plain_tok_s = tok_s("plain")
-    per_block = {}
-    for b in block_sizes:
-        lengths = [length for s in summaries[b] for length in s.acceptance_lengths]
-        cycles = sum(len(s.blocks) for s in summaries[b])
-        per_block[b] = {
-            "tau": statistics.fmean(lengths),
-            "tok_s": tok_s(f"dflash_b{b}"),
-            "speedup": tok_s(f"dflash_b{b}") / plain_tok_s,
-            "identical": sum(same[b]) / len(encoded),
-            # identical / near_tie / diverged counts, and every difference (lossless.py)
-            "lossless": {kind: sum(v.kind == kind for v in verdicts[b]) for kind in ("identical", "near_tie", "diverged")},
-            "differences": [v.to_dict() for v in verdicts[b] if v.kind != "identical"],
-            "per_position_acceptance": [
-                sum(blk.accepted >= k for s in summaries[b] for blk in s.blocks) / cycles for k in range(1, b)
-            ],
-            "draft_ms_per_cycle": 1000 * sum(s.draft_s for s in summaries[b]) / cycles,
-            "verify_ms_per_cycle": 1000 * sum(s.verify_s for s in summaries[b]) / cycles,
-        }
-    head = per_block[block_sizes[0]]
-    # Where the drafter is weak shows per prompt set (natural vs generated) and per category, at the
-    # first block size.
+    # Where a drafter is weak shows per prompt set (natural vs generated) and per category.
     groups: dict[str, dict[str, list[int]]] = {}
     for i, p in enumerate(prompts):
         groups.setdefault(p["set"], {}).setdefault(p.get("category"), []).append(i)
-    per_set = {}
-    for name, by_category in groups.items():
-        per_set[name] = figures(block_sizes[0], [i for picked in by_category.values() for i in picked])
-        per_set[name]["per_category"] = {c: figures(block_sizes[0], picked)
-                                         for c, picked in sorted(by_category.items()) if c is not None}
-    prefix = len(per_set) > 1
+
+    def per_set(v) -> dict:
+        out = {}
+        for name, by_category in groups.items():
+            out[name] = figures(v, [i for picked in by_category.values() for i in picked])
+            out[name]["per_category"] = {c: figures(v, picked) for c, picked in sorted(by_category.items()) if c is not None}
+        return out
+
+    plain_tok_s = tok_s("plain")
+    per_block = {}
+
+    def overall(v) -> dict:
+        b = variants[v][1]
+        lengths = [length for s in summaries[v] for length in s.acceptance_lengths]
+        cycles = sum(len(s.blocks) for s in summaries[v])
+        return {
+            "tau": statistics.fmean(lengths),
+            "tok_s": tok_s(v),
+            "speedup": tok_s(v) / plain_tok_s,
+            "identical": sum(same[v]) / len(encoded),
+            # identical / near_tie / diverged counts, and every difference (lossless.py)
+            "lossless": {kind: sum(x.kind == kind for x in verdicts[v]) for kind in ("identical", "near_tie", "diverged")},
+            "differences": [x.to_dict() for x in verdicts[v] if x.kind != "identical"],
+            "per_position_acceptance": [
+                sum(blk.accepted >= k for s in summaries[v] for blk in s.blocks) / cycles for k in range(1, b)
+            ],
+            "draft_ms_per_cycle": 1000 * sum(s.draft_s for s in summaries[v]) / cycles,
+            "verify_ms_per_cycle": 1000 * sum(s.verify_s for s in summaries[v]) / cycles,
+        }
+
+    per_block = {b: overall(f"dflash_b{b}") for b in block_sizes}
+    head = per_block[block_sizes[0]]
+    sets = per_set(f"dflash_b{block_sizes[0]}")
+    prefix = len(sets) > 1
     tau_per_category = {(f"{name}/{c}" if prefix else c): r["tau"]
-                        for name, s in per_set.items() for c, r in s["per_category"].items()}
+                        for name, s in sets.items() for c, r in s["per_category"].items()}
+    versus = {"drafter": str(args.versus), **overall("versus"), "per_set": per_set("versus")} if args.versus else None
     return {
         "target": str(args.target),
         "drafter": str(args.drafter),
@@ -208,8 +221,9 @@ def benchmark(args) -> dict:
         "speedup_hf_generate": tok_s("hf_generate") / plain_tok_s if peers else None,
         "speedup_assisted": None,  # no smaller model shares the default target's tokenizer offline
         "per_block_size": per_block,
-        "per_set": per_set,
+        "per_set": sets,
         "tau_per_category": tau_per_category,
+        "versus": versus,
     }
 
 
@@ -265,12 +279,21 @@ def print_table(result: dict) -> None:
         if speedup is not None:
             print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
     print(f"{'HF assisted':<22}{'n/a: no same-tokenizer assistant available offline':>36}")
-    print(f"at block {result['block_size']}, by prompt set and category:")
-    print(f"{'set / category':<22}{'prompts':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
-    for name, s in result["per_set"].items():
-        for label, r in ((name, s), *((f"  {c}", r) for c, r in s["per_category"].items())):
-            tau = f"{r['tau']:>7.2f}" if r["tau"] is not None else f"{'-':>7}"
-            print(f"{label:<22}{r['num_prompts']:>9}{r['speedup']:>9.2f}{tau}{r['identical']:>11.2f}")
+    versus = result.get("versus")
+    if versus:
+        print(f"{'versus: ' + Path(versus['drafter']).name:<22}{versus['tok_s']:>9.1f}{versus['speedup']:>9.2f}"
+              f"{versus['tau']:>7.2f}{versus['identical']:>11.2f}   lossless: "
+              + ", ".join(f"{n} {k}" for k, n in versus["lossless"].items()))
+    tables = [("", result["per_set"])]
+    if versus:
+        tables.append((f"versus ({Path(versus['drafter']).name}), ", versus["per_set"]))
+    for title, by_set in tables:
+        print(f"{title}at block {result['block_size']}, by prompt set and category:")
+        print(f"{'set / category':<22}{'prompts':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
+        for name, s in by_set.items():
+            for label, r in ((name, s), *((f"  {c}", r) for c, r in s["per_category"].items())):
+                tau = f"{r['tau']:>7.2f}" if r["tau"] is not None else f"{'-':>7}"
+                print(f"{label:<22}{r['num_prompts']:>9}{r['speedup']:>9.2f}{tau}{r['identical']:>11.2f}")
 
 
 def main(argv=None) -> int:
@@ -298,6 +321,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only)")
     parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--versus", metavar="DRAFTER",
+                        help="also race this drafter (e.g. the previous release) at the first block size, against "
+                             "the same plain runs")
     parser.add_argument("--cycle-times", action="store_true",
                         help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
     parser.add_argument("--context", type=int, default=200, help="context length for --cycle-times")

@@ -133,7 +133,12 @@ def load_pair(
     if drafter is None:
         return ModelPair(target_model, None)
     drafter_dtype = parse_dtype(drafter_dtype) if drafter_dtype else default_drafter_dtype(device, dtype)
-    drafter_model = DFlashDrafter.from_pretrained(drafter, device=device, dtype=drafter_dtype, progress=progress)
-    validate_pair(target_model, drafter_model, block_size)
-    pack_linears(drafter_model)  # loaded for decoding, not training: its weights are fixed
-    return ModelPair(target_model, drafter_model)
+    return ModelPair(target_model, load_drafter(target_model, drafter, drafter_dtype, block_size, progress))
+
+
+def load_drafter(target: Target, drafter, dtype: torch.dtype, block_size=None, progress=None) -> DFlashDrafter:
+    """A drafter (path or Hub id) on the target's device, validated against it and ready for decoding."""
+    model = DFlashDrafter.from_pretrained(drafter, device=target.device, dtype=dtype, progress=progress)
+    validate_pair(target, model, block_size)
+    pack_linears(model)  # loaded for decoding, not training: its weights are fixed
+    return model

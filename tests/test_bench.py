@@ -1,6 +1,7 @@
 """The benchmark runs every method on the same prompts and ends with one JSON line."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +122,36 @@ def test_bench_reports_the_natural_set_beside_the_generated_split(tiny_dirs, tmp
     assert "natural/app" in result["tau_per_category"] and "generated/chat" in result["tau_per_category"]
     assert result["speedup_prompt_lookup"] is None and result["speedup_hf_generate"] is None
     assert any(line.startswith("natural") for line in out) and any(line.startswith("  app") for line in out)
+
+
+def test_versus_races_a_second_drafter_against_the_same_plain_runs(tiny_dirs, tmp_path, capsys):
+    target_dir, drafter_dir = tiny_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": c, "prompt": p})
+                                 for c, p in [("math", "What is 2+3?"), ("code", "def add(a, b):")]))
+    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
+                 "--versus", str(drafter_dir), "--num-prompts", "2", "--max-new-tokens", "10",
+                 "--block-sizes", "4,8", "--no-peers"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    versus = result["versus"]
+    # The same weights at the first block size accept exactly what the headline run accepted.
+    assert versus["drafter"] == str(drafter_dir) and versus["tau"] == result["per_block_size"]["4"]["tau"]
+    assert versus["tau"] != result["per_block_size"]["8"]["tau"] or result["tau"] == 1.0
+    assert versus["lossless"] == {"identical": 2, "near_tie": 0, "diverged": 0} and versus["speedup"] > 0
+    assert set(versus["per_set"]["prompts"]["per_category"]) == {"math", "code"}
+    assert any(line.startswith(f"versus: {drafter_dir.name}") for line in out)
+    assert any(line.startswith(f"versus ({drafter_dir.name}), at block 4") for line in out)
+
+
+def test_versus_must_fit_the_target(tiny_dirs):
+    from dflash_core.errors import PairMismatchError
+
+    target_dir, drafter_dir = tiny_dirs
+    shipped = Path(__file__).parents[1] / "assets/drafters/smollm2-135m-instruct-dflash"
+    with pytest.raises(PairMismatchError, match="drafter hidden_size 576 does not match"):
+        main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--versus", str(shipped),
+              "--num-prompts", "1", "--max-new-tokens", "4", "--no-peers"])
 
 
 def test_in_cycle_overhead_is_compute_time_beyond_the_cycle_split():
