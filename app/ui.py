@@ -495,7 +495,11 @@ def build_demo(
     replay: a trace file preselected in the Replay tab and played when the page loads.
     """
     limits = limits or Limits()
-    traces = TraceStore(tempfile.mkdtemp(prefix="dflash-traces-", dir=get_upload_folder()))
+    # Gradio serves files from its upload folder but creates it only on a first upload: a fresh
+    # machine has none yet.
+    uploads = Path(get_upload_folder())
+    uploads.mkdir(parents=True, exist_ok=True)
+    traces = TraceStore(tempfile.mkdtemp(prefix="dflash-traces-", dir=uploads))
     if live and cache is None:
         from .models import PairCache
 

@@ -172,3 +172,12 @@ def test_a_live_race_pauses_steps_one_cycle_and_stays_lossless(app):
     *_, last = frames
     report = dict(zip(FRAME_FIELDS, last))["report"]
     assert report["identical"] is True and report["dflash_tokens"] == report["plain_tokens"]
+
+
+def test_the_app_starts_on_a_machine_whose_gradio_upload_folder_does_not_exist_yet(tmp_path, monkeypatch):
+    from app.ui import build_demo
+
+    uploads = tmp_path / "fresh" / "gradio"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
+    build_demo([], "", None, live=False)
+    assert [p.name.startswith("dflash-traces-") for p in uploads.iterdir()] == [True]
