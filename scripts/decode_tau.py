@@ -20,6 +20,7 @@ import torch
 
 from dflash_core.bench import PROMPT_SETS, load_prompts
 from dflash_core.drafter import DFlashDrafter
+from dflash_core.pair import has_fast_bf16
 from dflash_core.prompting import encode_prompt
 from dflash_core.target import Target
 from dflash_core.training.datagen import _eos_pad, generate_batch
@@ -64,7 +65,9 @@ def main() -> None:
     for path in args.drafters:
         drafter = DFlashDrafter.from_pretrained(path, dtype=torch.float32)
         B = args.block_size or drafter.block_size
-        trainer = DrafterTrainer(target, drafter, B, default_gamma(B), amp_dtype=torch.bfloat16)
+        # Autocast as training would: bf16 only where the CPU runs it natively (emulated bf16 is slow).
+        amp = torch.bfloat16 if has_fast_bf16("cpu") else None
+        trainer = DrafterTrainer(target, drafter, B, default_gamma(B), amp_dtype=amp)
         result = {"drafter": path, "block_size": B}
         for name, recs in data.items():
             groups = {"all": recs}
