@@ -20,11 +20,11 @@ import torch
 
 from dflash_core.bench import PROMPT_SETS, load_prompts
 from dflash_core.drafter import DFlashDrafter
-from dflash_core.pair import has_fast_bf16
 from dflash_core.prompting import encode_prompt
 from dflash_core.target import Target
 from dflash_core.training.datagen import _eos_pad, generate_batch
 from dflash_core.training.objective import DrafterTrainer, default_gamma, evaluate
+from dflash_core.training.train import choose_amp
 from dflash_core.default_target import resolve_target
 
 
@@ -62,11 +62,10 @@ def main() -> None:
     target = Target.from_pretrained(resolve_target(args.target))
     data = {name: responses(target, name, args.num_prompts, args.max_new_tokens, args.cache_dir)
             for name in args.sets.split(",")}
+    amp = choose_amp("auto", torch.device("cpu"))  # as training autocasts (`train --amp auto`)
     for path in args.drafters:
         drafter = DFlashDrafter.from_pretrained(path, dtype=torch.float32)
         B = args.block_size or drafter.block_size
-        # Autocast as training would: bf16 only where the CPU runs it natively (emulated bf16 is slow).
-        amp = torch.bfloat16 if has_fast_bf16("cpu") else None
         trainer = DrafterTrainer(target, drafter, B, default_gamma(B), amp_dtype=amp)
         result = {"drafter": path, "block_size": B}
         for name, recs in data.items():
