@@ -269,8 +269,12 @@ def print_table(result: dict) -> None:
     print(f"prompts through {result['chat_template']}")
     print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
     print(f"{'plain (ours)':<22}{plain:>9.1f}{1.0:>9.2f}")
-    for b, r in result["per_block_size"].items():
-        print(f"{f'DFlash block {b}':<22}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}{r['tau']:>7.2f}{r['identical']:>11.2f}"
+    versus = result.get("versus")
+    dflash_rows = [(f"DFlash block {b}", r) for b, r in result["per_block_size"].items()]
+    if versus:
+        dflash_rows.append((f"versus: {Path(versus['drafter']).name}", versus))
+    for label, r in dflash_rows:
+        print(f"{label:<22}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}{r['tau']:>7.2f}{r['identical']:>11.2f}"
               "   lossless: " + ", ".join(f"{n} {k}" for k, n in r["lossless"].items()))
         for d in r["differences"]:
             print(f"    {d['message']}")
@@ -279,11 +283,6 @@ def print_table(result: dict) -> None:
         if speedup is not None:
             print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
     print(f"{'HF assisted':<22}{'n/a: no same-tokenizer assistant available offline':>36}")
-    versus = result.get("versus")
-    if versus:
-        print(f"{'versus: ' + Path(versus['drafter']).name:<22}{versus['tok_s']:>9.1f}{versus['speedup']:>9.2f}"
-              f"{versus['tau']:>7.2f}{versus['identical']:>11.2f}   lossless: "
-              + ", ".join(f"{n} {k}" for k, n in versus["lossless"].items()))
     tables = [("", result["per_set"])]
     if versus:
         tables.append((f"versus ({Path(versus['drafter']).name}), ", versus["per_set"]))
