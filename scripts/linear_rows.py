@@ -1,0 +1,68 @@
+"""Time every linear layer of a target at 1, 4 and 16 rows: oneDNN-packed (for several expected row
+counts) against `F.linear` (MKL). Verification multiplies a block of rows by the same weights a plain
+step multiplies one row by, so this is the part of a verify's cost the CPU's GEMM kernels decide.
+
+    PYTHONPATH=. python scripts/linear_rows.py --threads 1
+    ONEDNN_MAX_CPU_ISA=AVX2 PYTHONPATH=. python scripts/linear_rows.py --threads 1   # AVX2's kernels
+
+Prints one line per row count: the median over interleaved sweeps, in ms per sweep of all layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from dflash_core.default_target import resolve_target
+
+PACK_HINTS = (None, 1, 4, 16)  # the batch_size oneDNN is told to lay the weight out for
+
+
+def sweep(weights: list[torch.Tensor], packed: list[torch.Tensor] | None, rows: int) -> float:
+    """Milliseconds to run `rows` rows through every layer once (packed if given, else F.linear)."""
+    xs = [torch.randn(rows, w.shape[1]) for w in weights]
+    t0 = time.perf_counter()
+    for i, x in enumerate(xs):
+        if packed is None:
+            F.linear(x, weights[i])
+        else:
+            torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")
+    return (time.perf_counter() - t0) * 1e3
+
+
+@torch.inference_mode()
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="default:smollm2")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--reps", type=int, default=7)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(resolve_target(args.target), dtype=torch.float32)
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
+    paths: dict[str, list[torch.Tensor] | None] = {
+        f"oneDNN packed for {hint or 'default'}": [torch.ops.mkldnn._reorder_linear_weight(w, hint) for w in weights]
+        for hint in PACK_HINTS
+    }
+    paths["MKL (F.linear)"] = None
+    print(f"{len(weights)} linear layers, {sum(w.numel() for w in weights) * 4 / 2**20:.0f} MiB, "
+          f"{args.threads} thread(s)")
+    for rows in (1, 4, 16):
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for rep in range(args.reps + 1):
+            for name, packed in paths.items():
+                ms = sweep(weights, packed, rows)
+                if rep:  # the first sweep of each path only warms up
+                    times[name].append(ms)
+        print(f"rows {rows:2d}: " + ", ".join(f"{name} {statistics.median(t):.1f}" for name, t in times.items()),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
