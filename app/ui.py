@@ -30,7 +30,7 @@ from .limits import Limits, check_prompt_tokens, check_request
 from .pairs import PairSpec, availability
 from .race import SideView, Snapshot, race
 from .replay import RecordedPieces, ReplayError, load_trace, shipped_traces
-from .space import explain_gpu_errors, gpu_task
+from .space import gpu_errors_as_messages, gpu_task
 from .speedup import FORMULA_MD, speedup_figure
 from .stopping import StopRequests
 from .tips import TIP_CSS, TIP_JS
@@ -217,7 +217,7 @@ class App:
                 *args, prompt=req.prompt, stop=stop.is_set if in_process else None, **kwargs
             )
             try:
-                for frame, data in explain_gpu_errors(stream):
+                for frame, data in gpu_errors_as_messages(stream):
                     if stop.is_set() and not in_process:
                         yield Frame(summary=render.summary_html(None, "Stopped.")).values()
                         return
