@@ -33,7 +33,7 @@ def in_cycle_overhead(summary) -> tuple[float, float]:
     cycle = explain = 0.0
     previous = summary.prefill.seconds
     for block in summary.blocks:
-        own = sum(block.explain["time"].values())
+        own = block.explain.time.total_s
         cycle += own
         explain += (block.elapsed_s - previous) - own
         previous = block.elapsed_s

@@ -15,7 +15,7 @@ import torch
 
 from .drafter import DFlashDrafter, static_slots
 from .errors import GenerationInputError
-from .events import Block, Prefill, StopReason, Summary
+from .events import Block, CycleTimes, Prefill, StopReason, Summary
 from .explain import explain_cycle
 from .sampling import SamplingParams, make_generator, probabilities, sample
 from .target import Target
@@ -214,7 +214,7 @@ def generate(
                 record=record,
                 accepted=accepted,
                 bonus=bonus,
-                times={"draft_s": draft_s, "verify_s": verify_s, "other_s": now - t0 - draft_s - verify_s},
+                times=CycleTimes(draft_s, verify_s, now - t0 - draft_s - verify_s),
                 drafting=(drafter, draft_cache, injected, draft_logits, draft_probs)
                 if use_drafter
                 else None,

@@ -156,11 +156,12 @@ def test_versus_must_fit_the_target(tiny_dirs):
 
 def test_in_cycle_overhead_is_compute_time_beyond_the_cycle_split():
     from dflash_core.bench_explain import in_cycle_overhead
-    from dflash_core.events import Block, Prefill, Summary
+    from dflash_core.events import Block, CacheLengths, CycleExplanation, CycleTimes, Decision, Injected, Prefill, Summary
 
     def block(i, elapsed, draft, verify, other):
-        times = {"draft_s": draft, "verify_s": verify, "other_s": other}
-        return Block(i, i, (), 0, 1, (1,), draft, verify, elapsed, explain={"time": times})
+        explanation = CycleExplanation(1, None, (i,), Injected(0, ()), (), ((),), Decision("greedy", (), False),
+                                       CacheLengths(i, i + 1, 0, 0), CycleTimes(draft, verify, other))
+        return Block(i, i, (), 0, 1, (1,), draft, verify, elapsed, explain=explanation)
 
     # Cycles of 0.10 s and 0.20 s whose explanations took 0.01 s and 0.03 s.
     blocks = (block(0, 0.5 + 0.11, 0.04, 0.05, 0.01), block(1, 0.61 + 0.23, 0.08, 0.1, 0.02))
