@@ -59,6 +59,19 @@ class _Marks:
         return [b - a for a, b in pairs]
 
 
+def _block_size(drafter: DFlashDrafter | None, block_size: int | None) -> int:
+    """The block size a run uses: 1 without a drafter, else the given one or the drafter's trained size."""
+    if drafter is None:
+        return 1
+    if block_size is None:
+        return drafter.block_size
+    if not 1 <= block_size <= drafter.block_size:
+        raise GenerationInputError(
+            f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"
+        )
+    return block_size
+
+
 def check_inputs(target: Target, prompt_ids, max_new_tokens: int, block_size: int) -> None:
     if len(prompt_ids) == 0:
         raise GenerationInputError("the prompt is empty: give at least one token")
@@ -218,14 +231,7 @@ def generate(
     explain: 0 = off; k > 0 puts in every `Block.explain` what the cycle saw and decided, with top-k
     lists of size k (`explain.py`), from the cycle's own tensors. Outputs are the same either way.
     """
-    if drafter is None:
-        block_size = 1
-    elif block_size is None:
-        block_size = drafter.block_size
-    if not 1 <= block_size <= (drafter.block_size if drafter else 1):
-        raise GenerationInputError(
-            f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"
-        )
+    block_size = _block_size(drafter, block_size)
     if draft_mode not in DRAFT_MODES:
         raise GenerationInputError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
     if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
