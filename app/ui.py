@@ -19,12 +19,11 @@ import gradio as gr
 from gradio.utils import abspath as gradio_abspath
 from gradio.utils import get_upload_folder
 
-from dflash_core.errors import explain
-
 from . import charts, render
 from .control import Controls
 from .cycle_view import cycle_html
 from .examples import EXAMPLES
+from .failures import failure_message
 from .howto import howto_html
 from .limits import Limits, check_prompt_tokens, check_request
 from .pairs import PairSpec, availability
@@ -140,7 +139,7 @@ class App:
         try:
             pair = yield from self.loading(spec, lambda line: (f"{loading}: {line}…", gr.skip()))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, the app keeps serving
-            yield f"⚠ **Could not load {spec.label}:** {explain(exc, device)} {REPLAY_HINT}", gr.skip()
+            yield f"⚠ **Could not load {spec.label}:** {failure_message(exc, device)} {REPLAY_HINT}", gr.skip()
             return
         trained = pair.trained_block_size
         freed = f" Freed {', '.join(self.cache.freed)} to make room." if self.cache.freed else ""
@@ -203,7 +202,7 @@ class App:
             prompt_ids = pair.encode(req.prompt)
             check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
         except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
-            raise gr.Error(explain(exc, self.cache.device_for(spec))) from None
+            raise gr.Error(failure_message(exc, self.cache.device_for(spec))) from None
         sampling = req.sampling
         args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
         in_process = self.runs_in_process(spec.id)
@@ -269,7 +268,7 @@ class App:
                     if not snapshot.done:
                         yield self._frame(snapshot, pieces, text_of, None, with_charts, control=control), None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
-            raise gr.Error(explain(exc, self.cache.device_for(self.pairs[pair_id]))) from None
+            raise gr.Error(failure_message(exc, self.cache.device_for(self.pairs[pair_id]))) from None
 
         how = "stopped" if snapshot.stopped else "running"
         d_summary, p_summary = snapshot.dflash.as_summary(how), snapshot.plain.as_summary(how)
