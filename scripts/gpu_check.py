@@ -19,7 +19,7 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
   modes), dynamic and static KV cache; seeded sampling must repeat itself;
 - speed: bf16 plain decoding against DFlash with the oracle at tau 4, 6.5 and 8 (speedup, speedup
   over tau, per-cycle draft/verify/bookkeeping from the engine's CUDA-event timings, host syncs per
-  cycle, peak memory), the three-way lossless verdict of each run, and `bench_cycle.time_cycle`'s
+  cycle, peak memory), the three-way lossless verdict of each run, and `bench.cycle.time_cycle`'s
   split of one cycle against one plain step with the targets of issue 4;
 - cuda_graphs: the speed part's plain and oracle runs on the static KV cache with CUDA graphs off
   and on (`dflash_core/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
@@ -97,7 +97,7 @@ def write_fake_hub(cache: Path, shape: str, device: str) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny import THINKING_CHATML, build_tokenizer  # a Qwen3-style template with enable_thinking
 
-    from dflash_core.bench_cycle import SHAPES, _qwen3_dict
+    from dflash_core.bench.cycle import SHAPES, _qwen3_dict
     from dflash_core.config import default_target_layer_ids, parse_drafter_config
     from dflash_core.drafter import DFlashDrafter
 
@@ -328,7 +328,7 @@ def part_speed(state) -> dict:
     import torch
 
     from dflash_core import Block, Target, generate, run
-    from dflash_core.bench_cycle import SHAPES, TARGETS, time_cycle
+    from dflash_core.bench.cycle import SHAPES, TARGETS, time_cycle
     from dflash_core.lossless import compare
     from dflash_core.oracle import OracleDrafter, schedule_for_tau
     from dflash_core.syncs import SyncCounter
@@ -551,7 +551,7 @@ def main(argv=None) -> int:
     import transformers  # noqa: F401
 
     import app.models  # noqa: F401
-    import dflash_core.bench_cycle  # noqa: F401
+    import dflash_core.bench.cycle  # noqa: F401
     import dflash_core.lossless  # noqa: F401
 
     print(f"=== imports: {time.perf_counter() - t_import:.1f} s", flush=True)

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dflash_core.decoding
 from dflash_core import DFlashDrafter, SamplingParams, Target, fallbacks, load_pair, run
 from dflash_core.__main__ import main as cli_main
-from dflash_core.bench import main as bench_main
+from dflash_core.bench.__main__ import main as bench_main
 from dflash_core.cuda_graphs import CudaGraphBackend, StepGraphs
 from dflash_core.drafter import DrafterCache, static_slots
 from dflash_core.errors import ConfigError
