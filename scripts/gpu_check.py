@@ -13,7 +13,7 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
 - hub_load: a random target and a DFlash drafter in the exact shapes of Qwen3-8B and its released
   drafter, written in the released formats into a fake offline Hub cache and loaded by Hub id
   through the app's `PairCache` (dtype "auto", the pair's chat template arguments);
-- exactness: an oracle drafter (`dflash_core/oracle.py`) proposes plain decoding's continuation
+- exactness: an oracle drafter (`dflash_core/diagnostics/oracle.py`) proposes plain decoding's continuation
   with slots corrupted on a fixed schedule; in float32 the output must equal plain decoding and
   the acceptance lengths the schedule, kernels on and off, greedy and top-k-1 sampling (both draft
   modes), dynamic and static KV cache; seeded sampling must repeat itself;
@@ -262,7 +262,7 @@ def part_hub_load(state) -> dict:
 
 def _oracle_runs(target, drafter, prompt, plan, n, schedule, kernels_mode, **kwargs):
     from dflash_core import run
-    from dflash_core.oracle import OracleDrafter, expected_lengths
+    from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 
     os.environ["DFLASH_KERNELS"] = kernels_mode
     try:
@@ -330,8 +330,8 @@ def part_speed(state) -> dict:
     from dflash_core import Block, Target, generate, run
     from dflash_core.bench.cycle import SHAPES, TARGETS, time_cycle
     from dflash_core.lossless import compare
-    from dflash_core.oracle import OracleDrafter, schedule_for_tau
-    from dflash_core.syncs import SyncCounter
+    from dflash_core.diagnostics.oracle import OracleDrafter, schedule_for_tau
+    from dflash_core.diagnostics.syncs import SyncCounter
 
     device, n = state["device"], TOKENS[state["shape"]][1]
     pair, prompt = state["pair"], state["prompt_ids"]
@@ -398,8 +398,8 @@ def part_cuda_graphs(state) -> dict:
     from dflash_core import Block, Target, generate, run
     from dflash_core.fallbacks import NOTICES
     from dflash_core.lossless import compare
-    from dflash_core.oracle import OracleDrafter, expected_lengths, schedule_for_tau
-    from dflash_core.syncs import SyncCounter
+    from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths, schedule_for_tau
+    from dflash_core.diagnostics.syncs import SyncCounter
 
     n = TOKENS[state["shape"]][1]
     pair, prompt = state["pair"], state["prompt_ids"]

@@ -19,8 +19,8 @@ from dflash_core.cuda_graphs import CudaGraphBackend, StepGraphs
 from dflash_core.drafter import DrafterCache, static_slots
 from dflash_core.errors import ConfigError
 from dflash_core.fallbacks import FallbackWarning
-from dflash_core.oracle import OracleDrafter, expected_lengths
-from dflash_core.syncs import SyncCounter
+from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
+from dflash_core.diagnostics.syncs import SyncCounter
 from tiny import build_drafter
 
 
