@@ -183,8 +183,8 @@ def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:
     entry = slot_decision(explain, s)
     detail = ""
     if entry is not None and entry.u is not None:
-        values = " ".join(f"{name}={prob(value):.3f}" for name, value in (("p", entry.p), ("q", entry.q), ("u", entry.u))
-                          if value is not None)
+        shown = (("p", entry.p), ("q", entry.q), ("u", entry.u))
+        values = " ".join(f"{name}={prob(value):.3f}" for name, value in shown if value is not None)
         detail = f'<div style="font-size:11px;color:#444">{values}</div>'
     verdict = f'<td title="{html.escape(why(block, s, text_of), quote=True)}">{mark}{table}{detail}</td>'
     return drafter, verdict, committed

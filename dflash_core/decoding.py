@@ -132,12 +132,14 @@ class _Decoding:
 
     def prefill(self, prompt_ids: list[int]) -> Prefill:
         t_start = _clock(self.device)
-        logits, self.context = self.target.forward(torch.tensor([prompt_ids], device=self.device), last_logits_only=True)
+        ids = torch.tensor([prompt_ids], device=self.device)
+        logits, self.context = self.target.forward(ids, last_logits_only=True)
         bonus = self.choose(logits[-1])
         prefill = Prefill(prompt_len=len(prompt_ids), token_id=bonus, seconds=_clock(self.device) - t_start)
         self.bonus_ids = torch.tensor([bonus], device=self.device)  # kept on the device
         self.start = len(prompt_ids)  # position of the bonus token, the block's slot 0
-        self.fresh = len(prompt_ids)  # leading rows of `context` that are new context (with graphs, rejected slots follow)
+        # Leading rows of `context` that are new context (with graphs, rejected slots follow).
+        self.fresh = len(prompt_ids)
         return prefill
 
     def draft_step(self, bonus_ids, context, positions) -> torch.Tensor:
@@ -185,7 +187,8 @@ class _Decoding:
         block_ids = torch.cat([self.bonus_ids, draft])[None]
         logits, features = self.target.forward(block_ids)
         record = {} if self.explain else None
-        outcome = accept(draft, logits, self.sampling, self.generator, draft_probs, record)  # [accepted, bonus], on the device
+        # [accepted, bonus], on the device
+        outcome = accept(draft, logits, self.sampling, self.generator, draft_probs, record)
         marks.mark()
         accepted, bonus, *draft_ids = torch.cat([outcome, draft]).tolist()  # the cycle's one host sync
         self.bonus_ids = outcome[1:]

@@ -91,15 +91,16 @@ class CycleExplanation:
         def topk(rows) -> tuple[TopK, ...]:
             return tuple(tuple((int(t), float(p)) for t, p in row) for row in rows)
 
-        decision = data["decision"]
+        decision, injected = data["decision"], data["injected"]
         return cls(
             slot0_id=int(data["slot0_id"]),
             mask_id=None if data["mask_id"] is None else int(data["mask_id"]),
             positions=tuple(int(x) for x in data["positions"]),
-            injected=Injected(int(data["injected"]["positions"]), tuple(int(x) for x in data["injected"]["target_layers"])),
+            injected=Injected(int(injected["positions"]), tuple(int(x) for x in injected["target_layers"])),
             draft_topk=topk(data["draft_topk"]),
             target_topk=topk(data["target_topk"]),
-            decision=Decision(decision["rule"], tuple(_pick(SlotVerdict, s) for s in decision["slots"]), decision["resampled"]),
+            decision=Decision(decision["rule"], tuple(_pick(SlotVerdict, s) for s in decision["slots"]),
+                              decision["resampled"]),
             cache=_pick(CacheLengths, data["cache"]),
             time=_pick(CycleTimes, data["time"]),
         )

@@ -85,7 +85,8 @@ def test_explain_equals_a_recomputation(golden_pair, golden_expected, rule, samp
         # Target: rows whose inputs were all committed are rows of the final sequence's forward.
         for i in range(block.accepted + 1):
             if block.position + i < len(sequence):
-                assert_topk_matches(info.target_topk[i], distribution(full_logits[block.position + i][None], sampling)[0])
+                expected = distribution(full_logits[block.position + i][None], sampling)[0]
+                assert_topk_matches(info.target_topk[i], expected)
                 checked_rows += 1
         # Every row (rejected drafts too): a fresh forward over the committed prefix and the block.
         target.reset()
@@ -109,7 +110,8 @@ def test_explain_equals_a_recomputation(golden_pair, golden_expected, rule, samp
         assert [s.accepted for s in slots] == [i < block.accepted for i in range(len(slots))]
         assert [s.draft for s in slots] == list(block.draft_ids[: len(slots)])
         for i, s in enumerate(slots):
-            assert s.p == pytest.approx(distribution(logits[block.position + i][None], sampling)[0, s.draft].item(), abs=TOL)
+            p = distribution(logits[block.position + i][None], sampling)[0, s.draft].item()
+            assert s.p == pytest.approx(p, abs=TOL)
             assert s.q == pytest.approx(draft_probs[i, s.draft].item(), abs=TOL)
             if rule == "greedy":
                 assert s.target == int(logits[block.position + i].argmax())

@@ -33,7 +33,8 @@ def mismatch_fraction(linear: nn.Linear, x: torch.Tensor) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash_core.bench row-invariance", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dflash_core.bench row-invariance",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--trials", type=int, default=5)
     args = parser.parse_args(argv)

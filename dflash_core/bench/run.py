@@ -94,7 +94,8 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--drafter", default=DEFAULT_DRAFTER)
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
-    parser.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
+    parser.add_argument("--drafter-dtype", choices=list(DTYPES),
+                        help="default: bfloat16 where the hardware runs it natively, else --dtype")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--static-cache", action="store_true",
                         help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
@@ -105,12 +106,14 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores); match the app's to compare")
+    parser.add_argument("--threads", type=int,
+                        help="torch CPU threads (default: torch's, all cores); match the app's to compare")
 
 
 def add_prompt_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", help="JSON lines with a 'prompt' field (instead of --prompt-set)")
-    parser.add_argument("--num-prompts", type=int, default=20, help="prompts per set, spread over it (a smaller set is used whole)")
+    parser.add_argument("--num-prompts", type=int, default=20,
+                        help="prompts per set, spread over it (a smaller set is used whole)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
 
 
