@@ -12,8 +12,10 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 
+from dflash_core.events import CycleExplanation
+
 from .render import COLORS
-from .tips import explain_of, prob, slot_decision, topk_rows, visible, why
+from .tips import prob, slot_decision, topk_rows, visible, why
 
 CYCLE_CSS = """
 .cycle { font: 13px/1.4 ui-sans-serif, system-ui, sans-serif; color: #111; }
@@ -41,9 +43,9 @@ def _tok(text: str, color: str | None = None) -> str:
 def _cycle_times(view, index: int) -> tuple[float, float, float]:
     """(draft, verify, other) seconds of cycle `index`: recorded split, else from the clocks."""
     block = view.blocks[index]
-    split = (explain_of(block) or {}).get("time")
-    if split:
-        return float(split["draft_s"]), float(split["verify_s"]), float(split["other_s"])
+    if block.explain is not None:
+        split = block.explain.time
+        return split.draft_s, split.verify_s, split.other_s
     before = view.blocks[index - 1].elapsed_s if index else view.prefill.seconds
     return block.draft_s, block.verify_s, max(block.elapsed_s - before - block.draft_s - block.verify_s, 0.0)
 
@@ -79,14 +81,14 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
     last = len(dflash.blocks) - 1
     index = last if index is None or not 0 <= int(index) <= last else int(index)
     block = dflash.blocks[index]
-    explain = explain_of(block) or {}
+    explain = block.explain
     drafts = len(block.draft_ids)
-    positions = explain.get("positions") or list(range(block.position, block.position + drafts + 1))
+    positions = list(explain.positions if explain is not None else range(block.position, block.position + drafts + 1))
     n = block.acceptance_length
     accepted_text = " ".join(_tok(text_of(t), COLORS["accepted"]) for t in block.draft_ids[: block.accepted]) or "(none)"
     note = (
         ""
-        if explain
+        if explain is not None
         else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
     )
     return (
@@ -107,12 +109,12 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
 def _noisy_block(view, index: int, positions: list[int], text_of) -> str:
     """Slot 0's token, then a mask in every other slot, with their positions."""
     block = view.blocks[index]
-    explain = explain_of(block) or {}
+    explain = block.explain
     size = len(block.draft_ids) + 1
-    slot0 = explain.get("slot0_id")
+    slot0 = explain.slot0_id if explain is not None else None
     slot0_text = text_of(slot0) if slot0 is not None else _slot0_text(view, index, text_of)
     cells = f"<td>{_tok(slot0_text, COLORS['bonus'])}</td>" + '<td><span class="mask">[MASK]</span></td>' * (size - 1)
-    mask_id = explain.get("mask_id")
+    mask_id = explain.mask_id if explain is not None else None
     mask_note = (
         f'<div style="color:#555">slot 0 is the token committed last; slots 1..{size - 1} hold mask_id {int(mask_id)}.</div>'
         if mask_id is not None
@@ -125,13 +127,12 @@ def _noisy_block(view, index: int, positions: list[int], text_of) -> str:
     )
 
 
-def _injected(explain: dict) -> str:
-    injected = explain.get("injected")
-    if not injected:
+def _injected(explain: CycleExplanation | None) -> str:
+    if explain is None:
         return "Not recorded for this run (record with explanations on to see the injected positions and layers)."
-    layers = ", ".join(str(int(x)) for x in injected.get("target_layers", []))
+    layers = ", ".join(str(x) for x in explain.injected.target_layers)
     return (
-        f"{int(injected.get('positions', 0))} new context position(s) (the tokens committed by the previous cycle) "
+        f"{explain.injected.positions} new context position(s) (the tokens committed by the previous cycle) "
         f"from target layers [{layers}], concatenated, fused by <code>fc</code> + <code>hidden_norm</code>, "
         "and injected as extra keys and values into <b>every</b> drafter layer (the drafter's cache keeps "
         "the earlier ones)."
@@ -157,17 +158,17 @@ def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:
     if s == 0:
         return ('<td style="color:#667">known (last bonus)</td>', '<td style="color:#667">context</td>',
                 '<td style="color:#667">kept</td>')
-    explain = explain_of(block) or {}
+    explain = block.explain
     drafts = len(block.draft_ids)
     draft_id = block.draft_ids[s - 1] if s <= drafts else None
-    draft_rows = explain.get("draft_topk") or []
+    draft_rows = explain.draft_topk if explain is not None else ()
     if s <= min(drafts, len(draft_rows)):
         drafter = f"<td>{topk_rows(draft_rows[s - 1], text_of, draft_id, k=3)}</td>"
     elif draft_id is not None:
         drafter = f"<td>{_tok(text_of(draft_id))}</td>"
     else:
         drafter = '<td style="color:#667">no slot</td>'
-    target_rows = explain.get("target_topk") or []
+    target_rows = explain.target_topk if explain is not None else ()
     chosen = block.bonus_id if s == block.accepted + 1 else draft_id
     table = topk_rows(target_rows[s - 1], text_of, chosen, k=3) if s - 1 < len(target_rows) else ""
     if s <= block.accepted:
@@ -181,20 +182,21 @@ def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:
         committed = '<td style="color:#888">—</td>'
     entry = slot_decision(explain, s)
     detail = ""
-    if entry and entry.get("u") is not None:
-        values = " ".join(f"{name}={prob(entry[name]):.3f}" for name in ("p", "q", "u") if entry.get(name) is not None)
+    if entry is not None and entry.u is not None:
+        shown = (("p", entry.p), ("q", entry.q), ("u", entry.u))
+        values = " ".join(f"{name}={prob(value):.3f}" for name, value in shown if value is not None)
         detail = f'<div style="font-size:11px;color:#444">{values}</div>'
     verdict = f'<td title="{html.escape(why(block, s, text_of), quote=True)}">{mark}{table}{detail}</td>'
     return drafter, verdict, committed
 
 
-def _caches(explain: dict) -> str:
-    cache = explain.get("cache")
-    if not cache:
+def _caches(explain: CycleExplanation | None) -> str:
+    if explain is None:
         return "Not recorded for this run."
+    cache = explain.cache
     return (
-        f"target KV cache {cache['target_before']} → {cache['target_after']} positions (cropped to the accepted prefix); "
-        f"drafter cache {cache['drafter_before']} → {cache['drafter_after']}."
+        f"target KV cache {cache.target_before} → {cache.target_after} positions (cropped to the accepted prefix); "
+        f"drafter cache {cache.drafter_before} → {cache.drafter_after}."
     )
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from dflash_core.errors import explain
 
 from . import texts
 from .control import Control, Controls
+from .failures import failure_message
 from .frames import ChartPacer, note_frame, race_frame, start_frame
 from .limits import Limits, check_prompt_tokens, check_request
 from .loading import PairLoading
@@ -87,7 +87,7 @@ class LiveRace:
             prompt_ids = pair.encode(req.prompt)
             check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
         except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
-            raise gr.Error(explain(exc, cache.device_for(spec))) from None
+            raise gr.Error(failure_message(exc, cache.device_for(spec))) from None
         yield from self._stream(spec, req, prompt_ids, getattr(request, "session_hash", None))
 
     def _stream(self, spec, req, prompt_ids: list[int], session: str | None):
@@ -137,7 +137,7 @@ class LiveRace:
                 if not snapshot.done:
                     yield race_frame(snapshot, race.pieces, race.text_of, None, with_charts, viewer), None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
-            raise gr.Error(explain(exc, device)) from None
+            raise gr.Error(failure_message(exc, device)) from None
         result = race.result()
         if result is None:
             yield note_frame(texts.STOPPED_EARLY), None

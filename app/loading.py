@@ -12,9 +12,8 @@ import time
 
 import gradio as gr
 
-from dflash_core.errors import explain
-
 from . import texts
+from .failures import failure_message
 from .pairs import PairSpec, availability
 
 PROGRESS_EVERY_S = 0.25  # download progress lines at most this often
@@ -70,7 +69,7 @@ class PairLoading:
         try:
             pair = yield from self.load(spec, lambda line: (f"{loading}: {line}…", gr.skip()))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, the app keeps serving
-            yield texts.NOT_LOADED.format(label=spec.label, why=explain(exc, device)), gr.skip()
+            yield texts.NOT_LOADED.format(label=spec.label, why=failure_message(exc, device)), gr.skip()
             return
         trained = pair.trained_block_size
         freed = texts.FREED.format(labels=", ".join(self.cache.freed)) if self.cache.freed else ""

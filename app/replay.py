@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from dflash_core.events import Block, Prefill, Summary
+from dflash_core.events import Block, CycleExplanation, Prefill, Summary
 from dflash_core.trace import TraceError, validate_trace
 
 from .report import RaceReport, race_report
@@ -126,6 +126,8 @@ def _summary(run: dict) -> Summary:
         values = {name: raw[name] for name in BLOCK_FIELDS if name in raw}
         values["draft_ids"] = tuple(int(t) for t in raw["draft_ids"])
         values["committed_ids"] = tuple(int(t) for t in raw["committed_ids"])
+        if raw.get("explain") is not None:
+            values["explain"] = CycleExplanation.from_dict(raw["explain"])
         blocks.append(Block(**values))
     return Summary(
         output_ids=tuple(int(t) for t in run["output_ids"]),

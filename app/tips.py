@@ -1,9 +1,9 @@
 """What a token's hover shows: its block and slot, the drafter's and the target's top-k, and why.
 
-Reads a cycle's explanation (`Block.explain`, the `"explain"` of a trace block; layout in
-docs/design.md and `dflash_core/trace.py`): `draft_topk[k-1]` is the drafter's distribution for
-draft slot k, `target_topk[i]` the target's for the token after slot i (so the token in slot k is
-scored by row k-1), and `decision.slots` the verdict for each slot up to the first rejection.
+Reads a cycle's explanation (`Block.explain`, a `dflash_core.events.CycleExplanation`, or None
+when the run recorded none): `draft_topk[k-1]` is the drafter's distribution for draft slot k,
+`target_topk[i]` the target's for the token after slot i (so the token in slot k is scored by row
+k-1), and `decision.slots` the verdict for each slot up to the first rejection.
 Returns HTML; every piece of model text is escaped here.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
+
+from dflash_core.events import CycleExplanation, SlotVerdict
 
 TIP_CSS = """
 .tok, .chip { position: relative; }
@@ -53,12 +55,6 @@ element.addEventListener('mouseover', (event) => {
 """
 
 
-def explain_of(block) -> dict | None:
-    """The block's explanation, when the run recorded one."""
-    explain = getattr(block, "explain", None)
-    return explain if isinstance(explain, dict) else None
-
-
 def visible(text: str) -> str:
     """Whitespace made visible, so a space or newline token can be seen in a list."""
     return text.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "␣") if text.strip() == "" else text.replace("\n", "⏎")
@@ -75,9 +71,9 @@ def topk_rows(pairs, text_of: Callable[[int], str], pick: int | None = None, k: 
     return "<table>" + "".join(rows) + "</table>" if rows else "<i>not recorded</i>"
 
 
-def slot_decision(explain: dict, slot: int) -> dict | None:
-    for entry in explain.get("decision", {}).get("slots", []):
-        if entry.get("slot") == slot:
+def slot_decision(explain: CycleExplanation | None, slot: int) -> SlotVerdict | None:
+    for entry in explain.decision.slots if explain is not None else ():
+        if entry.slot == slot:
             return entry
     return None
 
@@ -88,8 +84,8 @@ def _num(x) -> str:
 
 def why(block, slot: int, text_of: Callable[[int], str]) -> str:
     """Why the token in `slot` of `block` is what it is, in a sentence (plain text, unescaped)."""
-    explain = explain_of(block) or {}
-    rule = explain.get("decision", {}).get("rule", "greedy")
+    explain = block.explain
+    rule = explain.decision.rule if explain is not None else "greedy"
     accepted = block.accepted
     bonus = repr(text_of(block.bonus_id))
     if slot > len(block.draft_ids):
@@ -99,19 +95,19 @@ def why(block, slot: int, text_of: Callable[[int], str]) -> str:
     if slot <= accepted:
         if rule == "rejection" and entry:
             return (
-                f"Accepted: u = {_num(entry.get('u'))} ≤ p/q = {_num(entry.get('ratio'))} "
-                f"(target p = {_num(entry.get('p'))}, drafter q = {_num(entry.get('q'))})."
+                f"Accepted: u = {_num(entry.u)} ≤ p/q = {_num(entry.ratio)} "
+                f"(target p = {_num(entry.p)}, drafter q = {_num(entry.q)})."
             )
         if rule == "match":
             return f"Accepted: the target's sampled token here is the draft {draft}."
         return f"Accepted: the draft {draft} is the target's own top choice here."
     if slot == accepted + 1:
         if rule == "rejection" and entry:
-            resampled = explain.get("decision", {}).get("resampled")
+            resampled = explain.decision.resampled
             fill = "a token resampled from the residual max(p − q, 0)" if resampled else "its own token"
             return (
-                f"Rejected: u = {_num(entry.get('u'))} > p/q = {_num(entry.get('ratio'))} "
-                f"(target p = {_num(entry.get('p'))}, drafter q = {_num(entry.get('q'))}); "
+                f"Rejected: u = {_num(entry.u)} > p/q = {_num(entry.ratio)} "
+                f"(target p = {_num(entry.p)}, drafter q = {_num(entry.q)}); "
                 f"the target puts {fill}, {bonus}, here instead (the bonus token)."
             )
         return f"Rejected: the target chose {bonus}, not the draft {draft}; {bonus} is committed as the bonus token."
@@ -123,12 +119,11 @@ def why(block, slot: int, text_of: Callable[[int], str]) -> str:
 
 def token_tip(block, slot: int, what: str, text_of: Callable[[int], str], chosen: int) -> str:
     """The hover box for the token `chosen` in `slot` (1..B) of `block`; `what` names its kind."""
-    explain = explain_of(block)
+    explain = block.explain
     head = f"<b>block {block.index} · slot {slot}</b> · {html.escape(what)}"
     if explain is None:
         return f'<span class="tip">{head}<div class="why">{html.escape(why(block, slot, text_of))}</div></span>'
-    draft_rows = explain.get("draft_topk") or []
-    target_rows = explain.get("target_topk") or []
+    draft_rows, target_rows = explain.draft_topk, explain.target_topk
     draft_pick = block.draft_ids[slot - 1] if slot <= len(block.draft_ids) else None
     cols = []
     if 1 <= slot <= len(draft_rows):
@@ -143,8 +138,7 @@ def token_tip(block, slot: int, what: str, text_of: Callable[[int], str], chosen
 
 def plain_tip(block, text_of: Callable[[int], str]) -> str:
     """The hover box for a plain-decoding token: the target's own top-k at that step."""
-    explain = explain_of(block)
-    rows = (explain or {}).get("target_topk") or []
+    rows = block.explain.target_topk if block.explain is not None else ()
     table = topk_rows(rows[0], text_of, block.bonus_id) if rows else "<i>not recorded</i>"
     return (
         f'<span class="tip"><b>step {block.index}</b> · decoded by the target alone<div>target top-k{table}</div>'

@@ -1,21 +1,25 @@
 """The decoding loop: DFlash speculative decoding, and plain decoding through the same path.
 
 `generate` is a generator of events (see `events.py`): callers stream them (the app), collect
-them (`run`), or print them (the CLI). Without a drafter, or with block size 1, each cycle
-verifies just the last token, which is exactly plain autoregressive decoding.
+them (`run`), or print them (the CLI). One speculative cycle (`_Decoding.cycle`: draft a block,
+verify it in one target forward, keep the accepted prefix and the bonus) is apart from the loop
+around it, which cuts the output at a stop token or the limit and turns each cycle into a `Block`.
+Without a drafter, or with block size 1, each cycle verifies just the last token, which is
+exactly plain autoregressive decoding.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
 
 from .drafter import DFlashDrafter, static_slots
 from .errors import GenerationInputError
-from .events import Block, Prefill, StopReason, Summary
+from .events import Block, CycleExplanation, CycleTimes, Prefill, StopReason, Summary
 from .explain import explain_cycle
 from .sampling import SamplingParams, make_generator, probabilities, sample
 from .target import Target
@@ -55,6 +59,19 @@ class _Marks:
         return [b - a for a, b in pairs]
 
 
+def _block_size(drafter: DFlashDrafter | None, block_size: int | None) -> int:
+    """The block size a run uses: 1 without a drafter, else the given one or the drafter's trained size."""
+    if drafter is None:
+        return 1
+    if block_size is None:
+        return drafter.block_size
+    if not 1 <= block_size <= drafter.block_size:
+        raise GenerationInputError(
+            f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"
+        )
+    return block_size
+
+
 def check_inputs(target: Target, prompt_ids, max_new_tokens: int, block_size: int) -> None:
     if len(prompt_ids) == 0:
         raise GenerationInputError("the prompt is empty: give at least one token")
@@ -70,6 +87,129 @@ def check_inputs(target: Target, prompt_ids, max_new_tokens: int, block_size: in
             f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens (+{block_size} for the last block) "
             f"exceeds the target's context of {limit} positions; shorten the prompt or lower max_new_tokens"
         )
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """What one cycle decided; the loop cuts `committed` to the limit and a stop token."""
+
+    position: int  # slot 0's position (the previous bonus token)
+    draft_ids: tuple[int, ...]
+    accepted: int
+    bonus_id: int
+    draft_s: float
+    verify_s: float
+    explanation: CycleExplanation | None
+
+    @property
+    def committed(self) -> list[int]:
+        return [*self.draft_ids[: self.accepted], self.bonus_id]
+
+
+class _Decoding:
+    """One run's models and settings, and the state each cycle hands to the next: the bonus token
+    (slot 0 of the next block), its position, and the target features the drafter has not seen."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter | None, capacity: int, block_size: int,
+                 sampling: SamplingParams, draft_mode: DraftMode, explain: int):
+        self.target, self.block_size, self.sampling, self.explain = target, block_size, sampling, explain
+        self.drafter = drafter if drafter is not None and block_size > 1 else None
+        self.sample_drafts = not sampling.greedy and draft_mode != "argmax"
+        self.device = target.device
+        self.generator = make_generator(sampling, self.device)
+        target.reset(capacity)
+        target.tap_layers(self.drafter.target_layer_ids if self.drafter is not None else ())
+        self.graphs = target.graphs  # the verify step replays inside target.forward; the draft step here
+        self.draft_cache = None
+        if self.drafter is not None:
+            # A static drafter cache for graphs: its last block's padding rows reach 2 blocks past the end.
+            self.draft_cache = self.drafter.new_cache(capacity + block_size if self.graphs is not None else None)
+
+    def choose(self, logits: torch.Tensor) -> int:
+        if self.sampling.greedy:
+            return int(logits.argmax())
+        return int(sample(probabilities(logits[None], self.sampling), self.generator))
+
+    def prefill(self, prompt_ids: list[int]) -> Prefill:
+        t_start = _clock(self.device)
+        ids = torch.tensor([prompt_ids], device=self.device)
+        logits, self.context = self.target.forward(ids, last_logits_only=True)
+        bonus = self.choose(logits[-1])
+        prefill = Prefill(prompt_len=len(prompt_ids), token_id=bonus, seconds=_clock(self.device) - t_start)
+        self.bonus_ids = torch.tensor([bonus], device=self.device)  # kept on the device
+        self.start = len(prompt_ids)  # position of the bonus token, the block's slot 0
+        # Leading rows of `context` that are new context (with graphs, rejected slots follow).
+        self.fresh = len(prompt_ids)
+        return prefill
+
+    def draft_step(self, bonus_ids, context, positions) -> torch.Tensor:
+        drafter = self.drafter
+        block = torch.full((1, self.block_size), drafter.mask_token_id, device=self.device)
+        block[0, :1] = bonus_ids
+        hidden = drafter(self.target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions,
+                         cache=self.draft_cache)
+        return drafter.draft_logits(hidden[0, 1:], self.target.head)
+
+    def draft(self) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
+        """(the B-1 drafts in target ids, their distribution when sampled, what an explanation needs)."""
+        if self.drafter is None:
+            return torch.empty(0, dtype=torch.long, device=self.device), None, None
+        drafter, cache, context, injected = self.drafter, self.draft_cache, self.context, self.fresh
+        drafter.before_draft(self.start)
+        if self.graphs is None:
+            positions = torch.arange(cache.length, self.start + self.block_size, device=self.device)[None]
+            draft_logits = self.draft_step(self.bonus_ids, context, positions)
+        else:
+            positions = static_slots(cache.length, injected, context.shape[1], self.block_size, self.device)[None]
+            if context.shape[1] == self.block_size:  # every cycle after the first: the one captured shape
+                tag = ("draft", drafter, cache.capacity)
+                draft_logits = self.graphs(tag, self.draft_step, self.bonus_ids, context, positions)
+            else:
+                draft_logits = self.draft_step(self.bonus_ids, context, positions)
+            cache.commit(injected)
+        draft_probs = None
+        if self.sample_drafts:
+            draft_probs = probabilities(drafter.full_logits(draft_logits, self.target.vocab_size), self.sampling)
+            draft = sample(draft_probs, self.generator)
+        else:
+            draft = drafter.to_target_ids(draft_logits.argmax(dim=-1))
+        return draft, draft_probs, (drafter, cache, injected, draft_logits, draft_probs)
+
+    def cycle(self) -> Cycle:
+        """Draft, verify, accept, and advance the caches to the accepted prefix and the bonus."""
+        # One host sync per cycle (the `.tolist()` below): everything before it is queued on the
+        # device from host-known shapes, and the timings are read from marks once it has passed.
+        t0 = time.perf_counter()
+        marks = _Marks(self.device)
+        marks.mark()
+        draft, draft_probs, drafting = self.draft()
+        marks.mark()
+        block_ids = torch.cat([self.bonus_ids, draft])[None]
+        logits, features = self.target.forward(block_ids)
+        record = {} if self.explain else None
+        # [accepted, bonus], on the device
+        outcome = accept(draft, logits, self.sampling, self.generator, draft_probs, record)
+        marks.mark()
+        accepted, bonus, *draft_ids = torch.cat([outcome, draft]).tolist()  # the cycle's one host sync
+        self.bonus_ids = outcome[1:]
+        draft_s, verify_s = marks.spans()
+        position = self.start
+        self.start += accepted + 1
+        self.target.crop(self.start)
+        if self.drafter is not None:
+            self.fresh = accepted + 1
+            # With graphs the whole block goes on, its rejected rows as padding: one shape every cycle.
+            self.context = features if self.graphs is not None else features[:, : self.fresh]
+        explanation = None
+        if self.explain:
+            # After the cycle's clocks: the draft/verify/other split is the cycle's own; the
+            # explanation's cost still counts in elapsed_s, which is all compute of the run.
+            times = CycleTimes(draft_s, verify_s, time.perf_counter() - t0 - draft_s - verify_s)
+            explanation = explain_cycle(
+                self.explain, sampling=self.sampling, target=self.target, block_ids=block_ids, target_logits=logits,
+                record=record, accepted=accepted, bonus=bonus, times=times, drafting=drafting,
+            )
+        return Cycle(position, tuple(draft_ids), accepted, bonus, draft_s, verify_s, explanation)
 
 
 @torch.inference_mode()
@@ -94,14 +234,7 @@ def generate(
     explain: 0 = off; k > 0 puts in every `Block.explain` what the cycle saw and decided, with top-k
     lists of size k (`explain.py`), from the cycle's own tensors. Outputs are the same either way.
     """
-    if drafter is None:
-        block_size = 1
-    elif block_size is None:
-        block_size = drafter.block_size
-    if not 1 <= block_size <= (drafter.block_size if drafter else 1):
-        raise GenerationInputError(
-            f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"
-        )
+    block_size = _block_size(drafter, block_size)
     if draft_mode not in DRAFT_MODES:
         raise GenerationInputError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
     if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
@@ -109,128 +242,41 @@ def generate(
     prompt_ids = [int(t) for t in prompt_ids]
     check_inputs(target, prompt_ids, max_new_tokens, block_size)
     stop_ids = frozenset(int(t) for t in stop_ids)
-    use_drafter = drafter is not None and block_size > 1
-    sample_drafts = not sampling.greedy and draft_mode != "argmax"
-    device = target.device
-    generator = make_generator(sampling, device)
-
-    def choose(logits: torch.Tensor) -> int:
-        return int(logits.argmax()) if sampling.greedy else int(sample(probabilities(logits[None], sampling), generator))
-
-    target.reset(len(prompt_ids) + max_new_tokens + block_size)
-    target.tap_layers(drafter.target_layer_ids if use_drafter else ())
-    graphs = target.graphs  # the verify step replays inside target.forward; the draft step here
-    draft_cache = None
-    if use_drafter:
-        # A static drafter cache for graphs: its last block's padding rows reach 2 blocks past the end.
-        draft_cache = drafter.new_cache(len(prompt_ids) + max_new_tokens + 2 * block_size if graphs else None)
-
-    def draft_step(bonus_ids, context, positions):
-        block = torch.full((1, block_size), drafter.mask_token_id, device=device)
-        block[0, :1] = bonus_ids
-        hidden = drafter(target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions, cache=draft_cache)
-        return drafter.draft_logits(hidden[0, 1:], target.head)
-
-    t_start = _clock(device)
-    logits, context = target.forward(torch.tensor([prompt_ids], device=device), last_logits_only=True)
-    bonus = choose(logits[-1])
-    prefill = Prefill(prompt_len=len(prompt_ids), token_id=bonus, seconds=_clock(device) - t_start)
+    decoding = _Decoding(target, drafter, len(prompt_ids) + max_new_tokens + block_size, block_size, sampling,
+                         draft_mode, explain)
+    prefill = decoding.prefill(prompt_ids)
     # Compute time only: a consumer may hold this generator suspended (the app interleaves two
     # runs), and that wait must not count against either side.
     compute_s = prefill.seconds
     yield prefill
 
-    output = [bonus]
-    bonus_ids = torch.tensor([bonus], device=device)  # slot 0 of the next block, kept on the device
-    fresh = len(prompt_ids)  # leading rows of `context` that are new context (with graphs, rejected slots follow)
+    output = [prefill.token_id]
     blocks: list[Block] = []
-    stop_reason: StopReason = "stop_token" if bonus in stop_ids else "max_new_tokens"
-    start = len(prompt_ids)  # position of the bonus token, the block's slot 0
+    stop_reason: StopReason = "stop_token" if prefill.token_id in stop_ids else "max_new_tokens"
     # Like the reference, DFlash runs one more cycle when a cycle ends exactly at the limit: it
     # emits nothing, but keeps tau and the per-cycle trace comparable with published runs.
-    cycle_limit = len(prompt_ids) + max_new_tokens + (1 if use_drafter else 0)
-    while start + 1 < cycle_limit and stop_reason != "stop_token":
-        # One host sync per cycle (the `.tolist()` below): everything before it is queued on the
-        # device from host-known shapes, and the timings are read from marks once it has passed.
+    cycle_limit = len(prompt_ids) + max_new_tokens + (1 if decoding.drafter is not None else 0)
+    while decoding.start + 1 < cycle_limit and stop_reason != "stop_token":
         t0 = time.perf_counter()
-        marks = _Marks(device)
-        marks.mark()
-        draft = torch.empty(0, dtype=torch.long, device=device)
-        draft_probs = None
-        if use_drafter:
-            drafter.before_draft(start)
-            injected = fresh
-            if graphs is None:
-                positions = torch.arange(draft_cache.length, start + block_size, device=device)[None]
-                draft_logits = draft_step(bonus_ids, context, positions)
-            else:
-                positions = static_slots(draft_cache.length, injected, context.shape[1], block_size, device)[None]
-                if context.shape[1] == block_size:  # every cycle after the first: the one captured shape
-                    tag = ("draft", drafter, draft_cache.capacity)
-                    draft_logits = graphs(tag, draft_step, bonus_ids, context, positions)
-                else:
-                    draft_logits = draft_step(bonus_ids, context, positions)
-                draft_cache.commit(injected)
-            if sample_drafts:
-                draft_probs = probabilities(drafter.full_logits(draft_logits, target.vocab_size), sampling)
-                draft = sample(draft_probs, generator)
-            else:
-                draft = drafter.to_target_ids(draft_logits.argmax(dim=-1))
-        marks.mark()
-
-        block_ids = torch.cat([bonus_ids, draft])[None]
-        logits, features = target.forward(block_ids)
-        record = {} if explain else None
-        outcome = accept(draft, logits, sampling, generator, draft_probs, record)  # [accepted, bonus], on the device
-        marks.mark()
-        accepted, bonus, *draft_ids = torch.cat([outcome, draft]).tolist()  # the cycle's one host sync
-        bonus_ids = outcome[1:]
-        draft_s, verify_s = marks.spans()
-        start += accepted + 1
-        target.crop(start)
-        if use_drafter:
-            fresh = accepted + 1
-            # With graphs the whole block goes on, its rejected rows as padding: one shape every cycle.
-            context = features if graphs is not None else features[:, :fresh]
-
-        new_ids = [*draft_ids[:accepted], bonus][: max_new_tokens - len(output)]
+        cycle = decoding.cycle()
+        new_ids = cycle.committed[: max_new_tokens - len(output)]
         for i, token in enumerate(new_ids):
             if token in stop_ids:
                 new_ids, stop_reason = new_ids[: i + 1], "stop_token"
                 break
         output.extend(new_ids)
-        now = time.perf_counter()
-        compute_s += now - t0
-        info = None
-        if explain:
-            # After the cycle's clocks: the draft/verify/other split is the cycle's own; the
-            # explanation's cost still counts in elapsed_s, which is all compute of the run.
-            info = explain_cycle(
-                explain,
-                sampling=sampling,
-                target=target,
-                block_ids=block_ids,
-                target_logits=logits,
-                record=record,
-                accepted=accepted,
-                bonus=bonus,
-                times={"draft_s": draft_s, "verify_s": verify_s, "other_s": now - t0 - draft_s - verify_s},
-                drafting=(drafter, draft_cache, injected, draft_logits, draft_probs)
-                if use_drafter
-                else None,
-            )
-            compute_s += time.perf_counter() - now
+        compute_s += time.perf_counter() - t0
         event = Block(
             index=len(blocks),
-            position=start - accepted - 1,
-            draft_ids=tuple(draft_ids),
-            accepted=accepted,
-            bonus_id=bonus,
+            position=cycle.position,
+            draft_ids=cycle.draft_ids,
+            accepted=cycle.accepted,
+            bonus_id=cycle.bonus_id,
             committed_ids=tuple(new_ids),
-            draft_s=draft_s,
-            verify_s=verify_s,
+            draft_s=cycle.draft_s,
+            verify_s=cycle.verify_s,
             elapsed_s=compute_s,
-            explain=info,
+            explain=cycle.explanation,
         )
         blocks.append(event)
         yield event

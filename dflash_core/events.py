@@ -1,13 +1,124 @@
-"""Events a decoding run yields, and the trace (JSON) and metrics built from them.
+"""Events a decoding run yields, the typed explanation a block may carry, and the trace (JSON) and
+metrics built from them.
 
 A run yields one `Prefill`, then one `Block` per cycle, then one `Summary`. Plain decoding yields
-the same events with one-token blocks and no draft, so both are measured on equal terms.
+the same events with one-token blocks and no draft, so both are measured on equal terms. With
+`explain=k` every block carries a `CycleExplanation` (built by `explain.py`); its `to_dict` and
+`from_dict` are the trace's JSON form of it (docs/design.md §4 for the terms). This module imports
+no torch: a replay rebuilds these events from a trace file without it.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
+
+Rule = Literal["greedy", "match", "rejection"]  # how a cycle decided (`verify.py`)
+TopK = tuple[tuple[int, float], ...]  # (token id, probability), most likely first
+
+
+@dataclass(frozen=True)
+class SlotVerdict:
+    """The target's verdict on one draft slot."""
+
+    slot: int  # 1..B-1
+    draft: int
+    target: int | None  # the target's token here; under the rejection rule only the rejected slot has one (the bonus)
+    p: float  # the target's probability of the draft
+    q: float  # the drafter's probability of the draft
+    ratio: float | None  # p / q, under the rejection rule
+    u: float | None  # the uniform draw compared with the ratio, under the rejection rule
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class Decision:
+    rule: Rule
+    slots: tuple[SlotVerdict, ...]  # each draft slot up to and including the first rejected one
+    resampled: bool  # the rejected slot's token was drawn from the residual max(p - q, 0)
+
+
+@dataclass(frozen=True)
+class Injected:
+    positions: int  # new context positions fed into every drafter layer this cycle
+    target_layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CacheLengths:
+    target_before: int
+    target_after: int
+    drafter_before: int
+    drafter_after: int
+
+
+@dataclass(frozen=True)
+class CycleTimes:
+    """The cycle's own seconds; building its explanation comes after them."""
+
+    draft_s: float
+    verify_s: float
+    other_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.draft_s + self.verify_s + self.other_s
+
+
+@dataclass(frozen=True)
+class CycleExplanation:
+    """What one cycle saw and decided. Plain decoding has no drafter: mask_id is None, draft_topk
+    and decision.slots are empty."""
+
+    slot0_id: int
+    mask_id: int | None
+    positions: tuple[int, ...]  # slot 0's position, then one per draft slot
+    injected: Injected
+    draft_topk: tuple[TopK, ...]  # one per draft slot 1..B-1
+    target_topk: tuple[TopK, ...]  # one per verified slot 0..B-1: row i scores the token after slot i
+    decision: Decision
+    cache: CacheLengths
+    time: CycleTimes
+
+    def to_dict(self) -> dict:
+        """The trace's JSON form (the "explain" of a trace block)."""
+        return _lists(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CycleExplanation:
+        """Back from `to_dict`'s form, e.g. a block of a file `trace.validate_trace` accepted."""
+
+        def topk(rows) -> tuple[TopK, ...]:
+            return tuple(tuple((int(t), float(p)) for t, p in row) for row in rows)
+
+        decision, injected = data["decision"], data["injected"]
+        return cls(
+            slot0_id=int(data["slot0_id"]),
+            mask_id=None if data["mask_id"] is None else int(data["mask_id"]),
+            positions=tuple(int(x) for x in data["positions"]),
+            injected=Injected(int(injected["positions"]), tuple(int(x) for x in injected["target_layers"])),
+            draft_topk=topk(data["draft_topk"]),
+            target_topk=topk(data["target_topk"]),
+            decision=Decision(decision["rule"], tuple(_pick(SlotVerdict, s) for s in decision["slots"]),
+                              decision["resampled"]),
+            cache=_pick(CacheLengths, data["cache"]),
+            time=_pick(CycleTimes, data["time"]),
+        )
+
+
+def _pick(cls, data: dict):
+    """`cls` from the keys of `data` that name its fields (a trace may carry more)."""
+    return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def _lists(value):
+    """`value` with every tuple a list, as JSON reads it back."""
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(v) for v in value]
+    return value
+
 
 # Why a run ended; "running" marks a provisional summary of a run still in progress, "stopped" one
 # its caller cut short (the engine itself never stops early).
@@ -32,8 +143,8 @@ class Block:
     draft_s: float
     verify_s: float
     elapsed_s: float  # compute seconds since the run started (prefill included), at the end of this cycle
-    # What the cycle saw and decided (`explain.py`), when decoding ran with `explain=k`; else None.
-    explain: dict | None = field(default=None, repr=False, compare=False, hash=False)
+    # What the cycle saw and decided, when decoding ran with `explain=k`; else None.
+    explain: CycleExplanation | None = field(default=None, repr=False, compare=False, hash=False)
 
     @property
     def acceptance_length(self) -> int:
@@ -125,7 +236,7 @@ def _block_trace(block: Block) -> dict:
     out = {f: getattr(block, f) for f in BLOCK_FIELDS}
     out["draft_ids"], out["committed_ids"] = list(block.draft_ids), list(block.committed_ids)
     if block.explain is not None:
-        out["explain"] = block.explain
+        out["explain"] = block.explain.to_dict()
     return out
 
 

@@ -1,33 +1,23 @@
 """The opt-in explanation of one decoding cycle: what the drafter saw and proposed, what the target
 thought of it, why each slot was kept or rejected, cache lengths and the cycle's time split.
 
-`explain_cycle` builds it from tensors the cycle already holds (no extra forward pass); the result
-is the JSON form a trace stores under a block's "explain" key (docs/design.md §4 for the terms):
-
-    slot0_id, mask_id, positions            the block as the drafter saw it
-    injected {positions, target_layers}     new context positions fed into every drafter layer
-    draft_topk   [[[id, prob], ...k], ...]  one list per draft slot 1..B-1
-    target_topk  [[[id, prob], ...k], ...]  one list per verified slot 0..B-1 (row i scores the
-                                            token after slot i), sampling distribution (softmax
-                                            of the raw logits when greedy)
-    decision {rule, slots, resampled}       per draft slot up to the first rejected one
-    cache {target_before, target_after, drafter_before, drafter_after}
-    time {draft_s, verify_s, other_s}
-
-Plain decoding has no drafter: mask_id is None, draft_topk and decision.slots are empty.
+`explain_cycle` builds an `events.CycleExplanation` from tensors the cycle already holds (no
+extra forward pass); docs/design.md §4 gives the terms, `CycleExplanation.to_dict` the trace's
+JSON form. A top-k list reports the sampling distribution (`distribution`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .events import CacheLengths, CycleExplanation, CycleTimes, Decision, Injected, SlotVerdict, TopK
 from .sampling import SamplingParams, probabilities
 
 
-def _topk_lists(probs: torch.Tensor, k: int) -> list[list[list]]:
-    """Rows of `probs` [n, V] as [[id, prob], ...] of their k most likely ids."""
+def _topk_lists(probs: torch.Tensor, k: int) -> tuple[TopK, ...]:
+    """Rows of `probs` [n, V] as ((id, prob), ...) of their k most likely ids."""
     values, ids = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
-    return [[[i, p] for i, p in zip(row_ids, row_p)] for row_ids, row_p in zip(ids.tolist(), values.tolist())]
+    return tuple(tuple(zip(row_ids, row_p)) for row_ids, row_p in zip(ids.tolist(), values.tolist()))
 
 
 def distribution(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -45,9 +35,9 @@ def explain_cycle(
     record: dict,
     accepted: int,
     bonus: int,
-    times: dict,
+    times: CycleTimes,
     drafting: tuple | None,
-) -> dict:
+) -> CycleExplanation:
     """The explanation of one cycle, called once the cycle has committed (target cache cropped).
 
     block_ids: [1, B] the verified block (slot 0, then the B-1 drafts).
@@ -87,26 +77,20 @@ def explain_cycle(
         u = record["u"][:checked].tolist() if rule == "rejection" else [None] * checked
         for i, draft_id in enumerate(ids.tolist()):
             ratio = p[i] / q[i] if rule == "rejection" and q[i] > 0 else None
-            slots.append(
-                {"slot": i + 1, "draft": draft_id, "target": target_ids[i], "p": p[i], "q": q[i],
-                 "ratio": ratio, "u": u[i], "accepted": i < accepted}
-            )
-    return {
-        "slot0_id": int(block_ids[0, 0]),
-        "mask_id": drafter.mask_token_id if drafting else None,
-        "positions": list(range(position, position + n + 1)),
-        "injected": {
-            "positions": injected if drafting else 0,
-            "target_layers": list(drafter.target_layer_ids) if drafting else [],
-        },
-        "draft_topk": _topk_lists(draft_probs, k) if drafting else [],
-        "target_topk": _topk_lists(target_probs, k),
-        "decision": {"rule": rule, "slots": slots, "resampled": rule == "rejection" and accepted < n},
-        "cache": {
-            "target_before": position,
-            "target_after": target.cache_length,
-            "drafter_before": draft_cache.length - injected if drafting else 0,
-            "drafter_after": draft_cache.length if drafting else 0,
-        },
-        "time": times,
-    }
+            slots.append(SlotVerdict(i + 1, draft_id, target_ids[i], p[i], q[i], ratio, u[i], i < accepted))
+    return CycleExplanation(
+        slot0_id=int(block_ids[0, 0]),
+        mask_id=drafter.mask_token_id if drafting else None,
+        positions=tuple(range(position, position + n + 1)),
+        injected=Injected(injected if drafting else 0, tuple(drafter.target_layer_ids) if drafting else ()),
+        draft_topk=_topk_lists(draft_probs, k) if drafting else (),
+        target_topk=_topk_lists(target_probs, k),
+        decision=Decision(rule, tuple(slots), rule == "rejection" and accepted < n),
+        cache=CacheLengths(
+            target_before=position,
+            target_after=target.cache_length,
+            drafter_before=draft_cache.length - injected if drafting else 0,
+            drafter_after=draft_cache.length if drafting else 0,
+        ),
+        time=times,
+    )

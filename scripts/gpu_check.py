@@ -13,13 +13,13 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
 - hub_load: a random target and a DFlash drafter in the exact shapes of Qwen3-8B and its released
   drafter, written in the released formats into a fake offline Hub cache and loaded by Hub id
   through the app's `PairCache` (dtype "auto", the pair's chat template arguments);
-- exactness: an oracle drafter (`dflash_core/oracle.py`) proposes plain decoding's continuation
+- exactness: an oracle drafter (`dflash_core/diagnostics/oracle.py`) proposes plain decoding's continuation
   with slots corrupted on a fixed schedule; in float32 the output must equal plain decoding and
   the acceptance lengths the schedule, kernels on and off, greedy and top-k-1 sampling (both draft
   modes), dynamic and static KV cache; seeded sampling must repeat itself;
 - speed: bf16 plain decoding against DFlash with the oracle at tau 4, 6.5 and 8 (speedup, speedup
   over tau, per-cycle draft/verify/bookkeeping from the engine's CUDA-event timings, host syncs per
-  cycle, peak memory), the three-way lossless verdict of each run, and `bench_cycle.time_cycle`'s
+  cycle, peak memory), the three-way lossless verdict of each run, and `bench.cycle.time_cycle`'s
   split of one cycle against one plain step with the targets of issue 4;
 - cuda_graphs: the speed part's plain and oracle runs on the static KV cache with CUDA graphs off
   and on (`dflash_core/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
@@ -97,7 +97,7 @@ def write_fake_hub(cache: Path, shape: str, device: str) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny import THINKING_CHATML, build_tokenizer  # a Qwen3-style template with enable_thinking
 
-    from dflash_core.bench_cycle import SHAPES, _qwen3_dict
+    from dflash_core.bench.cycle import SHAPES, _qwen3_dict
     from dflash_core.config import default_target_layer_ids, parse_drafter_config
     from dflash_core.drafter import DFlashDrafter
 
@@ -262,7 +262,7 @@ def part_hub_load(state) -> dict:
 
 def _oracle_runs(target, drafter, prompt, plan, n, schedule, kernels_mode, **kwargs):
     from dflash_core import run
-    from dflash_core.oracle import OracleDrafter, expected_lengths
+    from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 
     os.environ["DFLASH_KERNELS"] = kernels_mode
     try:
@@ -328,10 +328,10 @@ def part_speed(state) -> dict:
     import torch
 
     from dflash_core import Block, Target, generate, run
-    from dflash_core.bench_cycle import SHAPES, TARGETS, time_cycle
+    from dflash_core.bench.cycle import SHAPES, TARGETS, time_cycle
     from dflash_core.lossless import compare
-    from dflash_core.oracle import OracleDrafter, schedule_for_tau
-    from dflash_core.syncs import SyncCounter
+    from dflash_core.diagnostics.oracle import OracleDrafter, schedule_for_tau
+    from dflash_core.diagnostics.syncs import SyncCounter
 
     device, n = state["device"], TOKENS[state["shape"]][1]
     pair, prompt = state["pair"], state["prompt_ids"]
@@ -398,8 +398,8 @@ def part_cuda_graphs(state) -> dict:
     from dflash_core import Block, Target, generate, run
     from dflash_core.fallbacks import NOTICES
     from dflash_core.lossless import compare
-    from dflash_core.oracle import OracleDrafter, expected_lengths, schedule_for_tau
-    from dflash_core.syncs import SyncCounter
+    from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths, schedule_for_tau
+    from dflash_core.diagnostics.syncs import SyncCounter
 
     n = TOKENS[state["shape"]][1]
     pair, prompt = state["pair"], state["prompt_ids"]
@@ -551,7 +551,7 @@ def main(argv=None) -> int:
     import transformers  # noqa: F401
 
     import app.models  # noqa: F401
-    import dflash_core.bench_cycle  # noqa: F401
+    import dflash_core.bench.cycle  # noqa: F401
     import dflash_core.lossless  # noqa: F401
 
     print(f"=== imports: {time.perf_counter() - t_import:.1f} s", flush=True)

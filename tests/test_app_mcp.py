@@ -11,7 +11,7 @@ pytest.importorskip("mcp")
 
 from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
-from test_app_api import launch_app  # noqa: E402
+from serve import launch_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")

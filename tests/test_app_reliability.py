@@ -9,7 +9,7 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 
 from gradio_client.exceptions import AppError  # noqa: E402
-from test_app_api import launch_app  # noqa: E402
+from serve import launch_app  # noqa: E402
 
 from app.limits import Limits  # noqa: E402
 from app.models import PairCache  # noqa: E402

@@ -12,6 +12,7 @@ from app.race import SideView, race
 from app.report import first_difference, race_report
 from app.tokens import TokenPieces
 from dflash_core import Block, Prefill, Summary
+from fake_runs import run_events
 
 TEXT = {1: "<b>&amp;", 2: " ok", 3: "\n", 4: "x", 5: "y", 9: "END"}
 
@@ -107,39 +108,12 @@ def test_legend_names_every_kind():
         assert word in legend
 
 
-def _events(prefill_s, step_s, tokens_per_block, n_blocks, block_size):
-    def gen():
-        yield Prefill(3, 7, prefill_s)
-        out = [7]
-        blocks = []
-        for i in range(n_blocks):
-            ids = tuple(range(tokens_per_block))
-            b = Block(
-                i,
-                3 + len(out) - 1,
-                tuple(range(block_size - 1)),
-                tokens_per_block - 1,
-                0,
-                ids,
-                step_s / 2,
-                step_s / 2,
-                prefill_s + (i + 1) * step_s,  # the engine's compute clock
-            )
-            out.extend(ids)
-            blocks.append(b)
-            yield b
-        total = prefill_s + n_blocks * step_s
-        yield Summary(tuple(out), 3, block_size, "max_new_tokens", Prefill(3, 7, prefill_s), tuple(blocks), total)
-
-    return gen()
-
-
 def test_race_stamps_each_side_with_its_own_clock():
     fake_now = [0.0]
     frames = list(
         race(
-            _events(0.1, 0.2, 4, 5, 4),
-            _events(0.1, 0.1, 1, 20, 1),
+            run_events(0.1, 0.2, 4, 5, 4),
+            run_events(0.1, 0.1, 1, 20, 1),
             dflash_block_size=4,
             pace=False,
             frame_s=0.0,

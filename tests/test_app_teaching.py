@@ -10,6 +10,7 @@ from app.cycle_view import cycle_html
 from app.race import SideView
 from app.speedup import Costs, effective_acceptance, expected_tokens, extend_rates, iid_rates, run_costs, speedup
 from dflash_core import Block, Prefill, Summary
+from dflash_core.events import CycleExplanation
 
 TEXT = {1: "<img src=x onerror=alert(1)>", 2: " ok", 3: "\n", 4: "x", 5: "y", 6: "&amp;", 7: "z"}
 
@@ -27,7 +28,7 @@ def explain(rule="greedy"):
     if rule == "rejection":
         slots[0].update(p=0.8, q=0.5, ratio=1.6, u=0.91234, target=None)
         slots[1].update(p=0.1, q=0.4, ratio=0.25, u=0.7)
-    return {
+    return CycleExplanation.from_dict({
         "slot0_id": 1, "mask_id": 99, "positions": [10, 11, 12, 13],
         "injected": {"positions": 2, "target_layers": [1, 3]},
         "draft_topk": [[[2, 0.7], [1, 0.2]], [[4, 0.5], [6, 0.3]], [[5, 0.9], [7, 0.1]]],
@@ -35,7 +36,18 @@ def explain(rule="greedy"):
         "decision": {"rule": rule, "slots": slots, "resampled": rule == "rejection"},
         "cache": {"target_before": 10, "target_after": 12, "drafter_before": 8, "drafter_after": 10},
         "time": {"draft_s": 0.01, "verify_s": 0.03, "other_s": 0.002},
-    }
+    })
+
+
+def plain_explain(step, token):
+    """Plain decoding's explanation of `step`, which emitted `token`: the target's top-2, nothing drafted."""
+    return CycleExplanation.from_dict({
+        "slot0_id": 1, "mask_id": None, "positions": [10 + step], "injected": {"positions": 0, "target_layers": []},
+        "draft_topk": [], "target_topk": [[[token, 0.75], [1, 0.2]]],
+        "decision": {"rule": "greedy", "slots": [], "resampled": False},
+        "cache": {"target_before": 10 + step, "target_after": 11 + step, "drafter_before": 0, "drafter_after": 0},
+        "time": {"draft_s": 0.0, "verify_s": 0.02, "other_s": 0.0},
+    })
 
 
 def dflash_view(rule="greedy"):
@@ -46,7 +58,7 @@ def dflash_view(rule="greedy"):
 def plain_view():
     blocks = tuple(
         Block(i, 10 + i, (), 0, t, (t,), 0.0, 0.02, 0.05 + 0.02 * (i + 1),
-              explain={"target_topk": [[[t, 0.75], [1, 0.2]]]})
+              explain=plain_explain(i, t))
         for i, t in enumerate((2, 6))
     )
     return SideView("plain", Prefill(10, 1, 0.05), blocks, None, 0.09, 1, ())

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_core.bench import main
+from dflash_core.bench.__main__ import main
 from dflash_core.cpu_linear import packing_wanted
 
 
@@ -49,7 +49,7 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
 
 def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
     target_dir, drafter_dir = tiny_dirs
-    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--cycle-times",
+    assert main(["cycle", "--target", str(target_dir), "--drafter", str(drafter_dir),
                  "--block-sizes", "4,2", "--context", "24", "--threads", "1"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
@@ -68,7 +68,7 @@ def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
 
 
 def test_synthetic_tiny_prints_its_table_once(capsys):
-    assert main(["--synthetic", "tiny", "--threads", "1"]) == 0
+    assert main(["cycle", "--synthetic", "tiny", "--threads", "1"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
     assert result["shape"] == "tiny" and result["block_size"] == 16 and set(result["speedup"]) == {"4", "6", "8"}
@@ -80,8 +80,8 @@ def test_bench_explain_reports_the_overhead_per_side_and_mode(tiny_dirs, tmp_pat
     target_dir, drafter_dir = tiny_dirs
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "What is 2+3?"}))
-    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
-                 "--num-prompts", "1", "--max-new-tokens", "10", "--explain", "3"]) == 0
+    assert main(["explain-cost", "--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
+                 "--num-prompts", "1", "--max-new-tokens", "10", "--top-k", "3"]) == 0
     out = capsys.readouterr().out
     result = json.loads(out.strip().splitlines()[-1])
     assert result["explain_k"] == 3 and result["num_prompts"] == 1
@@ -96,7 +96,7 @@ def test_bench_explain_reports_the_overhead_per_side_and_mode(tiny_dirs, tmp_pat
 
 
 def test_bench_reports_the_natural_set_beside_the_generated_split(tiny_dirs, tmp_path, monkeypatch, capsys):
-    from dflash_core import bench
+    from dflash_core.bench import run as bench
 
     target_dir, drafter_dir = tiny_dirs
     sets = {"natural": [("math", "whats 15% of 80"), ("code", "reverse a string in python"), ("app", "Tell me a story.")],
@@ -155,15 +155,34 @@ def test_versus_must_fit_the_target(tiny_dirs):
 
 
 def test_in_cycle_overhead_is_compute_time_beyond_the_cycle_split():
-    from dflash_core.bench_explain import in_cycle_overhead
-    from dflash_core.events import Block, Prefill, Summary
+    from dflash_core.bench.explain_cost import in_cycle_overhead
+    from dflash_core.events import (Block, CacheLengths, CycleExplanation, CycleTimes, Decision, Injected, Prefill,
+                                    Summary)
 
     def block(i, elapsed, draft, verify, other):
-        times = {"draft_s": draft, "verify_s": verify, "other_s": other}
-        return Block(i, i, (), 0, 1, (1,), draft, verify, elapsed, explain={"time": times})
+        explanation = CycleExplanation(1, None, (i,), Injected(0, ()), (), ((),), Decision("greedy", (), False),
+                                       CacheLengths(i, i + 1, 0, 0), CycleTimes(draft, verify, other))
+        return Block(i, i, (), 0, 1, (1,), draft, verify, elapsed, explain=explanation)
 
     # Cycles of 0.10 s and 0.20 s whose explanations took 0.01 s and 0.03 s.
     blocks = (block(0, 0.5 + 0.11, 0.04, 0.05, 0.01), block(1, 0.61 + 0.23, 0.08, 0.1, 0.02))
     summary = Summary((1, 1), 3, 4, "max_new_tokens", Prefill(3, 1, 0.5), blocks, 0.84)
     cycle, explain = in_cycle_overhead(summary)
     assert cycle == pytest.approx(0.30) and explain == pytest.approx(0.04)
+
+
+@pytest.mark.parametrize("name", ["cycle", "explain-cost", "drafter-costs", "linear-rows", "row-invariance"])
+def test_every_subcommand_answers_its_help(name, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([name, "--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m dflash_core.bench {name}")
+
+
+@pytest.mark.parametrize("flag, now", [("--cycle-times", "cycle"), ("--synthetic=tiny", "cycle --synthetic"),
+                                       ("--explain", "explain-cost --top-k")])
+def test_a_flag_that_became_a_subcommand_says_which(flag, now, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([flag])
+    assert done.value.code == 2
+    assert f"is now a subcommand: python -m dflash_core.bench {now}" in capsys.readouterr().err

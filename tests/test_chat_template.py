@@ -12,7 +12,7 @@ from app.pairs import PairSpec, load_pairs
 from app.ui import App
 from dflash_core import DFlashError
 from dflash_core.__main__ import main as cli_main
-from dflash_core.bench import main as bench_main
+from dflash_core.bench.__main__ import main as bench_main
 from dflash_core.chat_template import describe_template, has_thinking_switch, template_args
 from dflash_core.prompting import encode_prompt
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from collections import Counter
 
 import pytest
@@ -13,13 +14,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dflash_core.decoding
 from dflash_core import DFlashDrafter, SamplingParams, Target, fallbacks, load_pair, run
 from dflash_core.__main__ import main as cli_main
-from dflash_core.bench import main as bench_main
+from dflash_core.bench.__main__ import main as bench_main
 from dflash_core.cuda_graphs import CudaGraphBackend, StepGraphs
 from dflash_core.drafter import DrafterCache, static_slots
 from dflash_core.errors import ConfigError
 from dflash_core.fallbacks import FallbackWarning
-from dflash_core.oracle import OracleDrafter, expected_lengths
-from dflash_core.syncs import SyncCounter
+from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
+from dflash_core.diagnostics.syncs import SyncCounter
 from tiny import build_drafter
 
 
@@ -153,12 +154,12 @@ def test_graphs_with_a_llama_target_and_draft_modes(tiny_pair, fresh_notices):
         warnings.simplefilter("ignore", FallbackWarning)  # NeverCapture's notice
         off, graphs, same_steps = (run(t, [5, 6, 7], drafter, max_new_tokens=12, explain=3)
                                    for t in (target, on, graphed(target, NeverCapture())))
-    untimed = [[{k: v for k, v in b.explain.items() if k != "time"} for b in s.blocks] for s in (graphs, same_steps)]
+    untimed = [[replace(b.explain, time=None) for b in s.blocks] for s in (graphs, same_steps)]
     assert untimed[0] == untimed[1]
     for a, b in zip(off.blocks, graphs.blocks):
-        assert all(a.explain[k] == b.explain[k] for k in ("positions", "injected", "cache"))
-        assert [(x["draft"], x["target"]) for x in a.explain["decision"]["slots"]] == [
-            (x["draft"], x["target"]) for x in b.explain["decision"]["slots"]]
+        assert all(getattr(a.explain, k) == getattr(b.explain, k) for k in ("positions", "injected", "cache"))
+        assert [(x.draft, x.target) for x in a.explain.decision.slots] == [
+            (x.draft, x.target) for x in b.explain.decision.slots]
 
 
 def test_graphs_with_sliding_window_and_draft_vocabulary_drafters(tmp_path, tiny_dirs, tiny_pair):

@@ -10,6 +10,7 @@ from tiny import build_drafter
 
 from dflash_core import DFlashDrafter, SamplingParams, run
 from dflash_core.errors import GenerationInputError
+from dflash_core.events import CacheLengths, Injected
 from dflash_core.explain import distribution
 
 TOL = 1e-4
@@ -46,7 +47,7 @@ def test_explain_changes_nothing_in_the_output(golden_pair, golden_expected, rul
             assert [b.draft_ids for b in on.blocks] == [b.draft_ids for b in off.blocks]
             assert all(b.explain is None for b in off.blocks)
             expected = rule if d is not None or rule == "greedy" else "match"  # plain: the target's own sample
-            assert all(b.explain["decision"]["rule"] == expected for b in on.blocks)
+            assert all(b.explain.decision.rule == expected for b in on.blocks)
 
 
 @pytest.mark.parametrize("rule, sampling, mode", SETTINGS, ids=[s[0] for s in SETTINGS])
@@ -67,59 +68,61 @@ def test_explain_equals_a_recomputation(golden_pair, golden_expected, rule, samp
     for block in summary.blocks:
         info = block.explain
         B = len(block.draft_ids) + 1
-        assert info["positions"] == list(range(block.position, block.position + B))
-        assert info["slot0_id"] == sequence[block.position]
-        assert info["mask_id"] == drafter.mask_token_id
-        assert info["injected"]["target_layers"] == drafter.target_layer_ids
-        assert info["cache"] == {
-            "target_before": block.position,
-            "target_after": block.position + block.accepted + 1,
-            "drafter_before": block.position - info["injected"]["positions"],
-            "drafter_after": block.position,
-        }
-        assert len(info["draft_topk"]) == B - 1 and len(info["target_topk"]) == B
-        assert all(len(row) == k for row in info["draft_topk"] + info["target_topk"])
-        assert min(info["time"].values()) >= 0
+        assert info.positions == tuple(range(block.position, block.position + B))
+        assert info.slot0_id == sequence[block.position]
+        assert info.mask_id == drafter.mask_token_id
+        assert list(info.injected.target_layers) == drafter.target_layer_ids
+        assert info.cache == CacheLengths(
+            target_before=block.position,
+            target_after=block.position + block.accepted + 1,
+            drafter_before=block.position - info.injected.positions,
+            drafter_after=block.position,
+        )
+        assert len(info.draft_topk) == B - 1 and len(info.target_topk) == B
+        assert all(len(row) == k for row in info.draft_topk + info.target_topk)
+        assert min(info.time.draft_s, info.time.verify_s, info.time.other_s) >= 0
 
         # Target: rows whose inputs were all committed are rows of the final sequence's forward.
         for i in range(block.accepted + 1):
             if block.position + i < len(sequence):
-                assert_topk_matches(info["target_topk"][i], distribution(full_logits[block.position + i][None], sampling)[0])
+                expected = distribution(full_logits[block.position + i][None], sampling)[0]
+                assert_topk_matches(info.target_topk[i], expected)
                 checked_rows += 1
         # Every row (rejected drafts too): a fresh forward over the committed prefix and the block.
         target.reset()
-        block_ids = [info["slot0_id"], *block.draft_ids]
+        block_ids = [info.slot0_id, *block.draft_ids]
         logits, _ = target.forward(torch.tensor([sequence[: block.position] + block_ids]))
-        for i, row in enumerate(info["target_topk"]):
+        for i, row in enumerate(info.target_topk):
             assert_topk_matches(row, distribution(logits[block.position + i][None], sampling)[0])
 
         # Drafter: one uncached call on the recorded block, with the committed context before it.
-        noisy = torch.tensor([[info["slot0_id"]] + [info["mask_id"]] * (B - 1)])
-        positions = torch.tensor([list(range(block.position)) + info["positions"]])
+        noisy = torch.tensor([[info.slot0_id] + [info.mask_id] * (B - 1)])
+        positions = torch.tensor([list(range(block.position)) + list(info.positions)])
         hidden = drafter(target.embed(noisy), features[:, : block.position], positions, cache=drafter.new_cache())
         draft_logits = drafter.full_logits(drafter.draft_logits(hidden[0, 1:], target.head), target.vocab_size)
         draft_probs = distribution(draft_logits, sampling)
-        for slot, row in enumerate(info["draft_topk"]):
+        for slot, row in enumerate(info.draft_topk):
             assert_topk_matches(row, draft_probs[slot])
 
         # The decision, slot by slot, up to and including the first rejected draft.
-        slots = info["decision"]["slots"]
-        assert [s["slot"] for s in slots] == list(range(1, min(block.accepted + 1, B - 1) + 1))
-        assert [s["accepted"] for s in slots] == [i < block.accepted for i in range(len(slots))]
-        assert [s["draft"] for s in slots] == list(block.draft_ids[: len(slots)])
+        slots = info.decision.slots
+        assert [s.slot for s in slots] == list(range(1, min(block.accepted + 1, B - 1) + 1))
+        assert [s.accepted for s in slots] == [i < block.accepted for i in range(len(slots))]
+        assert [s.draft for s in slots] == list(block.draft_ids[: len(slots)])
         for i, s in enumerate(slots):
-            assert s["p"] == pytest.approx(distribution(logits[block.position + i][None], sampling)[0, s["draft"]].item(), abs=TOL)
-            assert s["q"] == pytest.approx(draft_probs[i, s["draft"]].item(), abs=TOL)
+            p = distribution(logits[block.position + i][None], sampling)[0, s.draft].item()
+            assert s.p == pytest.approx(p, abs=TOL)
+            assert s.q == pytest.approx(draft_probs[i, s.draft].item(), abs=TOL)
             if rule == "greedy":
-                assert s["target"] == int(logits[block.position + i].argmax())
-                assert s["accepted"] == (s["draft"] == s["target"])
+                assert s.target == int(logits[block.position + i].argmax())
+                assert s.accepted == (s.draft == s.target)
             elif rule == "match":
-                assert s["accepted"] == (s["draft"] == s["target"])
+                assert s.accepted == (s.draft == s.target)
             else:
-                assert s["accepted"] == (s["u"] * s["q"] < s["p"])
-                assert s["ratio"] == pytest.approx(s["p"] / s["q"])
-                assert s["target"] == (None if s["accepted"] else block.bonus_id)
-        assert info["decision"]["resampled"] == (rule == "rejection" and block.accepted < B - 1)
+                assert s.accepted == (s.u * s.q < s.p)
+                assert s.ratio == pytest.approx(s.p / s.q)
+                assert s.target == (None if s.accepted else block.bonus_id)
+        assert info.decision.resampled == (rule == "rejection" and block.accepted < B - 1)
     assert checked_rows > len(summary.blocks)
 
 
@@ -128,9 +131,9 @@ def test_plain_decoding_explains_the_target_only(golden_pair, golden_expected):
     summary = run(target, prompt_of(golden_expected), None, max_new_tokens=6, explain=3)
     for block in summary.blocks:
         info = block.explain
-        assert info["mask_id"] is None and info["draft_topk"] == [] and info["decision"]["slots"] == []
-        assert info["target_topk"][0][0][0] == block.bonus_id  # greedy: the top token is the one emitted
-        assert info["injected"] == {"positions": 0, "target_layers": []}
+        assert info.mask_id is None and info.draft_topk == () and info.decision.slots == ()
+        assert info.target_topk[0][0][0] == block.bonus_id  # greedy: the top token is the one emitted
+        assert info.injected == Injected(positions=0, target_layers=())
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "5"])
@@ -149,7 +152,7 @@ def test_a_draft_vocabulary_is_explained_in_target_ids(tmp_path, tiny_dirs, tiny
     drafter = DFlashDrafter.from_pretrained(build_drafter(tmp_path / "d", target_dir, draft_vocab=vocab))
     summary = run(target, [5, 9, 11], drafter, max_new_tokens=16, block_size=4, sampling=sampling, explain=3)
     for block in summary.blocks:
-        rows = block.explain["draft_topk"]
+        rows = block.explain.draft_topk
         assert {t for row in rows for t, _ in row} <= set(vocab)
         if sampling.greedy:
             assert [row[0][0] for row in rows] == list(block.draft_ids)

@@ -114,7 +114,7 @@ def exact_joint(target: Target, prompt, length, params) -> torch.Tensor:
 # freedom), 800 runs detect a deviation of Cohen's w >= 0.3 with power 0.997 (noncentral chi-square,
 # lambda = n w^2). Two broken engines, measured on this pair over 3,000 runs: a rejection rule that
 # resamples from p instead of the residual max(0, p - q) gives w ~ 0.51; one that keeps every draft
-# gives w ~ 0.61 (`scripts/chi_square_power.py`).
+# gives w ~ 0.61 (`dev/scripts/chi_square_power.py`).
 CHI_SQUARE_RUNS = 800
 
 

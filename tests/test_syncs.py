@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dflash_core import Block, SamplingParams, Target, generate
-from dflash_core.syncs import SyncCounter
+from dflash_core.diagnostics.syncs import SyncCounter
 
 
 def test_counter_counts_host_reads_and_restores_them():

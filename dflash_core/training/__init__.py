@@ -6,7 +6,8 @@
 - `data`: shards as training sequences, the held-out split, the draft vocabulary;
 - `objective`: what one step computes (anchors, block mask, loss, held-out tau);
 - `drafter_init`: a new drafter's config and weights, or a warm one grown;
-- `train`: the training loop and its CLI (`python -m dflash_core.training.train`).
+- `train`: the training loop and its CLI (`python -m dflash_core.training.train`);
+- `evaluate`: drafters scored by tau as greedy decoding meets it (`python -m dflash_core.training.evaluate`).
 
-The engine (`dflash_core`) never imports from here.
+The engine (`dflash_core`) never imports from here; of the benchmarks only `drafter-costs` does.
 """

@@ -1,6 +1,6 @@
 """Training data as the loop sees it: sequences from datagen shards, the held-out split, the draft vocabulary.
 
-Scripts that inspect the data (e.g. `scripts/acceptance_by_confidence.py`) use these too, so they
+Scripts that inspect the data (e.g. `dev/scripts/acceptance_by_confidence.py`) use these too, so they
 split and truncate exactly as training does.
 """
 

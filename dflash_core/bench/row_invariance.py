@@ -3,10 +3,9 @@
 Prints, per (in_features, out_features) shape and dtype, the fraction of output elements that differ
 between a block of 2..16 rows and the same rows one at a time: on random inputs, and on the
 cancelling inputs `batch_invariant.rows_match_alone` probes with. Then times `make_batch_invariant`
-on the default target and names the layers it runs row by row. The figures in docs/benchmarks.md
-("2026-12-02") come from this script:
+on the default target and names the layers it runs row by row:
 
-    PYTHONPATH=. python scripts/row_invariance.py [--dtype bfloat16] [--trials 5]
+    python -m dflash_core.bench row-invariance [--dtype bfloat16] [--trials 5]
 """
 
 from __future__ import annotations
@@ -17,9 +16,11 @@ import time
 import torch
 from torch import nn
 
-from dflash_core.batch_invariant import MAX_BLOCK, cancelling_rows, make_batch_invariant, rows_alone_layers
-from dflash_core.cpu_linear import pack_linears
-from dflash_core.pair import DTYPES
+from ..batch_invariant import MAX_BLOCK, cancelling_rows, make_batch_invariant, rows_alone_layers
+from ..cpu_linear import pack_linears
+from ..default_target import DEFAULT_TARGET, resolve_target
+from ..pair import DTYPES
+from ..target import Target
 
 SHAPES = [(576, 576), (576, 1536), (1536, 576), (576, 49152)] + [(k, 576) for k in (512, 768, 1024, 1056, 1152, 2048)]
 
@@ -31,11 +32,12 @@ def mismatch_fraction(linear: nn.Linear, x: torch.Tensor) -> float:
     return differ / sum(rows * linear.out_features for rows in range(2, x.shape[1] + 1))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dflash_core.bench row-invariance",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--trials", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     dtype = DTYPES[args.dtype]
     gen = torch.Generator().manual_seed(0)
     print(f"{'in':>6} {'out':>6} {'random inputs':>14} {'cancelling':>11}")
@@ -47,16 +49,10 @@ def main() -> None:
         cancel = mismatch_fraction(linear, cancelling_rows(linear.weight, MAX_BLOCK))
         print(f"{in_f:>6} {out_f:>6} {sum(rand) / len(rand):>14.2e} {cancel:>11.2e}")
 
-    from dflash_core.default_target import DEFAULT_TARGET, resolve_target
-    from dflash_core.target import Target
-
     target = Target.from_pretrained(resolve_target(DEFAULT_TARGET), dtype=dtype, batch_invariant=False)
     t0 = time.perf_counter()
     make_batch_invariant(target.model)
     names = rows_alone_layers(target.model)
     print(f"make_batch_invariant on the default target: {time.perf_counter() - t0:.2f} s; "
           f"{len(names)} linear layers row by row{': ' + ', '.join(names[:3]) + ', ...' if names else ''}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

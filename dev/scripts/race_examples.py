@@ -2,7 +2,7 @@
 
 Start the app first (`python app.py --port 7861`), then:
 
-    PYTHONPATH=. python scripts/race_examples.py --url http://127.0.0.1:7861/ --pair smollm2-135m --block-size 4
+    python dev/scripts/race_examples.py --url http://127.0.0.1:7861/ --pair smollm2-135m --block-size 4
 
 Each example is raced once (greedy, 128 new tokens); one row per example with tau, speedup and whether
 the two sides are token-identical, then one JSON line with all of them.

@@ -1,7 +1,7 @@
 """Per-cycle timing: what one DFlash cycle costs, split into its parts, against one plain step.
 
-For a loaded pair (`bench --cycle-times`, e.g. the offline default) or for random-weight models in
-the released Qwen3 shapes (`bench --synthetic SHAPE`, no download), at a fixed context:
+For a loaded pair (e.g. the offline default) or for random-weight models in the released Qwen3
+shapes (`--synthetic SHAPE`, no download), at a fixed context:
   - draft: one drafter forward (new context of a typical accepted run + the block), LM head on the
     block slots, argmax;
   - verify: one target forward over the B block tokens, with the feature taps on;
@@ -12,23 +12,26 @@ The implied speedup at mean acceptance length tau is tau * t_plain / t_cycle: ea
 tau tokens, plain decoding spends t_plain per token. Only times are measured here, never
 acceptance (random weights and random context ids).
 
-    python -m dflash_core.bench --cycle-times --block-sizes 4,8,16         # the default pair, CPU
-    python -m dflash_core.bench --synthetic qwen3-8b --device cuda --dtype bfloat16
+    python -m dflash_core.bench cycle --block-sizes 4,8,16         # the default pair, CPU
+    python -m dflash_core.bench cycle --synthetic qwen3-8b --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import time
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from . import kernels
-from .config import default_target_layer_ids, parse_drafter_config
-from .cpu_linear import single_row_library
-from .drafter import DFlashDrafter
-from .target import Target, default_attention
+from .. import kernels
+from ..config import default_target_layer_ids, parse_drafter_config
+from ..cpu_linear import single_row_library
+from ..drafter import DFlashDrafter
+from ..target import Target, default_attention
+from .run import add_pair_args, load_pair_of, parse
 
 # Target and drafter shapes of the released Qwen3 DFlash pairs (docs/design.md §3); "tiny" runs on a CPU.
 SHAPES = {
@@ -145,7 +148,7 @@ def time_cycle(target: Target, drafter: DFlashDrafter, context: int, block: int,
         # every step starts from the same cache length (see kernels/cuda_paths.py for why decoding
         # cannot do this yet). Shows how much of t_draft is launch overhead.
         try:
-            from .kernels.cuda_paths import capture_graph
+            from ..kernels.cuda_paths import capture_graph
 
             def step_from_base():
                 draft_step()
@@ -213,3 +216,30 @@ def print_table(r: dict) -> None:
         verdict = f"   (target <= {TARGETS[ratio]}: {'met' if value <= TARGETS[ratio] else 'missed'})" if "shape" in r else ""
         print(f"  {ratio:<22}{value:>10.3f}{verdict}")
     print("  implied speedup: " + ", ".join(f"tau={tau}: {x:.2f}x" for tau, x in r["speedup"].items()))
+
+
+def cycle_times(args) -> dict:
+    """`time_cycle` for the loaded pair at each block size; prints one table per size."""
+    pair = load_pair_of(args)
+    result = {"target": str(args.target), "drafter": str(args.drafter), "per_block_size": {}}
+    for b in args.block_sizes or [pair.drafter.block_size]:
+        r = time_cycle(pair.target, pair.drafter, args.context, b, taus=(2, 3, 4, 6, 8, 12, 16))
+        print_table({"target": result["target"], **r})
+        result["per_block_size"][b] = r
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dflash_core.bench cycle", description=__doc__.splitlines()[0])
+    add_pair_args(parser)
+    parser.add_argument("--context", type=int, default=200, help="context length before the timed cycle")
+    parser.add_argument("--synthetic", metavar="SHAPE", choices=sorted(SHAPES),
+                        help="time random-weight models of this shape instead of the pair (qwen3-8b, qwen3-4b, tiny)")
+    args = parse(parser, argv)
+    if args.synthetic:
+        result = run_synthetic(args.synthetic, args.device, args.dtype)
+        print_table(result)
+    else:
+        result = cycle_times(args)
+    print(json.dumps(result))
+    return 0

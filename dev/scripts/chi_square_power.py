@@ -5,7 +5,7 @@ with a chi-square test; this measures the effect size (Cohen's w) that test must
 the same tiny pair with the rejection rule replaced by a broken one, so the number of runs can be
 chosen for a stated power. Prints one line per broken rule.
 
-    PYTHONPATH=. python scripts/chi_square_power.py --runs 3000
+    python dev/scripts/chi_square_power.py --runs 3000
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from test_sampling import exact_joint  # noqa: E402
 from tiny import build_drafter, build_target  # noqa: E402

@@ -6,7 +6,9 @@ per (layers, block size, autocast). Inference at a given context length: one dra
 implied break-even tau is (draft + verify) / plain: a cycle must commit that many tokens to beat
 plain decoding.
 
-    python scripts/measure_drafter_costs.py [--target default:smollm2] [--context 200]
+    python -m dflash_core.bench drafter-costs [--target default:smollm2] [--context 200]
+
+Training's own modules build and step the drafter, so this one subcommand needs the training code.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import time
 
 import torch
 
-from dflash_core.drafter import DFlashDrafter
-from dflash_core.target import Target
-from dflash_core.training.drafter_init import build_drafter_config
-from dflash_core.training.objective import DrafterTrainer, default_gamma, sample_anchors
-from dflash_core.default_target import resolve_target
-from dflash_core.config import default_target_layer_ids
+from ..config import default_target_layer_ids
+from ..default_target import DEFAULT_TARGET, resolve_target
+from ..drafter import DFlashDrafter
+from ..target import Target
+from ..training.drafter_init import build_drafter_config
+from ..training.objective import DrafterTrainer, default_gamma, sample_anchors
+from .run import add_threads_arg, parse
 
 
 def timed(fn, repeat: int) -> float:
@@ -127,9 +130,9 @@ def inference(target, args):
     return rows
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="default:smollm2")
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash_core.bench drafter-costs", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--context", type=int, default=200)
     p.add_argument("--train-len", type=int, default=320)
     p.add_argument("--anchors", type=int, default=32)
@@ -138,17 +141,12 @@ def main():
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-infer", action="store_true")
-    p.add_argument("--threads", type=int, default=None)
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    add_threads_arg(p)
+    args = parse(p, argv)
     target = Target.from_pretrained(resolve_target(args.target))
     target.model.requires_grad_(False)
     if not args.skip_infer:
         inference(target, args)
     if not args.skip_train:
         training(target, args)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

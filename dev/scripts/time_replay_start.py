@@ -1,6 +1,6 @@
 """Time `python app.py --replay FILE` from launch to its first page, and check torch never loaded.
 
-    .venv/bin/python scripts/time_replay_start.py assets/traces/math-greedy.json [--runs 3]
+    .venv/bin/python dev/scripts/time_replay_start.py assets/traces/math-greedy.json [--runs 3]
 
 Prints one line per run: seconds until http://127.0.0.1:PORT/ answered 200, and whether the
 server process had mapped a torch library (read from /proc/PID/maps; Linux only).
@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

@@ -4,11 +4,11 @@ with a larger one.
 A token outside the draft vocabulary can never be drafted, so its share of the target's responses
 caps slot-1 acceptance. The vocabulary picks rows of the target's own (frozen) LM head, so a larger
 one needs no retraining: `--extend N` writes a copy whose vocabulary is the old one followed by the
-next most frequent response tokens of the training data, to be scored with scripts/decode_tau.py.
+next most frequent response tokens of the training data, to be scored with `python -m dflash_core.training.evaluate`.
 
-    PYTHONPATH=. python scripts/decode_tau.py DRAFTER          # makes the cached responses it reads
-    PYTHONPATH=. python scripts/draft_vocab.py DRAFTER
-    PYTHONPATH=. python scripts/draft_vocab.py DRAFTER --extend 16384 --out runs/drafter-dv16k
+    python -m dflash_core.training.evaluate DRAFTER       # makes the cached responses it reads
+    python dev/scripts/draft_vocab.py DRAFTER
+    python dev/scripts/draft_vocab.py DRAFTER --extend 16384 --out runs/drafter-dv16k
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dflash_core.training.data import frequent_tokens, load_sequences
 
 
 def coverage(vocab: set[int], cache_dir: Path) -> dict:
-    """{set: {category: share of response tokens outside `vocab`}} over decode_tau's cached responses."""
+    """{set: {category: share of response tokens outside `vocab`}} over the cached responses of training.evaluate."""
     out = {}
     for path in sorted(cache_dir.glob("responses-*.json")):
         counts = defaultdict(lambda: [0, 0])  # category -> [tokens, outside]
@@ -58,7 +58,7 @@ def extend(drafter: Path, out: Path, size: int, data: list[str], vocab_size: int
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("drafter", type=Path)
-    p.add_argument("--cache-dir", type=Path, default=Path("runs"), help="where decode_tau.py keeps its responses")
+    p.add_argument("--cache-dir", type=Path, default=Path("runs"), help="where training.evaluate keeps its responses")
     p.add_argument("--extend", type=int, metavar="N", help="write a copy with an N-token draft vocabulary")
     p.add_argument("--out", type=Path, help="with --extend: the copy's directory")
     p.add_argument("--data", nargs="+", default=["assets/data/smollm2-135m-instruct"],

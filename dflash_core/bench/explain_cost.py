@@ -1,6 +1,6 @@
 """What the cycle explanation costs: the same prompts decoded with `explain` off and on, side by side.
 
-`python -m dflash_core.bench --explain [K]` runs, for every prompt and for greedy and sampled
+`python -m dflash_core.bench explain-cost [--top-k K]` runs, for every prompt and for greedy and sampled
 decoding, DFlash and plain decoding with explain=0 and explain=K in alternating order (so a drift
 in the machine's speed lands on both), and reports compute milliseconds per cycle (prefill
 excluded) and the overhead of explain in percent. Outputs must be identical either way.
@@ -14,12 +14,18 @@ its explanation cost, at the same moment and under the same load as the cycle it
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import sys
 import time
 
-from .decoding import run
-from .sampling import SamplingParams
+import torch
+
+from ..decoding import run
+from ..prompting import encode_prompt
+from ..sampling import SamplingParams
+from .run import add_pair_args, add_prompt_args, load_pair_of, load_prompts, parse
 
 SAMPLINGS = {"greedy": SamplingParams(), "T=0.7": SamplingParams(temperature=0.7, seed=0)}
 
@@ -33,7 +39,7 @@ def in_cycle_overhead(summary) -> tuple[float, float]:
     cycle = explain = 0.0
     previous = summary.prefill.seconds
     for block in summary.blocks:
-        own = sum(block.explain["time"].values())
+        own = block.explain.time.total_s
         cycle += own
         explain += (block.elapsed_s - previous) - own
         previous = block.elapsed_s
@@ -88,3 +94,34 @@ def print_table(result: dict) -> None:
         print(f"{name:<20}{r['ms_per_cycle_off']:>14.2f}{r['ms_per_cycle_on']:>13.2f}{r['overhead_pct']:>7.1f}%"
               f"{r['overhead_pct_median_pair']:>7.1f}%{r['cpu_overhead_pct']:>7.1f}%{r['in_cycle_overhead_pct']:>9.1f}%"
               f"{str(r['identical_outputs']):>11}")
+
+
+def explain_costs(args) -> dict:
+    """`explain_overhead` for the loaded pair at its first block size."""
+    pair = load_pair_of(args)
+    tokenizer = pair.tokenizer
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+    block_size = (args.block_sizes or [pair.drafter.block_size])[0]
+    common = dict(max_new_tokens=args.max_new_tokens, stop_ids=[eos] if eos is not None else [], block_size=block_size)
+    run(pair.target, encoded[0][:8], pair.drafter, explain=args.top_k, **common)  # warm up outside the clock
+    result = explain_overhead(pair.target, pair.drafter, encoded, k=args.top_k, **common)
+    result.update(target=str(args.target), drafter=str(args.drafter), dtype=args.dtype, block_size=block_size,
+                  threads=torch.get_num_threads(), num_prompts=len(encoded), max_new_tokens=args.max_new_tokens)
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dflash_core.bench explain-cost",
+                                     description=__doc__.splitlines()[0])
+    add_pair_args(parser)
+    add_prompt_args(parser)
+    parser.add_argument("--top-k", type=int, default=5, metavar="K", help="the explanation's top-k size (explain=K)")
+    args = parse(parser, argv)
+    if args.top_k < 1:
+        parser.error(f"--top-k must be at least 1, got {args.top_k}")
+    result = explain_costs(args)
+    print_table(result)
+    print(json.dumps(result))
+    return 0

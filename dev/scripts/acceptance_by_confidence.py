@@ -7,7 +7,7 @@ drafter can hardly do better than guess; where p is high, a miss is the drafter'
 show how much of the lost acceptance lies in each. Runs on held-out sequences of the training data
 (the same hash split as `train --heldout-frac`), every anchor, like the training evaluation:
 
-    PYTHONPATH=. python scripts/acceptance_by_confidence.py --drafter assets/drafters/smollm2-135m-instruct-dflash \
+    python dev/scripts/acceptance_by_confidence.py --drafter assets/drafters/smollm2-135m-instruct-dflash \
         --shards 127:,84:127:6 [--seqs 48]
 """
 

@@ -12,10 +12,8 @@ Prompts come from the natural set (`assets/prompts/natural.jsonl`, written by ha
 plus the app's examples, never trained on), the generated split (`heldout.jsonl`, held out from the
 training prompt sources) or both; tau, speedup and identical are reported per set and per category.
 
-`--cycle-times` instead times the parts of one cycle (draft, verify, bookkeeping) of this pair
-against one plain step, and `--synthetic SHAPE` does so for random-weight models in the released
-Qwen3 shapes (see `bench_cycle.py`). `--explain [K]` measures what the cycle explanation costs
-(`bench_explain.py`).
+The other measurements are subcommands (`python -m dflash_core.bench SUBCOMMAND --help`, listed in
+`__main__.py`); the pair and prompt options here are theirs too.
 """
 
 from __future__ import annotations
@@ -29,16 +27,18 @@ from pathlib import Path
 
 import torch
 
-from .batch_invariant import describe, is_batch_invariant, rows_alone_layers
-from .chat_template import THINKING_CHOICES, describe_template, template_args
-from .cpu_linear import single_row_library
-from .decoding import run
-from .default_target import DEFAULT_TARGET
-from .lossless import compare as lossless_check
-from .pair import DTYPES, load_drafter, load_pair
-from .prompting import encode_prompt
+from ..batch_invariant import describe, is_batch_invariant, rows_alone_layers
+from ..chat_template import THINKING_CHOICES, describe_template, template_args
+from ..cpu_linear import single_row_library
+from ..decoding import run
+from ..default_target import DEFAULT_TARGET
+from ..lossless import compare as lossless_check
+from ..pair import DTYPES, load_drafter, load_pair
+from ..prompting import encode_prompt
+from . import SUBCOMMANDS
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
+DEFAULT_DRAFTER = "assets/drafters/smollm2-135m-instruct-dflash"
 # The generated split (held out from the training prompt sources) and the natural set (written by hand
 # the way people type, plus the app's examples; never trained on).
 PROMPT_SETS = {"generated": PROMPTS_DIR / "heldout.jsonl", "natural": PROMPTS_DIR / "natural.jsonl"}
@@ -89,12 +89,54 @@ def timed_hf_generate(model, prompt_ids, max_new_tokens, eos_id, **kwargs):
     return time.perf_counter() - start, out[0, len(prompt_ids) :].tolist()
 
 
+def add_pair_args(parser: argparse.ArgumentParser) -> None:
+    """The options that choose and load the pair, and the CPU threads (every subcommand with a pair)."""
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
+    parser.add_argument("--drafter-dtype", choices=list(DTYPES),
+                        help="default: bfloat16 where the hardware runs it natively, else --dtype")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--static-cache", action="store_true",
+                        help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only)")
+    parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    add_threads_arg(parser)
+
+
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int,
+                        help="torch CPU threads (default: torch's, all cores); match the app's to compare")
+
+
+def add_prompt_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", help="JSON lines with a 'prompt' field (instead of --prompt-set)")
+    parser.add_argument("--num-prompts", type=int, default=20,
+                        help="prompts per set, spread over it (a smaller set is used whole)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def parse(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """`parser`'s arguments, with --threads applied and --cuda-graphs checked where the parser has them."""
+    args = parser.parse_args(argv)
+    if getattr(args, "threads", None) is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if getattr(args, "cuda_graphs", False) and not args.static_cache:
+        parser.error("--cuda-graphs needs --static-cache: a graph replays fixed cache addresses and offsets")
+    return args
+
+
+def load_pair_of(args, **options):
+    """The pair `add_pair_args`'s options name, loaded."""
+    return load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+                     static_cache=args.static_cache, cuda_graphs=args.cuda_graphs, **options)
+
+
 def benchmark(args) -> dict:
-    pair = load_pair(
-        args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-        batch_invariant={"on": True, "off": False, "auto": None}[args.batch_invariant],
-        static_cache=args.static_cache, cuda_graphs=args.cuda_graphs,
-    )
+    pair = load_pair_of(args, batch_invariant={"on": True, "off": False, "auto": None}[args.batch_invariant])
     target, drafter, tokenizer = pair.target, pair.drafter, pair.tokenizer
     block_sizes = args.block_sizes or [drafter.block_size]
     eos = tokenizer.eos_token_id if tokenizer is not None else None
@@ -227,39 +269,6 @@ def benchmark(args) -> dict:
     }
 
 
-def cycle_times(args) -> dict:
-    """`bench_cycle.time_cycle` for the loaded pair at each block size; prints one table per size."""
-    from .bench_cycle import print_table as print_cycle, time_cycle
-
-    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                     static_cache=args.static_cache, cuda_graphs=args.cuda_graphs)
-    result = {"target": str(args.target), "drafter": str(args.drafter), "per_block_size": {}}
-    for b in args.block_sizes or [pair.drafter.block_size]:
-        r = time_cycle(pair.target, pair.drafter, args.context, b, taus=(2, 3, 4, 6, 8, 12, 16))
-        print_cycle({"target": result["target"], **r})
-        result["per_block_size"][b] = r
-    return result
-
-
-def explain_costs(args) -> dict:
-    """`bench_explain.explain_overhead` for the loaded pair at its first block size."""
-    from .bench_explain import explain_overhead
-
-    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                     static_cache=args.static_cache, cuda_graphs=args.cuda_graphs)
-    tokenizer = pair.tokenizer
-    eos = tokenizer.eos_token_id if tokenizer is not None else None
-    prompts = load_prompts(args.prompts, args.num_prompts)
-    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
-    block_size = (args.block_sizes or [pair.drafter.block_size])[0]
-    common = dict(max_new_tokens=args.max_new_tokens, stop_ids=[eos] if eos is not None else [], block_size=block_size)
-    run(pair.target, encoded[0][:8], pair.drafter, explain=args.explain, **common)  # warm up outside the clock
-    result = explain_overhead(pair.target, pair.drafter, encoded, k=args.explain, **common)
-    result.update(target=str(args.target), drafter=str(args.drafter), dtype=args.dtype, block_size=block_size,
-                  threads=torch.get_num_threads(), num_prompts=len(encoded), max_new_tokens=args.max_new_tokens)
-    return result
-
-
 def print_table(result: dict) -> None:
     plain = result["plain_tok_s"]
     print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
@@ -295,66 +304,36 @@ def print_table(result: dict) -> None:
                 print(f"{label:<22}{r['num_prompts']:>9}{r['speedup']:>9.2f}{tau}{r['identical']:>11.2f}")
 
 
+# Flags of the main benchmark that became subcommands.
+MOVED = {"--cycle-times": "cycle", "--synthetic": "cycle --synthetic", "--context": "cycle --context",
+         "--explain": "explain-cost --top-k"}
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash_core.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default=DEFAULT_TARGET)
-    parser.add_argument("--drafter", default="assets/drafters/smollm2-135m-instruct-dflash")
-    parser.add_argument("--prompts", help="JSON lines with a 'prompt' field (instead of --prompt-set)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    listed = "; ".join(f"{name}: {what}" for name, (_, what) in SUBCOMMANDS.items())
+    parser = argparse.ArgumentParser(prog="python -m dflash_core.bench", description=__doc__.splitlines()[0],
+                                     epilog=f"subcommands (python -m dflash_core.bench SUBCOMMAND --help): {listed}")
+    for flag, now in MOVED.items():
+        if any(a == flag or a.startswith(flag + "=") for a in argv):
+            parser.error(f"{flag} is now a subcommand: python -m dflash_core.bench {now}")
+    add_pair_args(parser)
+    add_prompt_args(parser)
     parser.add_argument("--prompt-set", choices=["natural", "generated", "both"], default="both",
                         help="natural: written by hand as people type, plus the app's examples; generated: held out "
                              "from the training prompt sources")
-    parser.add_argument("--num-prompts", type=int, default=20, help="prompts per set, spread over it (a smaller set is used whole)")
     parser.add_argument("--no-peers", dest="peers", action="store_false",
                         help="skip transformers' generate and prompt lookup (halves the run)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
-    parser.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--thinking", choices=THINKING_CHOICES,
                         help="Qwen3-style thinking in the chat template (default: off where the template has the "
                         "switch, as the released DFlash drafters were trained)")
     parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
                         help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
-    parser.add_argument("--static-cache", action="store_true",
-                        help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only)")
-    parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--versus", metavar="DRAFTER",
                         help="also race this drafter (e.g. the previous release) at the first block size, against "
                              "the same plain runs")
-    parser.add_argument("--cycle-times", action="store_true",
-                        help="time the parts of one cycle of this pair at each block size, instead of decoding prompts")
-    parser.add_argument("--context", type=int, default=200, help="context length for --cycle-times")
-    parser.add_argument("--synthetic", metavar="SHAPE", help="time one cycle of random-weight models (qwen3-8b, qwen3-4b, tiny)")
-    parser.add_argument("--explain", type=int, nargs="?", const=5, default=0, metavar="K",
-                        help="measure the per-cycle cost of explain=K (default 5): same prompts, explain off and on")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores); match the app's to compare")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if args.cuda_graphs and not args.static_cache:
-        parser.error("--cuda-graphs needs --static-cache: a graph replays fixed cache addresses and offsets")
-    if args.synthetic:
-        from .bench_cycle import print_table as print_cycle, run_synthetic
-
-        result = run_synthetic(args.synthetic, args.device, args.dtype)
-        print_cycle(result)
-    elif args.cycle_times:
-        result = cycle_times(args)
-    elif args.explain:
-        from .bench_explain import print_table as print_explain
-
-        result = explain_costs(args)
-        print_explain(result)
-    else:
-        result = benchmark(args)
-        print_table(result)
+    args = parse(parser, argv)
+    result = benchmark(args)
+    print_table(result)
     print(json.dumps(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

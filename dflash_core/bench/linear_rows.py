@@ -2,8 +2,8 @@
 counts) against `F.linear` (MKL). Verification multiplies a block of rows by the same weights a plain
 step multiplies one row by, so this is the part of a verify's cost the CPU's GEMM kernels decide.
 
-    PYTHONPATH=. python scripts/linear_rows.py --threads 1
-    ONEDNN_MAX_CPU_ISA=AVX2 PYTHONPATH=. python scripts/linear_rows.py --threads 1   # AVX2's kernels
+    python -m dflash_core.bench linear-rows --threads 1
+    ONEDNN_MAX_CPU_ISA=AVX2 python -m dflash_core.bench linear-rows --threads 1   # AVX2's kernels
 
 Prints one line per row count: the median over interleaved sweeps, in ms per sweep of all layers.
 """
@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from dflash_core.default_target import resolve_target
+from ..default_target import DEFAULT_TARGET, resolve_target
+from .run import parse
 
 PACK_HINTS = (None, 1, 4, 16)  # the batch_size oneDNN is told to lay the weight out for
 
@@ -37,13 +38,12 @@ def sweep(weights: list[torch.Tensor], packed: list[torch.Tensor] | None, rows: 
 
 
 @torch.inference_mode()
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="default:smollm2")
-    p.add_argument("--threads", type=int, default=1)
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash_core.bench linear-rows", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--reps", type=int, default=7)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse(p, argv)
     model = AutoModelForCausalLM.from_pretrained(resolve_target(args.target), dtype=torch.float32)
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
     paths: dict[str, list[torch.Tensor] | None] = {
@@ -62,7 +62,4 @@ def main() -> None:
                     times[name].append(ms)
         print(f"rows {rows:2d}: " + ", ".join(f"{name} {statistics.median(t):.1f}" for name, t in times.items()),
               flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -3,10 +3,10 @@
 The target's greedy responses (float32, up to 128 new tokens, as in the benchmark) to the natural set
 and the generated split are made once, batched, and kept in `runs/`; each drafter is then scored by one
 forward over every response, walking it as greedy decoding would (`val_tau_decode` of the training
-evaluation). It tracks the benchmark's tau closely and is how drafters were compared while training;
+evaluation). It tracks the benchmark's tau closely and is how drafters are compared while training;
 the benchmark (`python -m dflash_core.bench`) stays the measurement:
 
-    PYTHONPATH=. python scripts/decode_tau.py assets/drafters/smollm2-135m-instruct-dflash runs/drafter-x
+    python -m dflash_core.training.evaluate assets/drafters/smollm2-135m-instruct-dflash runs/drafter-x
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash_core.bench import PROMPT_SETS, load_prompts
-from dflash_core.drafter import DFlashDrafter
-from dflash_core.prompting import encode_prompt
-from dflash_core.target import Target
-from dflash_core.training.datagen import _eos_pad, generate_batch
-from dflash_core.training.objective import DrafterTrainer, default_gamma, evaluate
-from dflash_core.training.train import choose_amp
-from dflash_core.default_target import resolve_target
+from ..bench.run import PROMPT_SETS, load_prompts
+from ..default_target import DEFAULT_TARGET, resolve_target
+from ..drafter import DFlashDrafter
+from ..prompting import encode_prompt
+from ..target import Target
+from .datagen import _eos_pad, generate_batch
+from .objective import DrafterTrainer, default_gamma, evaluate
+from .train import choose_amp
 
 
 def responses(target: Target, name: str, num: int, max_new_tokens: int, cache_dir: Path) -> list[dict]:
@@ -46,17 +46,17 @@ def responses(target: Target, name: str, num: int, max_new_tokens: int, cache_di
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("drafters", nargs="+")
-    p.add_argument("--target", default="default:smollm2")
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m dflash_core.training.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("drafters", nargs="+", metavar="DRAFTER")
+    p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--sets", default="natural,generated")
     p.add_argument("--num-prompts", type=int, default=58)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--block-size", type=int, default=None, help="default: each drafter's trained size")
     p.add_argument("--cache-dir", type=Path, default=Path("runs"))
-    p.add_argument("--threads", type=int, default=0)
-    args = p.parse_args()
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's, all cores)")
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     target = Target.from_pretrained(resolve_target(args.target))

@@ -4,7 +4,7 @@ Slot 1 always has one (the target's greedy token after the anchor); slot k > 1 o
 follows the target's greedy path (`objective.greedy_path_labels`), so the shares say how many
 labels per forward such text gives compared with the target's own answers (1 at every slot):
 
-    PYTHONPATH=. python scripts/text_label_coverage.py runs/text-data [--seqs 100] [--block-size 4]
+    python dev/scripts/text_label_coverage.py runs/text-data [--seqs 100] [--block-size 4]
 """
 
 from __future__ import annotations

@@ -1,0 +1,94 @@
+"""The import graph of dflash_core and app, read from the source (nothing is imported): no cycle,
+no engine module importing the app, training, the benchmarks or the diagnostics, and an app that
+imports only the engine (its Space ships without training/ and bench/, see app/space.py)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("dflash_core", "app")
+# Above the engine: they may import it, it never imports them.
+TOOLS = ("dflash_core.training", "dflash_core.bench", "dflash_core.diagnostics")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Modules of the packages that `name` imports anywhere in its source (lazy imports included)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    deps = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - max(0, node.level - 1)] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                deps.add(sub if sub in known else target)
+        elif isinstance(node, ast.Import):
+            deps.update(alias.name for alias in node.names)
+    return {d for d in deps if d in known and d != name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    state, found = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_cycles_are_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_graph_reads_relative_imports():
+    g = graph()
+    assert {"dflash_core.events", "dflash_core.explain"} <= g["dflash_core.decoding"]
+    assert "dflash_core.bench.run" in g["dflash_core.bench.cycle"]
+    assert "app.tips" in g["app.cycle_view"]
+
+
+def test_no_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_the_engine_imports_neither_the_app_nor_what_stands_above_it():
+    wrong = sorted((a, b) for a, deps in graph().items() if within(a, ("dflash_core",)) for b in deps
+                   if within(b, ("app",)) or (within(b, TOOLS) and not within(a, TOOLS)))
+    assert wrong == []
+
+
+def test_the_app_imports_only_the_engine():
+    wrong = sorted((a, b) for a, deps in graph().items() if within(a, ("app",)) for b in deps if within(b, TOOLS))
+    assert wrong == []
