@@ -24,10 +24,27 @@ import torch
 from .sampling import SamplingParams, probabilities
 
 
-def _topk_lists(probs: torch.Tensor, k: int) -> list[list[list]]:
-    """Rows of `probs` [n, V] as [[id, prob], ...] of their k most likely ids."""
-    values, ids = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
-    return [[[i, p] for i, p in zip(row_ids, row_p)] for row_ids, row_p in zip(ids.tolist(), values.tolist())]
+def _topk_lists(probs: torch.Tensor, k: int, chosen: list[int | None]) -> list[list[list]]:
+    """Rows of `probs` [n, V] as [[id, prob], ...] of their k most likely ids.
+
+    chosen[i] is the token the cycle decided at row i (a draft, an accepted token, the bonus) or
+    None. `topk` and `argmax` break exact ties differently, so among ids tied in probability the
+    chosen one is listed first: the list then agrees with the decision it explains.
+    """
+    k = min(k, probs.shape[-1])
+    values, ids = torch.topk(probs, k, dim=-1)
+    picks = [chosen[row] if row < len(chosen) else None for row in range(probs.shape[0])]
+    index = torch.tensor([[pick or 0] for pick in picks], device=probs.device)
+    picked_p = probs.gather(-1, index)[:, 0].tolist()
+    rows = []
+    for row_ids, row_p, pick, p in zip(ids.tolist(), values.tolist(), picks, picked_p):
+        pairs = [[i, q] for i, q in zip(row_ids, row_p)]
+        if pick is not None:
+            pairs = [pair for pair in pairs if pair[0] != pick]
+            at = next((j for j, (_, q) in enumerate(pairs) if q <= p), len(pairs))
+            pairs = (pairs[:at] + [[pick, p]] + pairs[at:])[:k]
+        rows.append(pairs)
+    return rows
 
 
 def distribution(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -91,6 +108,8 @@ def explain_cycle(
                 {"slot": i + 1, "draft": draft_id, "target": target_ids[i], "p": p[i], "q": q[i],
                  "ratio": ratio, "u": u[i], "accepted": i < accepted}
             )
+    # Row i of the target's scores decided the token after slot i: the accepted drafts, then the bonus.
+    decided = draft[:accepted].tolist() + [bonus]
     return {
         "slot0_id": int(block_ids[0, 0]),
         "mask_id": drafter.mask_token_id if drafting else None,
@@ -99,8 +118,8 @@ def explain_cycle(
             "positions": injected if drafting else 0,
             "target_layers": list(drafter.target_layer_ids) if drafting else [],
         },
-        "draft_topk": _topk_lists(draft_probs, k) if drafting else [],
-        "target_topk": _topk_lists(target_probs, k),
+        "draft_topk": _topk_lists(draft_probs, k, draft.tolist()) if drafting else [],
+        "target_topk": _topk_lists(target_probs, k, decided),
         "decision": {"rule": rule, "slots": slots, "resampled": rule == "rejection" and accepted < n},
         "cache": {
             "target_before": position,
