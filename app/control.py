@@ -4,13 +4,35 @@ The race's worker calls `hold(shown)` between its steps; while the viewer has pa
 is owed, that call blocks, so nothing is computed or shown. The clock the race paces itself by
 (`clock()`) stops while blocked, so the on-screen clocks stay honest: a pause is never counted as
 compute time and the race resumes at the rate it had. A Step allows one more DFlash cycle on
-screen; the race shows the plain side up to that cycle's compute time.
+screen; the race shows the plain side up to that cycle's compute time. Beside it, `Viewer` holds
+what the viewer has on screen, which the buttons and the cycle view read.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .race import Snapshot
+
+
+@dataclass
+class Viewer:
+    """What one viewer has on screen: written by the frames of a race, read by Pause / Step and
+    the cycle view."""
+
+    latest: Snapshot | None = None  # the race's newest snapshot shown
+    text_of: Callable[[int], str] = str  # one token's text, for the race shown
+    follow: bool = True  # the cycle view shows the newest cycle (else the one picked)
+
+    @property
+    def shown(self) -> int:
+        """DFlash cycles on screen."""
+        return len(self.latest.dflash.blocks) if self.latest is not None else 0
 
 
 class Control:
@@ -25,6 +47,7 @@ class Control:
         self.stopped = False
         self._held = 0.0  # seconds spent blocked in `hold`, left out of `clock()`
         self.run = 0  # which run of this viewer the control drives; a newer one supersedes the rest
+        self.viewer = Viewer()
 
     def clock(self) -> float:
         return self._clock() - self._held

@@ -85,6 +85,11 @@ class Snapshot:
     stopped: bool = False  # the race was cut short by `stop`: what is shown is all there is
     paused: bool = False  # the viewer paused the race at this snapshot
 
+    @property
+    def lanes(self) -> dict[str, SideView]:
+        """Each side's view, by lane name."""
+        return {"dflash": self.dflash, "plain": self.plain}
+
 
 class _Runner:
     """One side: pulls events from its generator and stamps them with its own compute clock."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .race import SideView
+from .report import RaceReport
 from .tips import plain_tip, token_tip
 
 COLORS = {
@@ -210,32 +211,32 @@ def side_stats_html(view: SideView, label: str) -> str:
     )
 
 
-def summary_html(report: dict | None, note: str = "") -> str:
+def summary_html(report: RaceReport | None, note: str = "") -> str:
     if report is None:
         return f'<div class="race-summary" style="color:#667">{html.escape(note) or "Run a prompt to start the race."}</div>'
-    verdict = report.get("lossless")
-    if report["identical"] is None and report.get("stopped"):
+    verdict = report.lossless
+    if report.identical is None and report.stopped:
         lossless = "not checked (stopped before both sides reached the same length)"
-    elif report["identical"] is None:
+    elif report.identical is None:
         lossless = "not checked (sampling: outputs may differ by design)"
-    elif report["identical"]:
+    elif report.identical:
         lossless = '<span style="color:#127a2a">identical ✓</span>'
-    elif verdict and verdict["kind"] == "near_tie":
+    elif verdict and verdict.kind == "near_tie":
         lossless = (
-            f'<span style="color:#9a6700">near-tie at token {verdict["position"]}</span> '
-            f'(target top-2 margin {verdict["top2_margin"]:.3g}; {verdict["dtype"]} rounding, not a bug)'
+            f'<span style="color:#9a6700">near-tie at token {verdict.position}</span> '
+            f'(target top-2 margin {verdict.top2_margin:.3g}; {verdict.dtype} rounding, not a bug)'
         )
     else:
         lossless = (
-            f'<span style="color:{DIFF}">✗ BUG: differ at token {report["first_difference"]}</span> '
+            f'<span style="color:{DIFF}">✗ BUG: differ at token {report.first_difference}</span> '
             "where the target's choice was clear (outlined in both panes)"
         )
     cells = [
-        ("speedup", f"{report['speedup']:.2f}×"),
-        ("tau (mean acceptance length)", f"{report['tau']:.2f}"),
-        ("DFlash tok/s", f"{report['dflash_tok_s']:.1f}"),
-        ("plain tok/s", f"{report['plain_tok_s']:.1f}"),
-        ("TTFT DFlash / plain", f"{report['dflash_ttft_s'] * 1000:.0f} / {report['plain_ttft_s'] * 1000:.0f} ms"),
+        ("speedup", f"{report.speedup:.2f}×"),
+        ("tau (mean acceptance length)", f"{report.tau:.2f}"),
+        ("DFlash tok/s", f"{report.dflash_tok_s:.1f}"),
+        ("plain tok/s", f"{report.plain_tok_s:.1f}"),
+        ("TTFT DFlash / plain", f"{report.dflash_ttft_s * 1000:.0f} / {report.plain_ttft_s * 1000:.0f} ms"),
         ("lossless check (temperature 0)", lossless),
     ]
     body = "".join(

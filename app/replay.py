@@ -16,6 +16,8 @@ from pathlib import Path
 from dflash_core.events import Block, Prefill, Summary
 from dflash_core.trace import TraceError, validate_trace
 
+from .report import RaceReport, race_report
+
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = REPO_ROOT / "assets" / "traces"
@@ -36,7 +38,7 @@ class Recording:
     plain: Summary
     tokens: dict[int, str]
     pieces: dict[str, list[str]]  # side -> the live pane's text per output token, when recorded
-    recorded_report: dict | None = None  # the race's report as shown live (its lossless verdict too)
+    recorded_report: RaceReport | None = None  # the race's report as shown live (its lossless verdict too)
 
     def text_of(self, token_id: int) -> str:
         return self.tokens.get(int(token_id), f"<{int(token_id)}>")
@@ -56,12 +58,10 @@ class Recording:
         yield from summary.blocks
         yield summary
 
-    def report(self) -> dict:
+    def report(self) -> RaceReport:
         """The live run's report; recomputed from the events (no lossless verdict) when absent."""
-        if isinstance(self.recorded_report, dict):
+        if self.recorded_report is not None:
             return self.recorded_report
-        from .report import race_report  # the engine's lossless module, torch with it: only here
-
         return race_report(self.dflash, self.plain, self.temperature, self.block_size)
 
     def label(self) -> str:
@@ -108,8 +108,14 @@ def load_trace(path) -> Recording:
         raise ReplayError(f"{path.name} holds no {' and no '.join(missing)} run: a race replay needs both sides")
     tokens = {int(k): v for k, v in data["tokens"].items()}
     pieces = data.get("pieces") if isinstance(data.get("pieces"), dict) else {}
+    report = None
+    if isinstance(data.get("report"), dict):  # anything else is not a race's report: it is recomputed
+        try:
+            report = RaceReport.from_dict(data["report"])
+        except (TypeError, ValueError) as exc:
+            raise ReplayError(f"{path.name}: {exc}") from None
     return Recording(
-        path.stem, data["settings"], _summary(runs["dflash"]), _summary(runs["plain"]), tokens, pieces, data.get("report")
+        path.stem, data["settings"], _summary(runs["dflash"]), _summary(runs["plain"]), tokens, pieces, report
     )
 
 

@@ -1,15 +1,67 @@
 """The numbers a finished race reports: speedup, tau, tokens/s, TTFT and the lossless check.
 
 Times are each side's own compute clock (see `race.py`), so the speedup is the one a benchmark
-running the two decoders separately would measure.
+running the two decoders separately would measure. `RaceReport` is typed for the app's own code;
+`to_dict` gives the JSON the `compare` endpoint returns and a trace stores, `from_dict` reads it back.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from dflash_core import Summary
 from dflash_core.lossless import Verdict, first_difference
 
-__all__ = ["first_difference", "race_report", "seconds_per_token"]
+__all__ = ["RaceReport", "first_difference", "race_report", "seconds_per_token"]
+
+
+@dataclass(frozen=True)
+class RaceReport:
+    """The summary of one race; field names are the JSON keys."""
+
+    stopped: bool
+    tau: float
+    speedup: float
+    identical: bool | None  # None: not checked (sampling, or stopped at different lengths)
+    first_difference: int | None
+    # identical / near_tie (rounding of a tie, with where and by how much) / diverged (a bug)
+    lossless: Verdict | None
+    dflash_tok_s: float
+    plain_tok_s: float
+    dflash_ttft_s: float
+    plain_ttft_s: float
+    dflash_tokens: int
+    plain_tokens: int
+    dflash_s: float
+    plain_s: float
+    cycles: int
+    block_size: int
+    temperature: float
+    acceptance_histogram: list[int]
+    per_position_acceptance: list[float]
+
+    def to_dict(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["lossless"] = None if self.lossless is None else self.lossless.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RaceReport:
+        """A report as `to_dict` wrote it (a trace's `"report"`); raises ValueError naming what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"the report must be an object, got {type(data).__name__}")
+        # Traces recorded before the stop flag and the verdict existed lack them.
+        values = {"stopped": False, "lossless": None, **data}
+        missing = [f.name for f in fields(cls) if f.name not in values]
+        if missing:
+            raise ValueError(f"the report lacks {', '.join(missing)}")
+        verdict = values["lossless"]
+        if verdict is not None:
+            if not isinstance(verdict, dict):
+                raise ValueError(f"the report's lossless verdict must be an object, got {type(verdict).__name__}")
+            known = {f.name for f in fields(Verdict)}
+            verdict = Verdict(**{k: v for k, v in verdict.items() if k in known})
+        return cls(**{f.name: values[f.name] for f in fields(cls)} | {"lossless": verdict})
 
 
 def seconds_per_token(summary: Summary) -> float:
@@ -19,8 +71,8 @@ def seconds_per_token(summary: Summary) -> float:
 def race_report(
     dflash: Summary, plain: Summary, temperature: float, block_size: int, verdict: Verdict | None = None,
     stopped: bool = False,
-) -> dict:
-    """The JSON summary of a race (also the last update of the `compare` API).
+) -> RaceReport:
+    """The summary of a race (its `to_dict` is the last update of the `compare` API).
 
     verdict: the engine's lossless check of a greedy race (`dflash_core.lossless.compare`).
     stopped: the race was cut short, so the outputs are prefixes; they are compared for the
@@ -30,26 +82,24 @@ def race_report(
     # Only greedy decoding must give the same tokens; sampled runs legitimately differ.
     checked = temperature == 0.0 and not (stopped and len(dflash.output_ids) != len(plain.output_ids))
     diff = first_difference(dflash.output_ids, plain.output_ids)
-    return {
-        "stopped": stopped,
-        "tau": round(dflash.tau, 4),
-        "speedup": round(p_spt / d_spt, 4) if d_spt > 0 else 0.0,
-        "identical": (diff is None) if checked else None,
-        "first_difference": diff if checked else None,
-        # identical / near_tie (rounding of a tie, with where and by how much) / diverged (a bug)
-        "lossless": verdict.to_dict() if checked and verdict is not None else None,
-        "dflash_tok_s": round(dflash.tokens_per_s, 3),
-        "plain_tok_s": round(plain.tokens_per_s, 3),
-        "dflash_ttft_s": round(dflash.ttft_s, 4),
-        "plain_ttft_s": round(plain.ttft_s, 4),
-        "dflash_tokens": len(dflash.output_ids),
-        "plain_tokens": len(plain.output_ids),
-        "dflash_s": round(dflash.total_s, 4),
-        "plain_s": round(plain.total_s, 4),
-        "cycles": len(dflash.blocks),
-        "block_size": block_size,
-        "temperature": temperature,
-        "acceptance_histogram": dflash.acceptance_histogram,
-        "per_position_acceptance": [round(x, 4) for x in dflash.per_position_acceptance],
-    }
-
+    return RaceReport(
+        stopped=stopped,
+        tau=round(dflash.tau, 4),
+        speedup=round(p_spt / d_spt, 4) if d_spt > 0 else 0.0,
+        identical=(diff is None) if checked else None,
+        first_difference=diff if checked else None,
+        lossless=verdict if checked else None,
+        dflash_tok_s=round(dflash.tokens_per_s, 3),
+        plain_tok_s=round(plain.tokens_per_s, 3),
+        dflash_ttft_s=round(dflash.ttft_s, 4),
+        plain_ttft_s=round(plain.ttft_s, 4),
+        dflash_tokens=len(dflash.output_ids),
+        plain_tokens=len(plain.output_ids),
+        dflash_s=round(dflash.total_s, 4),
+        plain_s=round(plain.total_s, 4),
+        cycles=len(dflash.blocks),
+        block_size=block_size,
+        temperature=temperature,
+        acceptance_histogram=dflash.acceptance_histogram,
+        per_position_acceptance=[round(x, 4) for x in dflash.per_position_acceptance],
+    )

@@ -3,7 +3,7 @@
 ZeroGPU (active only with the `spaces` package installed and `SPACES_ZERO_GPU` set, a no-op
 elsewhere) attaches a GPU slice for the duration of each decorated call, which runs in a worker
 process; `gpu_task` wraps the race's model work that way, with a duration computed from the
-request (`race_seconds`), and `explain_gpu_errors` turns ZeroGPU's quota and busy errors into a
+request (`race_seconds`), and `gpu_errors_as_messages` turns ZeroGPU's quota and busy errors into a
 message that offers a recorded race instead.
 
 `python -m app.space export DIR [--hardware zerogpu|cpu]` writes a folder that can be pushed to a
@@ -89,7 +89,7 @@ def gpu_task(fn: Callable[..., Iterator], pairs=()) -> tuple[Callable[..., Itera
     return race_stream, lambda pair_id: pair_id not in on_gpu
 
 
-def explain_gpu_errors(stream: Iterator) -> Iterator:
+def gpu_errors_as_messages(stream: Iterator) -> Iterator:
     """Pass `stream` through; ZeroGPU's quota and busy errors become a message with a way out."""
     try:
         yield from stream

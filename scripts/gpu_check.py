@@ -467,7 +467,7 @@ def part_race(state) -> dict:
         frames += 1
     d, p = snapshot.dflash.summary, snapshot.plain.summary
     verdict = compare(pair.plain, prompt, d.output_ids, p.output_ids)
-    report = race_report(d, p, 0.0, b, verdict)
+    report = race_report(d, p, 0.0, b, verdict).to_dict()
     ok = snapshot.done and report["lossless"]["kind"] != "diverged" and report["speedup"] > 0
     return {"frames": frames, "report": {k: report[k] for k in ("tau", "speedup", "identical", "lossless",
                                                                  "dflash_tokens", "plain_tokens")},

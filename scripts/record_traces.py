@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from app.examples import EXAMPLES  # noqa: E402
 from app.models import PairCache  # noqa: E402
 from app.pairs import load_pairs  # noqa: E402
-from app.ui import FRAME_FIELDS, App  # noqa: E402
+from app.frames import FRAME_FIELDS  # noqa: E402
+from app.ui import App  # noqa: E402
 from dflash_core.trace import validate_trace  # noqa: E402
 
 CATEGORIES = ("math", "code", "chat", "story")  # the order of app/examples.py

@@ -59,7 +59,8 @@ def replay_url(tiny_dirs, request):
 def record_tiny_trace(tiny_dirs, request) -> Path:
     from app.models import PairCache
     from app.pairs import cli_pair
-    from app.ui import FRAME_FIELDS, App
+    from app.frames import FRAME_FIELDS
+    from app.ui import App
 
     request.getfixturevalue("one_thread")
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))

@@ -116,9 +116,9 @@ def test_stop_ends_the_race_before_the_next_cycle_and_keeps_what_was_shown():
     d, p = last.dflash.as_summary("stopped"), last.plain.as_summary("stopped")
     assert d.stop_reason == "stopped" and len(d.output_ids) > len(p.output_ids)
     report = race_report(d, p, 0.0, 4, stopped=True)
-    assert report["stopped"] and report["identical"] is None, "no lossless verdict on outputs of different lengths"
+    assert report.stopped and report.identical is None, "no lossless verdict on outputs of different lengths"
     same = race_report(d, d, 0.0, 4, stopped=True)
-    assert same["identical"] is True
+    assert same.identical is True
 
 
 def test_stop_requests_reach_only_a_running_race_and_leave_nothing_behind():

@@ -9,7 +9,7 @@ import gradio as gr
 import pytest
 import torch
 
-import app.ui as ui
+import app.loading as loading
 import dflash_core
 from app.models import PairCache
 from app.pairs import PairSpec
@@ -47,7 +47,7 @@ def fake_hub(monkeypatch, tiny_dirs, tmp_path):
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-    monkeypatch.setattr(ui, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(loading, "PROGRESS_EVERY_S", 0.0)
     return calls
 
 

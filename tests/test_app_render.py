@@ -159,7 +159,7 @@ def test_race_stamps_each_side_with_its_own_clock():
             if a.blocks and not b.done:
                 assert a.blocks[-1].elapsed_s <= b.elapsed_s + 0.2 + 1e-9
     report = race_report(last.dflash.summary, last.plain.summary, 0.0, 4)
-    assert report["tau"] == 4 and report["speedup"] == pytest.approx(2.1 / 1.1, abs=1e-3)
+    assert report.tau == 4 and report.speedup == pytest.approx(2.1 / 1.1, abs=1e-3)
 
 
 def test_first_difference():

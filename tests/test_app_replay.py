@@ -17,7 +17,8 @@ import pytest
 from app.models import PairCache
 from app.pairs import cli_pair
 from app.replay import ReplayError, load_trace
-from app.ui import FRAME_FIELDS, App
+from app.frames import FRAME_FIELDS
+from app.ui import App
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,7 +55,7 @@ def test_trace_carries_the_schema_and_token_texts(live):
     recording = load_trace(live["trace_file"])
     ids = set(recording.dflash.output_ids) | {t for b in recording.dflash.blocks for t in b.draft_ids}
     assert ids <= set(recording.tokens)
-    assert recording.report() == data["report"]
+    assert recording.report().to_dict() == data["report"]
 
 
 @pytest.mark.parametrize(

@@ -100,10 +100,10 @@ def test_zerogpu_quota_errors_offer_the_recorded_races_and_other_errors_pass_thr
         raise error
 
     with pytest.raises(gradio.Error) as quota:
-        list(space.explain_gpu_errors(failing(gradio.Error("You have exceeded your GPU quota.", title="ZeroGPU quota exceeded"))))
+        list(space.gpu_errors_as_messages(failing(gradio.Error("You have exceeded your GPU quota.", title="ZeroGPU quota exceeded"))))
     assert "exceeded your GPU quota" in quota.value.message and "Replay tab" in quota.value.message
     with pytest.raises(gradio.Error) as other:
-        list(space.explain_gpu_errors(failing(gradio.Error("block_size 12 is too large"))))
+        list(space.gpu_errors_as_messages(failing(gradio.Error("block_size 12 is too large"))))
     assert other.value.message == "block_size 12 is too large"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from app.render import summary_html
@@ -57,10 +59,10 @@ def test_report_and_summary_show_the_verdict(tiny_dirs):
     d = run(target, PROMPT, max_new_tokens=10)
     near = compare(target, PROMPT, [*plain[:3], b], plain)
     report = race_report(d, d, 0.0, 4, near)
-    assert report["lossless"]["kind"] == "near_tie" and report["lossless"]["position"] == 3
-    report["identical"], report["first_difference"] = False, 3  # as a race that parted there would say
+    assert report.lossless.kind == "near_tie" and report.lossless.position == 3
+    report = replace(report, identical=False, first_difference=3)  # as a race that parted there would say
     html = summary_html(report)
     assert "near-tie at token 3" in html and "not a bug" in html and "BUG" not in html
-    report["lossless"] = {**report["lossless"], "kind": "diverged"}
+    report = replace(report, lossless=replace(report.lossless, kind="diverged"))
     assert "BUG: differ at token 3" in summary_html(report)
-    assert race_report(d, d, 0.7, 4, near)["lossless"] is None  # sampling: not checked
+    assert race_report(d, d, 0.7, 4, near).lossless is None  # sampling: not checked

@@ -1,0 +1,149 @@
+"""The live race's handlers: `compare` (the Race button and the `compare` endpoint) and Stop.
+
+`compare` checks the request, loads the pair, and streams the frames of `race_frames`, the race's
+model work (`session.py` running it, `frames.py` drawing it), which on ZeroGPU runs in a GPU
+worker process; it writes the finished race's trace for download. Every `DFlashError` and model
+failure reaches the visitor as a message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from dflash_core.errors import explain
+
+from . import texts
+from .control import Control, Controls
+from .frames import ChartPacer, note_frame, race_frame, start_frame
+from .limits import Limits, check_prompt_tokens, check_request
+from .loading import PairLoading
+from .session import RaceSession
+from .space import gpu_errors_as_messages, gpu_task
+from .stopping import StopRequests
+from .traces import TraceStore
+
+STOP_WAIT_S = 30.0  # a race ends within one engine step of Stop; this only bounds a stuck one
+
+
+class LiveRace:
+    """Races the pairs of `loading` on visitors' prompts, within `limits`; keeps their traces in `traces`."""
+
+    def __init__(self, loading: PairLoading, controls: Controls, limits: Limits, traces: TraceStore):
+        self.loading = loading
+        self.controls = controls  # each session's Pause / Step / Continue
+        self.limits = limits
+        self.traces = traces
+        self.stops = StopRequests()
+        # On ZeroGPU the model work of GPU pairs runs in a GPU worker process, for a time computed per request.
+        self.race_stream, self.runs_in_process = gpu_task(self.race_frames, list(loading.pairs.values()))
+
+    @property
+    def pairs(self):
+        return self.loading.pairs
+
+    def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_id=None, request: gr.Request = None):
+        """Race DFlash speculative decoding against plain decoding of the same target on one prompt.
+
+        Both sides decode the same prompt (sent through the target's chat template) with the same
+        target model; DFlash drafts a block of tokens per cycle and the target verifies it in one
+        pass. Updates stream while the race runs; the last one carries the summary and the trace.
+
+        Args:
+            prompt: the user message to answer (plain text, not empty); the server wraps it in the target's chat template.
+            max_new_tokens: tokens each side generates at most (a whole number from 1 to the server's limit).
+            block_size: tokens DFlash verifies per cycle, 1 to the drafter's trained block size (1 = no drafting).
+            temperature: 0 for greedy decoding, where both outputs must be identical; above 0 samples.
+            top_p: nucleus sampling mass in (0, 1]; 1 keeps the whole distribution.
+            seed: random seed for sampling (a whole number >= 0).
+
+        Returns:
+            The race's outputs; the `report` one is a JSON summary: `tau` (mean tokens accepted per
+            DFlash cycle, the target's own bonus token included), `speedup` (plain seconds per token
+            over DFlash seconds per token, each side on its own compute clock), `identical` (at
+            temperature 0, whether both outputs are the same tokens; null when sampling or stopped
+            before both sides reached the same length), `first_difference`, `dflash_tok_s`,
+            `plain_tok_s`, the times to first token, token counts, `cycles`, `stopped`, the
+            acceptance histogram and per-position acceptance. `trace_file` is the full trace (JSON).
+        """
+        cache = self.loading.cache
+        if cache is None:
+            raise gr.Error(texts.NO_MODEL)
+        spec = self.pairs.get(pair_id or self.loading.default_id)
+        if spec is None:
+            raise gr.Error(texts.UNKNOWN_MODEL_PAIR.format(pair_id=pair_id))
+        try:
+            req = check_request(self.limits, prompt, max_new_tokens, block_size, temperature, top_p, seed)
+        except ValueError as exc:  # DFlashError is a ValueError too
+            raise gr.Error(str(exc)) from None
+        if req.block_size == 1:
+            gr.Warning(texts.NO_DRAFTING)
+        # Clear the previous race at once, so old tokens and numbers never mix with new ones.
+        loading = texts.RACE_LOADING.format(label=spec.label)
+        yield start_frame(loading if not cache.is_loaded(spec) else texts.RACING).values()
+        try:
+            pair = yield from self.loading.load(spec, lambda line: start_frame(f"{loading} {line}").values())
+            prompt_ids = pair.encode(req.prompt)
+            check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
+        except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
+            raise gr.Error(explain(exc, cache.device_for(spec))) from None
+        yield from self._stream(spec, req, prompt_ids, getattr(request, "session_hash", None))
+
+    def _stream(self, spec, req, prompt_ids: list[int], session: str | None):
+        """The frames of the race of a checked request, its trace written once it has finished."""
+        sampling = req.sampling
+        args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
+        in_process = self.runs_in_process(spec.id)
+        with self.stops.running(session) as stop:
+            # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
+            # closed from here instead, and the summary can only say that it stopped.
+            # Pause / Step reach the race only where it runs in this process.
+            control = self.controls.get(session) if in_process else None
+            kwargs = {"control": control} if control is not None else {}
+            stream = self.race_stream(
+                *args, prompt=req.prompt, stop=stop.is_set if in_process else None, **kwargs
+            )
+            try:
+                for frame, data in gpu_errors_as_messages(stream):
+                    if stop.is_set() and not in_process:
+                        yield note_frame(texts.STOPPED).values()
+                        return
+                    if data is not None:
+                        frame.trace_file = self.traces.write(session, data)
+                        frame.trace_csv = str(Path(frame.trace_file).with_suffix(".csv"))
+                    yield frame.values()
+            finally:
+                stream.close()
+
+    def race_frames(self, pair_id, prompt_ids, max_new_tokens, block_size, temperature, top_p, seed, prompt=None,
+                    stop=None, control: Control | None = None):
+        """The model work of one race: yields (Frame, None) while it runs, then (Frame, trace).
+
+        Takes and yields only plain data, so that it can run in a GPU worker process (ZeroGPU);
+        `control` (Pause / Step) is given only when it runs in this process.
+        """
+        from dflash_core import SamplingParams
+
+        spec = self.pairs[pair_id]
+        device = self.loading.cache.device_for(spec)
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+        race = RaceSession(self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size, sampling)
+        viewer = control.viewer if control is not None else None
+        pacer = ChartPacer()
+        try:
+            for snapshot in race.snapshots(stop, control):
+                with_charts = pacer.due(snapshot)
+                if not snapshot.done:
+                    yield race_frame(snapshot, race.pieces, race.text_of, None, with_charts, viewer), None
+        except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
+            raise gr.Error(explain(exc, device)) from None
+        result = race.result()
+        if result is None:
+            yield note_frame(texts.STOPPED_EARLY), None
+            return
+        yield race_frame(race.last, race.pieces, race.text_of, result.report, True, viewer), result.trace
+
+    def stop(self, request: gr.Request = None) -> None:
+        """The Stop button: asks this session's race to end; returns once it has (or after STOP_WAIT_S)."""
+        self.stops.request(getattr(request, "session_hash", None), wait_s=STOP_WAIT_S)

@@ -1,0 +1,88 @@
+"""Pair selection and loading, the handlers of the pair selector and its status line.
+
+A pair loads in a worker thread while its download progress (Hub bytes and files) streams to the
+status line; every failure becomes a message, and the app keeps serving.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import gradio as gr
+
+from dflash_core.errors import explain
+
+from . import texts
+from .pairs import PairSpec, availability
+
+PROGRESS_EVERY_S = 0.25  # download progress lines at most this often
+
+
+class PairLoading:
+    """The pair registry and the model cache (a `PairCache`; None in a replay-only app)."""
+
+    def __init__(self, pairs: list[PairSpec], default_id: str, cache):
+        self.pairs = {p.id: p for p in pairs}
+        self.default_id = default_id if default_id in self.pairs else (pairs[0].id if pairs else "")
+        self.cache = cache
+
+    def load(self, spec: PairSpec, frame):
+        """Generator: loads `spec` in a worker and yields `frame(line)` for each progress line
+        (Hub downloads in bytes and files); returns the loaded pair or raises what the load raised."""
+        updates: queue.Queue = queue.Queue()
+        result = {}
+
+        def work():
+            try:
+                result["pair"] = self.cache.get(spec, progress=updates.put)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which explains it
+                result["error"] = exc
+            finally:
+                updates.put(None)
+
+        threading.Thread(target=work, daemon=True).start()
+        last = float("-inf")
+        while (update := updates.get()) is not None:
+            now = time.perf_counter()
+            if now - last >= PROGRESS_EVERY_S:  # a download reports many times a second
+                last = now
+                yield frame(update.message())
+        if "error" in result:
+            raise result["error"]
+        return result["pair"]
+
+    def load_selected(self, pair_id: str):
+        """Generator for the status line: loading (with download progress), then ready or why not."""
+        spec = self.pairs.get(pair_id)
+        if spec is None:
+            yield texts.UNKNOWN_PAIR.format(pair_id=pair_id), gr.skip()
+            return
+        device = self.cache.device_for(spec)
+        reason = availability(spec, device)
+        if reason:
+            yield texts.UNAVAILABLE.format(reason=reason), gr.skip()
+            return
+        loading = texts.LOADING.format(label=spec.label, device=device)
+        if not self.cache.is_loaded(spec):
+            yield f"{loading}…", gr.skip()
+        try:
+            pair = yield from self.load(spec, lambda line: (f"{loading}: {line}…", gr.skip()))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message, the app keeps serving
+            yield texts.NOT_LOADED.format(label=spec.label, why=explain(exc, device)), gr.skip()
+            return
+        trained = pair.trained_block_size
+        freed = texts.FREED.format(labels=", ".join(self.cache.freed)) if self.cache.freed else ""
+        status = texts.READY.format(
+            label=spec.label, device=device, load_s=pair.load_s, numerics=pair.numerics, trained=trained,
+            chat_template=pair.chat_template, freed=freed,
+        )
+        yield status, gr.update(maximum=trained, value=trained)
+
+    def select_pair(self, pair_id: str):
+        """The pair selector (also the `select_pair` endpoint): this session races `pair_id` from now on,
+        once it loads; yields (pair for the session, status line, block-size slider) like `load_selected`."""
+        keep = pair_id if pair_id in self.pairs else gr.skip()
+        for status, block_size in self.load_selected(pair_id):
+            yield keep, status, block_size

@@ -1,0 +1,47 @@
+"""Pause, Step and Continue, and the cycle picker: the handlers that act on what one viewer has
+on screen (their `Control` and its `Viewer`), for a live race and a replay alike."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from . import texts
+from .control import Control, Controls
+from .cycle_view import cycle_html
+
+
+class Stepping:
+    def __init__(self, controls: Controls):
+        self.controls = controls
+
+    def control(self, request) -> Control:
+        return self.controls.get(getattr(request, "session_hash", None))
+
+    def pause(self, request: gr.Request = None):
+        control = self.control(request)
+        control.pause(control.viewer.shown)
+        return texts.PAUSED.format(cycle=control.viewer.shown)
+
+    def step(self, request: gr.Request = None):
+        control = self.control(request)
+        control.step(control.viewer.shown)
+        return texts.STEPPING.format(cycle=control.limit)
+
+    def resume(self, request: gr.Request = None):
+        self.control(request).resume()
+        return texts.PLAYING
+
+    def pick_cycle(self, index, request: gr.Request = None):
+        """Show the chosen cycle of the run on screen, and stop following the latest one."""
+        viewer = self.control(request).viewer
+        viewer.follow = False
+        if viewer.latest is None:
+            return cycle_html(None, None, None, str), False
+        return cycle_html(viewer.latest.dflash, viewer.latest.plain, index, viewer.text_of), False
+
+    def follow_latest(self, follow, request: gr.Request = None):
+        viewer = self.control(request).viewer
+        viewer.follow = bool(follow)
+        if viewer.latest is None or not follow:
+            return gr.skip()
+        return cycle_html(viewer.latest.dflash, viewer.latest.plain, None, viewer.text_of)

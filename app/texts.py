@@ -1,0 +1,62 @@
+"""The page's prose: the intro, the hints, and the status lines the handlers show.
+
+Templates with `{name}` fields are filled with `str.format` where they are shown.
+"""
+
+INTRO = """# ⚡ DFlash Studio
+Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
+in one pass, the target verifies it in one pass and keeps the longest agreeing prefix plus one token of
+its own. Both panes decode the same prompt with the same target; the race is paced on each side's own
+compute time, so what you see matches the measured speeds.
+
+Block size is a hardware trade-off: a bigger block lets more tokens be accepted per cycle, but on a
+CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half), so here the block-4 pair is the
+faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper."""
+
+REPLAY_TAB = (
+    "No model needed: replay a race recorded on the default pair (or upload a trace a race "
+    "downloaded), paced by its recorded compute clocks. Every view works as in a live race."
+)
+CYCLE_PANEL = "Inside a cycle: what the drafter saw and proposed, what the target decided"
+
+# Where no model can run, the page still shows a real race.
+REPLAY_HINT = "The *Replay a recorded run* tab plays races recorded on the default pair, with no model."
+
+# --- the pair's status line --------------------------------------------------------------------------
+PAIRS_LOADING = "Loading models…"
+UNKNOWN_PAIR = "⚠ Unknown pair {pair_id!r}."
+UNAVAILABLE = "⚠ **Unavailable:** {reason} " + REPLAY_HINT
+LOADING = "Loading **{label}** on {device} (first time only)"
+NOT_LOADED = "⚠ **Could not load {label}:** {why} " + REPLAY_HINT
+FREED = " Freed {labels} to make room."
+READY = (
+    "✓ **{label}** ready on {device} (loaded in {load_s:.1f} s); target in {numerics}; drafter trained with "
+    "block size {trained}; prompts through {chat_template}.{freed}"
+)
+
+# --- the race ---------------------------------------------------------------------------------------
+NO_MODEL = "This app was started with --replay: no model is loaded. Replay a recorded run instead."
+UNKNOWN_MODEL_PAIR = "Unknown model pair {pair_id!r}."
+NO_DRAFTING = "Block size 1 means no drafting: both sides decode plainly, one token per step."
+RACE_LOADING = "Loading {label}… (first time only)"
+RACING = "Racing…"
+STOPPED = "Stopped."
+STOPPED_EARLY = "Stopped before both sides had a token."
+OWN_CLOCKS = (
+    "Times are each side's own compute time: the two runs were interleaved in one worker, "
+    "so neither slowed the other down."
+)
+STOPPED_SHOWN = "Stopped: {dflash} DFlash and {plain} plain tokens shown, numbers up to there. "
+
+# --- a replay ---------------------------------------------------------------------------------------
+BAD_SPEED = "replay speed must be between 0.25x and 4x, got {speed:g}x"
+REPLAY_START = "Replaying {label} at {speed:g}×"
+REPLAYING = "Replaying {name} at {speed:g}× (recorded compute clocks)…"
+REPLAY_NOTE = "Replay of a recorded run ({name}); times are the recorded compute clocks."
+
+# --- pause / step / continue ------------------------------------------------------------------------
+PAUSED = "**Paused** after cycle {cycle}: *Step* shows one more DFlash cycle, *Continue* resumes."
+STEPPING = "**Stepping** to cycle {cycle} (the plain side is advanced to the same compute time)."
+PLAYING = "**Playing.**"
+PAUSED_AT = "**Paused** after cycle {cycle}: *Step* shows one more, *Continue* resumes."
+FINISHED = "**Finished**: pick any cycle under *Inside a cycle* to look inside it."
