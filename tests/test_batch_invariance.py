@@ -171,6 +171,7 @@ def test_auto_dtype_is_bf16_only_where_it_stays_lossless_and_fast(monkeypatch):
 
 def test_app_status_names_the_target_numerics(tiny_dirs):
     from app.models import PairCache
+    from dflash_core import pair
     from app.pairs import cli_pair
     from app.ui import App
 
@@ -178,3 +179,5 @@ def test_app_status_names_the_target_numerics(tiny_dirs):
         spec = cli_pair(*map(str, tiny_dirs), dtype=dtype)
         *_, (status, _) = App([spec], spec.id, PairCache("cpu")).load_selected(spec.id)
         assert f"target in {expected}" in status, status
+        drafter_dtype = str(pair.default_drafter_dtype("cpu", pair.parse_dtype(dtype))).removeprefix("torch.")
+        assert f"drafter in {drafter_dtype}, trained with block size" in status, status
