@@ -75,6 +75,7 @@ class PairLoading:
         freed = texts.FREED.format(labels=", ".join(self.cache.freed)) if self.cache.freed else ""
         status = texts.READY.format(
             label=spec.label, device=device, load_s=pair.load_s, numerics=pair.numerics, trained=trained,
+            drafter_dtype=str(pair.drafter.dtype).removeprefix("torch."),
             chat_template=pair.chat_template, freed=freed,
         )
         yield status, gr.update(maximum=trained, value=trained)

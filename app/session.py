@@ -104,7 +104,8 @@ class RaceSession:
         spec = self.pair.spec
         trace = build_trace(
             settings=settings_of(
-                self.prompt, self.prompt_ids, self.max_new_tokens, self.block_size, self.sampling, explain=EXPLAIN_TOP_K
+                self.prompt, self.prompt_ids, self.max_new_tokens, self.block_size, self.sampling,
+                target_dtype=self.pair.target.dtype, drafter_dtype=self.pair.drafter.dtype, explain=EXPLAIN_TOP_K,
             ),
             pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
                   "trained_block_size": self.pair.trained_block_size, "chat_template": self.pair.chat_template},

@@ -23,9 +23,14 @@ class Stepping:
         return texts.PAUSED.format(cycle=control.viewer.shown)
 
     def step(self, request: gr.Request = None):
+        """One more cycle; the status is left to the race's next frame ("Paused after cycle N").
+
+        A status returned here could reach the page after that frame (a busy CPU delays this
+        handler's reply more than the stream) and leave a stale "stepping" on screen.
+        """
         control = self.control(request)
         control.step(control.viewer.shown)
-        return texts.STEPPING.format(cycle=control.limit)
+        return gr.update()
 
     def resume(self, request: gr.Request = None):
         self.control(request).resume()

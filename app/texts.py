@@ -30,8 +30,8 @@ LOADING = "Loading **{label}** on {device} (first time only)"
 NOT_LOADED = "⚠ **Could not load {label}:** {why} " + REPLAY_HINT
 FREED = " Freed {labels} to make room."
 READY = (
-    "✓ **{label}** ready on {device} (loaded in {load_s:.1f} s); target in {numerics}; drafter trained with "
-    "block size {trained}; prompts through {chat_template}.{freed}"
+    "✓ **{label}** ready on {device} (loaded in {load_s:.1f} s); target in {numerics}; drafter in "
+    "{drafter_dtype}, trained with block size {trained}; prompts through {chat_template}.{freed}"
 )
 
 # --- the race ---------------------------------------------------------------------------------------
@@ -56,7 +56,6 @@ REPLAY_NOTE = "Replay of a recorded run ({name}); times are the recorded compute
 
 # --- pause / step / continue ------------------------------------------------------------------------
 PAUSED = "**Paused** after cycle {cycle}: *Step* shows one more DFlash cycle, *Continue* resumes."
-STEPPING = "**Stepping** to cycle {cycle} (the plain side is advanced to the same compute time)."
 PLAYING = "**Playing.**"
 PAUSED_AT = "**Paused** after cycle {cycle}: *Step* shows one more, *Continue* resumes."
 FINISHED = "**Finished**: pick any cycle under *Inside a cycle* to look inside it."

@@ -117,7 +117,11 @@ def main(argv=None) -> int:
         return 1
     if text is not None:
         print()
-    mode = "plain" if pair.drafter is None else f"dflash block={summary.block_size}"
+    target_dtype = str(pair.target.dtype).removeprefix("torch.")
+    if pair.drafter is None:
+        mode = f"plain {target_dtype}"
+    else:
+        mode = f"dflash block={summary.block_size} target {target_dtype} drafter {str(pair.drafter.dtype).removeprefix('torch.')}"
     print(
         f"[{mode}] {len(summary.output_ids)} tokens in {summary.total_s:.2f}s "
         f"({summary.tokens_per_s:.1f} tok/s), tau {summary.tau:.2f}, cycles {len(summary.blocks)}, "
@@ -127,6 +131,7 @@ def main(argv=None) -> int:
         drafter = pair.drafter
         trace = build_trace(
             settings=settings_of(args.prompt, prompt_ids, args.max_new_tokens, summary.block_size, sampling,
+                                 target_dtype=pair.target.dtype, drafter_dtype=None if drafter is None else drafter.dtype,
                                  explain=args.explain),
             pair={"id": None, "target": args.target, "drafter": None if drafter is None else args.drafter,
                   "trained_block_size": None if drafter is None else drafter.block_size},

@@ -14,10 +14,26 @@ from .events import CacheLengths, CycleExplanation, CycleTimes, Decision, Inject
 from .sampling import SamplingParams, probabilities
 
 
-def _topk_lists(probs: torch.Tensor, k: int) -> tuple[TopK, ...]:
-    """Rows of `probs` [n, V] as ((id, prob), ...) of their k most likely ids."""
-    values, ids = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
-    return tuple(tuple(zip(row_ids, row_p)) for row_ids, row_p in zip(ids.tolist(), values.tolist()))
+def _topk_lists(probs: torch.Tensor, k: int, chosen: list[int | None]) -> tuple[TopK, ...]:
+    """Rows of `probs` [n, V] as ((id, prob), ...) of their k most likely ids.
+
+    chosen[i] is the token the cycle decided at row i (a draft, an accepted token, the bonus) or
+    None. `topk` and `argmax` break exact ties differently, so among ids tied in probability the
+    chosen one is listed first: the list then agrees with the decision it explains.
+    """
+    k = min(k, probs.shape[-1])
+    values, ids = torch.topk(probs, k, dim=-1)
+    picks = [chosen[row] if row < len(chosen) else None for row in range(probs.shape[0])]
+    index = torch.tensor([[pick or 0] for pick in picks], device=probs.device)
+    picked_p = probs.gather(-1, index)[:, 0].tolist()
+    rows = []
+    for row_ids, row_p, pick, p in zip(ids.tolist(), values.tolist(), picks, picked_p):
+        pairs = [(i, q) for i, q in zip(row_ids, row_p) if i != pick]
+        if pick is not None:
+            at = next((j for j, (_, q) in enumerate(pairs) if q <= p), len(pairs))
+            pairs = pairs[:at] + [(pick, p)] + pairs[at:]
+        rows.append(tuple(pairs[:k]))
+    return tuple(rows)
 
 
 def distribution(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -78,13 +94,15 @@ def explain_cycle(
         for i, draft_id in enumerate(ids.tolist()):
             ratio = p[i] / q[i] if rule == "rejection" and q[i] > 0 else None
             slots.append(SlotVerdict(i + 1, draft_id, target_ids[i], p[i], q[i], ratio, u[i], i < accepted))
+    # Row i of the target's scores decided the token after slot i: the accepted drafts, then the bonus.
+    decided = draft[:accepted].tolist() + [bonus]
     return CycleExplanation(
         slot0_id=int(block_ids[0, 0]),
         mask_id=drafter.mask_token_id if drafting else None,
         positions=tuple(range(position, position + n + 1)),
         injected=Injected(injected if drafting else 0, tuple(drafter.target_layer_ids) if drafting else ()),
-        draft_topk=_topk_lists(draft_probs, k) if drafting else (),
-        target_topk=_topk_lists(target_probs, k),
+        draft_topk=_topk_lists(draft_probs, k, draft.tolist()) if drafting else (),
+        target_topk=_topk_lists(target_probs, k, decided),
         decision=Decision(rule, tuple(slots), rule == "rejection" and accepted < n),
         cache=CacheLengths(
             target_before=position,

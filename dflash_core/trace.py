@@ -71,8 +71,11 @@ class TraceSizeError(TraceError):
 
 # --- building ------------------------------------------------------------------------------------
 def settings_of(prompt: str | None, prompt_ids, max_new_tokens: int, block_size: int, sampling: SamplingParams,
-                **extra) -> dict:
+                *, target_dtype=None, drafter_dtype=None, **extra) -> dict:
+    """A trace's settings; the dtypes are torch dtypes or their names (drafter None: plain decoding)."""
     return {
+        "target_dtype": _dtype_name(target_dtype),
+        "drafter_dtype": _dtype_name(drafter_dtype),
         "prompt": prompt,
         "prompt_ids": [int(t) for t in prompt_ids],
         "max_new_tokens": max_new_tokens,
@@ -83,6 +86,10 @@ def settings_of(prompt: str | None, prompt_ids, max_new_tokens: int, block_size:
         "seed": sampling.seed,
         **extra,
     }
+
+
+def _dtype_name(dtype) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def _cpu_model() -> str:

@@ -6,8 +6,10 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from dflash_core.__main__ import main
+from dflash_core.pair import default_drafter_dtype
 
 
 @pytest.fixture
@@ -29,7 +31,8 @@ def test_module_entry_point_runs(golden_dir):
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("[dflash block=8] 5 tokens")
+    drafter_dtype = str(default_drafter_dtype("cpu", torch.float32)).removeprefix("torch.")
+    assert done.stdout.startswith(f"[dflash block=8 target float32 drafter {drafter_dtype}] 5 tokens")
 
 
 def test_trace_json_matches_golden(cli, golden_dir, golden_expected, tmp_path):
@@ -39,11 +42,13 @@ def test_trace_json_matches_golden(cli, golden_dir, golden_expected, tmp_path):
     done = cli(
         "--target", golden_dir / "target", "--drafter", golden_dir / "drafter",
         "--prompt-ids", ",".join(map(str, prompt["prompt_ids"])), "--max-new-tokens", 40,
-        "--block-size", 4, "--trace-json", trace_path,
+        "--block-size", 4, "--drafter-dtype", "float32", "--trace-json", trace_path,  # the reference's drafts
     )
     assert done.returncode == 0, done.stderr
-    assert "tau" in done.stdout.splitlines()[-1]
-    trace = json.loads(trace_path.read_text())["runs"]["dflash"]
+    assert "target float32 drafter float32" in done.stdout.splitlines()[-1]
+    written = json.loads(trace_path.read_text())
+    assert (written["settings"]["target_dtype"], written["settings"]["drafter_dtype"]) == ("float32", "float32")
+    trace = written["runs"]["dflash"]
     assert trace["output_ids"] == ref["output_ids"]
     assert trace["acceptance_lengths"] == ref["acceptance_lengths"]
     assert [b["draft_ids"] for b in trace["blocks"]][:-1] == ref["draft_blocks"][:-1]

@@ -156,3 +156,33 @@ def test_a_draft_vocabulary_is_explained_in_target_ids(tmp_path, tiny_dirs, tiny
         assert {t for row in rows for t, _ in row} <= set(vocab)
         if sampling.greedy:
             assert [row[0][0] for row in rows] == list(block.draft_ids)
+
+
+def test_exact_ties_list_the_decided_token_first():
+    from dflash_core.explain import _topk_lists
+
+    probs = torch.tensor([[0.1, 0.3, 0.3, 0.3], [0.4, 0.2, 0.2, 0.2], [0.1, 0.2, 0.3, 0.4]])
+    listed = torch.topk(probs[0], 2).indices.tolist()
+    unlisted = ({1, 2, 3} - set(listed)).pop()  # tied with the top, left out by topk
+    second = torch.topk(probs[1], 2).indices.tolist()[1]
+    tied_below = ({1, 2, 3} - {second}).pop()  # tied with the second, not the one topk picked
+    rows = _topk_lists(probs, 2, [unlisted, tied_below, None])
+    assert [t for t, _ in rows[0]] == [unlisted, listed[0]]
+    assert [t for t, _ in rows[1]] == [0, tied_below]
+    assert [t for t, _ in rows[2]] == [3, 2] and [p for _, p in rows[2]] == pytest.approx([0.4, 0.3])
+    assert [p for _, p in rows[0]] == pytest.approx([0.3, 0.3])
+
+
+@pytest.mark.parametrize("drafter_dtype", [torch.float32, torch.bfloat16])
+def test_greedy_explanations_name_the_decided_tokens_first(golden_dir, golden_pair, golden_expected, drafter_dtype):
+    """Every golden case, every block: the listed top-1s are the drafts, the accepted tokens and the bonus
+    (bf16 drafts tie often: the case issue 33 found on an AMX CPU)."""
+    target, _ = golden_pair
+    drafter = DFlashDrafter.from_pretrained(golden_dir / "drafter", dtype=drafter_dtype)
+    for case in golden_expected["prompts"]:
+        summary = run(target, case["prompt_ids"], drafter, max_new_tokens=40, block_size=8, explain=3)
+        for block in summary.blocks:
+            info = block.explain
+            assert [row[0][0] for row in info.draft_topk] == list(block.draft_ids)
+            decided = list(block.draft_ids[: block.accepted]) + [block.bonus_id]
+            assert [row[0][0] for row in info.target_topk[: len(decided)]] == decided

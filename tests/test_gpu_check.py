@@ -34,8 +34,13 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert len(exact) == 8 and all(exact.values())
     speed = parts["speed"]
     assert set(speed["oracle"]) == {"4", "6.5", "8"}
+    # The one-sync rule is CUDA's; on CPU `auto` picks bf16 with batch invariance only where AMX runs it
+    # (Intel Xeon), whose row-wise attention reads each layer's mask on the host.
+    bf16 = speed["dtype"] == "torch.bfloat16"
+    assert speed["syncs_allowed_per_cycle"] == (1 + hub["layers"] if bf16 else 1)
+    assert speed["sync_path"].startswith("cpu batch-invariant" if bf16 else "cpu: the accepted count")
     for tau, figures in speed["oracle"].items():
-        assert figures["tau"] == float(tau) and figures["max_syncs_per_cycle"] == 1
+        assert figures["tau"] == float(tau) and figures["max_syncs_per_cycle"] == speed["syncs_allowed_per_cycle"]
         assert figures["lossless"]["kind"] == "identical"
     assert speed["static_cache_tau_6.5"]["tau"] == 6.5
     assert set(speed["targets"]) == {"draft/verify", "bookkeeping/cycle", "verify/plain", "speedup/tau at tau 6.5"}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dflash_core import Block, SamplingParams, Target, generate
-from dflash_core.diagnostics.syncs import SyncCounter
+from dflash_core.diagnostics.syncs import SyncCounter, host_reads_per_cycle
 
 
 def test_counter_counts_host_reads_and_restores_them():
@@ -36,3 +36,21 @@ def test_one_host_sync_per_cycle(golden_pair, sampling, draft_mode, with_drafter
             else:
                 counter.take()  # the prefill's first token is read once, outside the cycles
     assert len(per_cycle) >= 4 and per_cycle == [1] * len(per_cycle)
+
+
+@pytest.mark.parametrize("with_drafter", [True, False])
+def test_cpu_batch_invariant_path_reads_each_layers_mask(golden_dir, with_drafter):
+    """The path `auto` takes on AMX CPUs (bf16, batch-invariant), forced here on any CPU class."""
+    from dflash_core import DFlashDrafter
+
+    target = Target.from_pretrained(golden_dir / "target", dtype=torch.bfloat16, batch_invariant=True)
+    drafter = DFlashDrafter.from_pretrained(golden_dir / "drafter", dtype=torch.bfloat16) if with_drafter else None
+    bound, path = host_reads_per_cycle(target, drafting=with_drafter)
+    per_cycle = []
+    with SyncCounter(cuda_debug=False) as counter:
+        for event in generate(target, [1, 2, 3, 4], drafter, max_new_tokens=16):
+            count = counter.take()
+            if isinstance(event, Block):
+                per_cycle.append(count)
+    assert (bound, path.split(":")[0]) == ((1 + target.num_layers, "cpu batch-invariant") if with_drafter else (1, "cpu"))
+    assert len(per_cycle) >= 3 and per_cycle == [bound] * len(per_cycle)
