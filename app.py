@@ -67,6 +67,10 @@ def main(argv=None) -> None:
     if threads:
         torch.set_num_threads(threads)
     print(f"DFlash Studio: {torch.get_num_threads()} torch CPU threads", flush=True)
+    from dflash_core.device import cuda_mismatch
+
+    if problem := cuda_mismatch():
+        print(f"DFlash Studio: {problem}", flush=True)
 
     from app.limits import from_args
     from app.pairs import cli_pair, load_pairs
