@@ -258,3 +258,22 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def load_every_pair(cache, pairs, log=print) -> list[str]:
+    """Load every pair before the first GPU call; returns the ids loaded.
+
+    ZeroGPU forks one GPU worker at the first call and reuses it while idle: a pair first loaded in
+    the main process after that fork is missing from the worker's cache and would load inside a
+    visitor's GPU call, on their quota and outside `race_seconds`.
+    """
+    from .models import PairUnavailable
+
+    loaded = []
+    for spec in pairs:
+        try:
+            cache.get(spec)
+            loaded.append(spec.id)
+        except PairUnavailable as exc:
+            log(f"DFlash Studio: {spec.label} is not loaded: {exc}")
+    return loaded

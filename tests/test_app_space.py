@@ -165,3 +165,19 @@ def _launcher():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_on_zerogpu_every_pair_loads_before_the_first_gpu_call():
+    from types import SimpleNamespace
+
+    from app.models import PairUnavailable
+
+    class Cache:
+        def get(self, spec):
+            if spec.id == "huge":
+                raise PairUnavailable("needs 80 GB")
+
+    pairs = [SimpleNamespace(id=i, label=i.upper()) for i in ("smollm2-135m", "qwen3-8b", "huge")]
+    said = []
+    assert space.load_every_pair(Cache(), pairs, log=said.append) == ["smollm2-135m", "qwen3-8b"]
+    assert said == ["DFlash Studio: HUGE is not loaded: needs 80 GB"]
