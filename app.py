@@ -67,6 +67,10 @@ def main(argv=None) -> None:
     if threads:
         torch.set_num_threads(threads)
     print(f"DFlash Studio: {torch.get_num_threads()} torch CPU threads", flush=True)
+    from dflash_core.device import cuda_mismatch
+
+    if problem := cuda_mismatch():
+        print(f"DFlash Studio: {problem}", flush=True)
 
     from app.limits import from_args
     from app.pairs import cli_pair, load_pairs
@@ -88,7 +92,9 @@ def main(argv=None) -> None:
     cache = PairCache("cuda" if zerogpu else args.device, warm_up=not zerogpu, cpu_for_cpu_pairs=zerogpu)
     demo = build_demo(pairs, default_id, cache, from_args(args))
     if zerogpu:
-        cache.get(next(p for p in pairs if p.id == default_id))
+        from app.space import load_every_pair
+
+        load_every_pair(cache, pairs)
     # A Space serves the compare endpoint as an MCP tool too.
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp or on_space())
 

@@ -152,6 +152,11 @@ class PairCache:
 
     def get(self, spec: PairSpec, progress=None) -> LoadedPair:
         """The loaded pair; `progress` sees Hub downloads (`dflash_core.hub.DownloadProgress`)."""
+        # A loaded pair is returned without the lock: ZeroGPU forks its GPU worker from whatever
+        # thread calls first, and a lock held by another thread at the fork stays held in the child.
+        loaded = self._pairs.get(spec.id)
+        if loaded is not None:
+            return loaded
         with self._lock:  # two sessions clicking at once must not load the weights twice
             if spec.id in self._pairs:
                 return self._pairs[spec.id]

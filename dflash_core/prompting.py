@@ -6,20 +6,24 @@ once it decodes cleanly.
 
 from __future__ import annotations
 
+from .chat_template import template_args as drafter_template_args
 from .errors import GenerationInputError
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = True, template_args: dict | None = None) -> list[int]:
     """Prompt ids for a user message; chat models get their chat template with the assistant turn open.
 
-    template_args: extra keyword arguments for the template, e.g. `{"enable_thinking": False}`
-    (see `chat_template.template_args`).
+    template_args: extra keyword arguments for the template, e.g. `{"enable_thinking": True}`;
+    None means what the released drafters were trained with (`chat_template.template_args`: thinking
+    off where the template has that switch), `{}` the template's own defaults.
     """
     if tokenizer is None:
         raise GenerationInputError("this target has no tokenizer: pass prompt token ids instead of text")
     if not text or not text.strip():
         raise GenerationInputError("the prompt is empty: type a message")
     if chat and getattr(tokenizer, "chat_template", None):
+        if template_args is None:
+            template_args = drafter_template_args(tokenizer)
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False,
             **(template_args or {}),

@@ -16,6 +16,12 @@ from . import kernels
 from .sampling import SamplingParams, probabilities, sample
 
 
+def pick(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`rows[index]` for a 0-dim device index, without the host read that indexing with it makes
+    (PyTorch turns a 0-dim integer tensor index into a Python int, i.e. `.item()`)."""
+    return rows.index_select(0, index.view(1))[0]
+
+
 def greedy_accept(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """Keep the longest draft prefix equal to the target's argmax; the bonus is the argmax after it."""
     return kernels.greedy_verify(draft_ids, target_logits)
@@ -30,7 +36,7 @@ def match_sampled_accept(draft_ids, target_probs, generator, record: dict | None
     if record is not None:
         record["choice"] = choice
     accepted = torch.cumprod(draft_ids == choice[:-1], dim=0).sum()
-    return torch.stack([accepted, choice[accepted]])
+    return torch.stack([accepted, pick(choice, accepted)])
 
 
 def rejection_accept(draft_ids, draft_probs, target_probs, generator, record: dict | None = None) -> torch.Tensor:
@@ -51,10 +57,10 @@ def rejection_accept(draft_ids, draft_probs, target_probs, generator, record: di
     accepted = torch.cumprod(keep, dim=0).sum()
     # Row a of [residuals; p at the last slot]: the residual after a rejection at slot a < n, or
     # the bonus distribution when every draft was kept (a == n).
-    residual = torch.cat([(target_probs[:n] - draft_probs).clamp_min(0), target_probs[n:]])[accepted]
+    residual = pick(torch.cat([(target_probs[:n] - draft_probs).clamp_min(0), target_probs[n:]]), accepted)
     total = residual.sum()
     # p == q up to rounding leaves no residual: p itself is then exact.
-    dist = torch.where(total > 0, residual / total, target_probs[accepted])
+    dist = torch.where(total > 0, residual / total, pick(target_probs, accepted))
     return torch.stack([accepted, sample(dist[None], generator)[0]])
 
 

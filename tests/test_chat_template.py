@@ -40,6 +40,8 @@ def test_thinking_off_opens_the_answer_with_an_empty_think_block(thinking_tokeni
     assert has_thinking_switch(tok) and not has_thinking_switch(build_tokenizer())
     assert template_args(tok) == {"enable_thinking": False}  # what the released drafters were trained with
     assert prompt_text(tok, template_args(tok)).endswith("<|im_start|>assistant\n" + EMPTY_THINK)
+    assert prompt_text(tok, None) == prompt_text(tok, template_args(tok))  # the Python API's default
+    assert prompt_text(tok, {}).endswith("<|im_start|>assistant\n")  # the template's own default: thinking on
     on = template_args(tok, "on")
     assert on == {"enable_thinking": True}
     assert prompt_text(tok, on).endswith("<|im_start|>assistant\n")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dflash_core.__main__ import main
-from dflash_core.pair import default_drafter_dtype
+from dflash_core.pair import default_drafter_dtype, parse_dtype
 
 
 @pytest.fixture
@@ -31,8 +31,10 @@ def test_module_entry_point_runs(golden_dir):
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    drafter_dtype = str(default_drafter_dtype("cpu", torch.float32)).removeprefix("torch.")
-    assert done.stdout.startswith(f"[dflash block=8 target float32 drafter {drafter_dtype}] 5 tokens")
+    target_dtype = parse_dtype("auto", "cpu")  # the CLI's default: bf16 only on AMX CPUs
+    drafter_dtype = default_drafter_dtype("cpu", target_dtype)
+    names = [str(d).removeprefix("torch.") for d in (target_dtype, drafter_dtype)]
+    assert done.stdout.startswith(f"[dflash block=8 target {names[0]} drafter {names[1]}] 5 tokens")
 
 
 def test_trace_json_matches_golden(cli, golden_dir, golden_expected, tmp_path):
@@ -42,7 +44,7 @@ def test_trace_json_matches_golden(cli, golden_dir, golden_expected, tmp_path):
     done = cli(
         "--target", golden_dir / "target", "--drafter", golden_dir / "drafter",
         "--prompt-ids", ",".join(map(str, prompt["prompt_ids"])), "--max-new-tokens", 40,
-        "--block-size", 4, "--drafter-dtype", "float32", "--trace-json", trace_path,  # the reference's drafts
+        "--block-size", 4, "--dtype", "float32", "--drafter-dtype", "float32", "--trace-json", trace_path,  # the reference's
     )
     assert done.returncode == 0, done.stderr
     assert "target float32 drafter float32" in done.stdout.splitlines()[-1]

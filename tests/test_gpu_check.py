@@ -45,3 +45,21 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert speed["static_cache_tau_6.5"]["tau"] == 6.5
     assert set(speed["targets"]) == {"draft/verify", "bookkeeping/cycle", "verify/plain", "speedup/tau at tau 6.5"}
     assert parts["race"]["report"]["lossless"]["kind"] in ("identical", "near_tie")
+
+
+def test_a_part_that_fails_midway_keeps_what_it_measured(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+
+    def speed(state):
+        state["measured"]["plain_tok_s"] = 12.5
+        raise AttributeError("'StaticLayer' object has no attribute 'crop'")
+
+    monkeypatch.setitem(gpu_check.PARTS, "speed", speed)
+    state = {"results": {"parts": {"hub_load": {"status": "passed"}}}}
+    result = gpu_check.run_part("speed", state, budget=30)
+    assert result["status"] == "failed" and result["plain_tok_s"] == 12.5
+    assert result["error"] == "AttributeError: 'StaticLayer' object has no attribute 'crop'"

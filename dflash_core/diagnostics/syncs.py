@@ -1,11 +1,13 @@
 """Counting host synchronisations: how often the host waits for the device during decoding.
 
 A CUDA cycle should wait for the GPU once (to learn how many drafts were accepted); every extra
-`.item()`, `.tolist()`, `int(tensor)`, `if tensor:` or `torch.cuda.synchronize()` stalls the
-launch queue. `SyncCounter` counts those host reads by patching them, which works on CPU tensors
-too (a CPU run makes the same calls a CUDA run would), and on CUDA also counts what
-`torch.cuda.set_sync_debug_mode("warn")` reports (syncs inside library calls, e.g. copies to
-pageable memory or `nonzero`).
+`.item()`, `.tolist()`, `int(tensor)`, `if tensor:`, `rows[zero_dim_index]` or
+`torch.cuda.synchronize()` stalls the launch queue. `SyncCounter` counts those host reads on CPU
+tensors too (a CPU run makes the same calls a CUDA run would): every read of one value, from
+Python or from inside C++ (indexing with a 0-dim tensor, `bool()` of a mask), is the aten op
+`_local_scalar_dense`, seen by a dispatch mode; `tolist` and `torch.cuda.synchronize` are patched.
+On CUDA it also counts what `torch.cuda.set_sync_debug_mode("warn")` reports (syncs inside
+library calls, e.g. copies to pageable memory or `nonzero`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,28 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-# Tensor methods that hand a device value to the host, hence wait for the device.
-HOST_READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__")
+# Python-level reads that do not pass through `_local_scalar_dense`.
+HOST_READS = ("tolist",)
+# A one-value read reaches a dispatch mode as `_local_scalar_dense`, or under inference mode
+# (where `item` and `is_nonzero` are not decomposed before the mode sees them) as those: never as both.
+SCALAR_READS = (
+    torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default, torch.ops.aten.is_nonzero.default,
+)
+
+
+class _ScalarReads(TorchDispatchMode):
+    """Counts the ops behind every read of one tensor value."""
+
+    def __init__(self, counted):
+        super().__init__()
+        self._counted = counted
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in SCALAR_READS:
+            return self._counted(func, *args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
 
 
 class SyncCounter:
@@ -26,15 +47,19 @@ class SyncCounter:
         self.cuda_debug = torch.cuda.is_available() if cuda_debug is None else cuda_debug
         self._saved = {}
 
+    def _counted(self, fn, *args, **kwargs):
+        """Call `fn`, a host read, counting it once."""
+        self.count += 1
+        seen = len(self._caught) if self._caught is not None else 0
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if self._caught is not None:
+                del self._caught[seen:]  # CUDA's report of this same read: counted once
+
     def _wrap(self, fn):
         def counted(*args, **kwargs):
-            self.count += 1
-            seen = len(self._caught) if self._caught is not None else 0
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if self._caught is not None:
-                    del self._caught[seen:]  # CUDA's report of this same read: counted once
+            return self._counted(fn, *args, **kwargs)
 
         return counted
 
@@ -48,6 +73,8 @@ class SyncCounter:
 
     def __enter__(self):
         self._caught = None
+        self._mode = _ScalarReads(self._counted)
+        self._mode.__enter__()
         for name in HOST_READS:
             self._saved[name] = (torch.Tensor.__dict__.get(name), getattr(torch.Tensor, name))
             setattr(torch.Tensor, name, self._wrap(self._saved[name][1]))
@@ -73,6 +100,7 @@ class SyncCounter:
             else:
                 setattr(torch.Tensor, name, own)
         self._saved = {}
+        self._mode.__exit__(*exc)
         return False
 
 

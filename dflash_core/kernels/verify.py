@@ -34,7 +34,8 @@ def greedy_verify_reference(draft_ids: torch.Tensor, target_logits: torch.Tensor
     """[accepted, bonus] as an int64 device tensor, in PyTorch: what the kernel computes."""
     choice = target_logits.argmax(dim=-1)
     accepted = torch.cumprod(draft_ids == choice[:-1], dim=0).sum()
-    return torch.stack([accepted, choice[accepted]])
+    # index_select, not choice[accepted]: a 0-dim tensor index is read on the host.
+    return torch.stack([accepted, choice.index_select(0, accepted.view(1))[0]])
 
 
 if triton is not None:
