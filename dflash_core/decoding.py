@@ -129,7 +129,7 @@ def generate(
         block = torch.full((1, block_size), drafter.mask_token_id, device=device)
         block[0, :1] = bonus_ids
         hidden = drafter(target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions, cache=draft_cache)
-        return drafter.draft_logits(hidden[0, 1:], target.head)
+        return drafter.draft_logits(hidden[0, 1:], target.head, anchor_ids=bonus_ids)
 
     t_start = _clock(device)
     logits, context = target.forward(torch.tensor([prompt_ids], device=device), last_logits_only=True)
@@ -171,11 +171,7 @@ def generate(
                 else:
                     draft_logits = draft_step(bonus_ids, context, positions)
                 draft_cache.commit(injected)
-            if sample_drafts:
-                draft_probs = probabilities(drafter.full_logits(draft_logits, target.vocab_size), sampling)
-                draft = sample(draft_probs, generator)
-            else:
-                draft = drafter.to_target_ids(draft_logits.argmax(dim=-1))
+            draft, draft_probs = drafter.propose(draft_logits, sampling, generator, sample_drafts, target.vocab_size)
         marks.mark()
 
         block_ids = torch.cat([bonus_ids, draft])[None]
