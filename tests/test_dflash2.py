@@ -21,7 +21,7 @@ from dflash_core.dflash2 import BlockConv, PathScores, PathSelector
 from dflash_core.errors import CheckpointError, ConfigError
 from dflash_core.oracle import OracleDrafter, expected_lengths
 from dflash_core.sampling import probabilities
-from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target
+from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target, build_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALARS = {"input_embedding_scale": 1.25, "output_multiplier": 0.75, "final_logit_softcapping": 6.0}
@@ -303,6 +303,28 @@ def test_cuda_graph_steps_replay_dflash2_drafts(dflash2_pair):
         a, b = (run(t, [2, 7, 1, 3], drafter, max_new_tokens=24, sampling=sampling) for t in (target, on))
         assert b.output_ids == a.output_ids and [x.draft_ids for x in b.blocks] == [x.draft_ids for x in a.blocks]
     assert sum(fake.replays.values()) > 20
+
+
+@pytest.mark.slow
+def test_sampled_dflash2_matches_exact_target_distribution(tmp_path):
+    """Sampled drafts walk the chain, so slot l's q depends on slot l-1's draw; the rejection rule
+    must see that conditional q for the output to follow the target (chi-square, as test_sampling)."""
+    from test_sampling import CHI_SQUARE_RUNS, chi_square_ok, exact_joint
+
+    target_dir = build_target(tmp_path / "target", vocab_size=4, logit_scale=1.0, hidden=16, num_layers=2, seed=3)
+    drafter_dir = build_dflash2_drafter(tmp_path / "drafter", target_dir, num_layers=1, block_size=4, seed=4,
+                                        conv_group_size=8, selector_rank=2, selector_top_k=3)
+    target, drafter = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+    prompt, length = [1, 2, 0], 3
+    exact = exact_joint(target, prompt, length, SamplingParams(temperature=1.3, top_k=3)).flatten()
+    counts, accepted = torch.zeros_like(exact), 0
+    for seed in range(CHI_SQUARE_RUNS):
+        out = run(target, prompt, drafter, max_new_tokens=length, sampling=SamplingParams(1.3, top_k=3, seed=seed))
+        a, b, c = out.output_ids
+        counts[a * 16 + b * 4 + c] += 1
+        accepted += sum(blk.accepted for blk in out.blocks)
+    assert accepted > CHI_SQUARE_RUNS // 5, "drafts were rarely accepted: the test would not exercise the acceptance rule"
+    assert chi_square_ok(counts, exact)
 
 
 def vllm_python() -> Path | None:
