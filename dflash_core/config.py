@@ -2,16 +2,25 @@
 
 A released drafter config is a Qwen3 config plus DFlash keys (docs/design.md §3). The architecture part is
 held by `transformers.Qwen3Config` (which normalises rope settings across versions); the DFlash
-part is read here, from `dflash_config` first and the top level second.
+part is read here, from `dflash_config` first and the top level second. `architectures` names the
+release: `DFlashDraftModel` (or nothing) for the first, `DFlash2DraftModel` for DFlash2, whose
+convolution and path-selector keys are read and checked here too (docs/design.md §2-§3, "DFlash2").
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass
 
 from transformers import Qwen3Config
 
 from .errors import ConfigError
 
 DFLASH_KEYS = ("block_size", "mask_token_id", "target_layer_ids")
+DFLASH = "DFlashDraftModel"
+DFLASH2 = "DFlash2DraftModel"
+# The integer keys a DFlash2 config must give, and its optional float keys with their defaults.
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+DFLASH2_SCALARS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -26,7 +35,8 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
     """Build the drafter config from a released `config.json` dict.
 
     The returned config carries `block_size`, `mask_token_id`, `target_layer_ids`,
-    `num_target_layers` and `draft_vocab_size` as plain attributes. `draft_vocab_size` (this
+    `num_target_layers`, `draft_vocab_size`, `architecture` and `dflash2` (a `DFlash2Options`, or
+    None for a first-release drafter) as plain attributes. `draft_vocab_size` (this
     project's extension; None in released checkpoints) says the drafter proposes only from a
     stored subset of the vocabulary, so its share of the LM head costs a fraction of the full one.
     """
@@ -70,13 +80,89 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
     if draft_vocab_size is not None and not 1 <= int(draft_vocab_size) <= config.vocab_size:
         raise ConfigError(f"draft_vocab_size {draft_vocab_size} must be between 1 and the vocabulary size {config.vocab_size}")
     config.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
+    config.architecture = _architecture(raw)
+    config.dflash2 = _parse_dflash2(config, lookup, nested)
     return config
+
+
+def _architecture(raw: dict) -> str:
+    names = raw.get("architectures") or [DFLASH]
+    if isinstance(names, str):
+        names = [names]
+    known = [name for name in names if name in (DFLASH, DFLASH2)]
+    if not known:
+        raise ConfigError(
+            f"drafter config names architectures {names}; this engine loads {DFLASH} and {DFLASH2} drafters"
+        )
+    return known[0]
+
+
+@dataclass(frozen=True)
+class DFlash2Options:
+    """What a DFlash2 config adds (docs/design.md §2, "DFlash2"): the convolution's taps and group
+    size, the path selector's codebook rank and candidates per slot, and three scalars on the
+    embeddings and the candidates' logits."""
+
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float = 0.0
+
+
+def _parse_dflash2(config: Qwen3Config, lookup, nested: dict) -> DFlash2Options | None:
+    """The DFlash2 options of `config`, None for a first-release drafter.
+
+    The four integer keys follow the lookup rule; the optional scalars are read from `dflash_config`
+    only, as vLLM does (a top-level `final_logit_softcapping` may belong to the target's family).
+    """
+    present = [key for key in DFLASH2_KEYS if lookup(key) is not None]
+    if config.architecture != DFLASH2:
+        if present:
+            raise ConfigError(
+                f"drafter config gives the DFlash2 keys {present} but its architecture is {config.architecture}; "
+                f"a DFlash2 drafter declares architectures [\"{DFLASH2}\"]"
+            )
+        return None
+    missing = [key for key in DFLASH2_KEYS if lookup(key) is None]
+    if missing:
+        raise ConfigError(f"{DFLASH2} config has no {', '.join(missing)} (expected in dflash_config)")
+    values = {}
+    for key in DFLASH2_KEYS:
+        value = lookup(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{DFLASH2} config key {key} must be a positive integer, got {value!r}")
+        values[key] = value
+    for key, default in DFLASH2_SCALARS.items():
+        value = nested.get(key)
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{DFLASH2} config key {key} must be a number, got {value!r}")
+        values[key] = float(value)
+    options = DFlash2Options(**values)
+    if config.hidden_size % options.conv_group_size:
+        raise ConfigError(
+            f"conv_group_size {options.conv_group_size} does not divide hidden_size {config.hidden_size}"
+        )
+    if options.selector_top_k > config.vocab_size:
+        raise ConfigError(
+            f"selector_top_k {options.selector_top_k} exceeds the vocabulary of size {config.vocab_size}"
+        )
+    if options.output_multiplier <= 0:
+        raise ConfigError(f"output_multiplier must be positive, got {options.output_multiplier}")
+    if config.draft_vocab_size is not None:
+        # The selector's codebooks have one row per target token, and its candidates are target ids.
+        raise ConfigError(f"{DFLASH2} drafters propose from the whole vocabulary: draft_vocab_size is not supported")
+    return options
 
 
 def drafter_config_dict(config: Qwen3Config) -> dict:
     """The released-format dict for `config` (what `parse_drafter_config` reads back)."""
     raw = config.to_dict()
-    for key in (*DFLASH_KEYS, "dflash_config", "num_target_layers", "draft_vocab_size"):
+    for key in (*DFLASH_KEYS, "dflash_config", "num_target_layers", "draft_vocab_size", "architecture", "dflash2"):
         raw.pop(key, None)
     dflash = {
         "mask_token_id": config.mask_token_id,
@@ -85,8 +171,11 @@ def drafter_config_dict(config: Qwen3Config) -> dict:
     }
     if getattr(config, "draft_vocab_size", None):
         dflash["draft_vocab_size"] = config.draft_vocab_size
+    options = getattr(config, "dflash2", None)
+    if options is not None:
+        dflash.update(asdict(options))
     raw.update(
-        architectures=["DFlashDraftModel"],
+        architectures=[DFLASH2 if options is not None else DFLASH],
         model_type="qwen3",
         # Older transformers and the reference code read rope_theta at the top level.
         rope_theta=config.rope_parameters["rope_theta"],

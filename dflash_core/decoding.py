@@ -148,7 +148,7 @@ class _Decoding:
         block[0, :1] = bonus_ids
         hidden = drafter(self.target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions,
                          cache=self.draft_cache)
-        return drafter.draft_logits(hidden[0, 1:], self.target.head)
+        return drafter.draft_logits(hidden[0, 1:], self.target.head, anchor_ids=bonus_ids)
 
     def draft(self) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
         """(the B-1 drafts in target ids, their distribution when sampled, what an explanation needs)."""
@@ -167,12 +167,9 @@ class _Decoding:
             else:
                 draft_logits = self.draft_step(self.bonus_ids, context, positions)
             cache.commit(injected)
-        draft_probs = None
-        if self.sample_drafts:
-            draft_probs = probabilities(drafter.full_logits(draft_logits, self.target.vocab_size), self.sampling)
-            draft = sample(draft_probs, self.generator)
-        else:
-            draft = drafter.to_target_ids(draft_logits.argmax(dim=-1))
+        draft, draft_probs = drafter.propose(
+            draft_logits, self.sampling, self.generator, self.sample_drafts, self.target.vocab_size
+        )
         return draft, draft_probs, (drafter, cache, injected, draft_logits, draft_probs)
 
     def cycle(self) -> Cycle:

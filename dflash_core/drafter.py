@@ -3,7 +3,9 @@
 It has no embedding and no LM head of its own (it borrows the target's). Target features are fused
 by `fc` + `hidden_norm` into a context `c` that is injected as extra keys/values into every layer
 ("KV injection", docs/design.md §2); block queries attend, without a causal mask, to all cached context and
-to the whole block. Loads and saves the released checkpoint format (docs/design.md §3).
+to the whole block. A DFlash2 config (`config.dflash2`) adds a block convolution around each sublayer and
+a path selector that picks the draft (`dflash2.py`). Loads and saves the released checkpoint format of
+both (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 from . import kernels
 from .config import drafter_config_dict, parse_drafter_config
 from .cpu_linear import pack_linears
+from .dflash2 import BlockConv, PathScores, PathSelector
 from .errors import CheckpointError
 from .hub import resolve_model_dir
 from .kernels.cuda_paths import drafter_attention
+from .sampling import SamplingParams, probabilities, sample
 
 
 class DrafterCache:
@@ -187,10 +191,20 @@ class DrafterLayer(nn.Module):
         self.self_attn = DrafterAttention(config, layer_idx)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = Qwen3MLP(config)
+        self.attention_conv = self.mlp_conv = None
+        options = getattr(config, "dflash2", None)
+        if options is not None:
+            conv = (config.hidden_size, options.conv_kernel_size, options.conv_group_size)
+            self.attention_conv, self.mlp_conv = BlockConv(*conv), BlockConv(*conv)
 
     def forward(self, x, context, cos, sin, **attn_kwargs):
-        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, **attn_kwargs)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.input_layernorm(x)
+        if self.attention_conv is None:
+            x = x + self.self_attn(h, context, cos, sin, **attn_kwargs)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        # DFlash2: the block, not the context, is filtered; so the block's own keys and values are too.
+        x = x + self.attention_conv.around(lambda y: self.self_attn(y, context, cos, sin, **attn_kwargs), h)
+        return x + self.mlp_conv.around(self.mlp, self.post_attention_layernorm(x))
 
 
 class DFlashDrafter(nn.Module):
@@ -210,6 +224,11 @@ class DFlashDrafter(nn.Module):
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)
         else:
             self.draft_vocab = None
+        self.dflash2 = getattr(config, "dflash2", None)  # a `DFlash2Options`, None for the first release
+        if self.dflash2 is not None:
+            self.candidate_selector = PathSelector(
+                config.hidden_size, config.vocab_size, self.dflash2.selector_rank, self.dflash2.selector_top_k
+            )
         self._head: tuple | None = None
         self._static_cache: DrafterCache | None = None
 
@@ -251,9 +270,32 @@ class DFlashDrafter(nn.Module):
             self._head = (key, head)
         return self._head[1]
 
-    def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Logits over the draft vocabulary (the full vocabulary when there is none)."""
-        return self.draft_head(lm_head)(hidden.to(self.dtype))
+    def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module, anchor_ids: torch.Tensor | None = None):
+        """What the draft is chosen from, for the drafted slots' final states `hidden` [n, h]: logits
+        over the draft vocabulary (the full vocabulary when there is none), or for DFlash2 the path
+        scores of its top-k candidates (`PathScores`), which need the block's slot-0 token `anchor_ids` [1]."""
+        logits = self.draft_head(lm_head)(hidden.to(self.dtype))
+        options = self.dflash2
+        if options is None:
+            return logits
+        if anchor_ids is None:
+            raise ValueError("a DFlash2 drafter scores its draft after the block's slot-0 token: pass anchor_ids")
+        unary, candidates = torch.topk(logits, options.selector_top_k, dim=-1)
+        # Scale and cap only the K kept values: both are monotonic, so the choice is the same.
+        unary = unary.float() * options.output_multiplier
+        if options.final_logit_softcapping > 0:
+            unary = torch.tanh(unary / options.final_logit_softcapping) * options.final_logit_softcapping
+        return self.candidate_selector(hidden.to(self.dtype), candidates, unary, anchor_ids)
+
+    def propose(self, drafted, sampling: SamplingParams, generator, sample_drafts: bool, vocab_size: int):
+        """The draft target ids [n] from what `draft_logits` returned, and the distribution over the
+        target vocabulary they were sampled from [n, V] (None for argmax drafts)."""
+        if isinstance(drafted, PathScores):
+            return PathSelector.propose(drafted, vocab_size, sampling if sample_drafts else None, generator)
+        if sample_drafts:
+            probs = probabilities(self.full_logits(drafted, vocab_size), sampling)
+            return sample(probs, generator), probs
+        return self.to_target_ids(drafted.argmax(dim=-1)), None
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Map indices into the draft vocabulary to target token ids."""
@@ -263,8 +305,11 @@ class DFlashDrafter(nn.Module):
         """Scatter draft-vocabulary logits into the target vocabulary (-inf elsewhere), in float32.
 
         Sampled drafts need the proposal distribution over the target's vocabulary for the
-        rejection test; ids outside the draft vocabulary simply have probability 0.
+        rejection test; ids outside the draft vocabulary simply have probability 0. For DFlash2 path
+        scores: each slot's scores after the greedy walk's previous choice (`PathSelector.realized_logits`).
         """
+        if isinstance(draft_logits, PathScores):
+            return PathSelector.realized_logits(draft_logits, vocab_size)
         if self.draft_vocab is None:
             return draft_logits.float()
         full = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), float("-inf"), dtype=torch.float32)
@@ -298,6 +343,8 @@ class DFlashDrafter(nn.Module):
         attn_mask: optional boolean mask [q, keys] (True = attend), e.g. the training block mask.
         """
         context = self.hidden_norm(self.fc(target_features))
+        if self.dflash2 is not None and self.dflash2.input_embedding_scale != 1.0:
+            block_embeds = block_embeds * self.dflash2.input_embedding_scale
         cos, sin = self.rotary(block_embeds, position_ids)
         static = cache is not None and cache.capacity is not None
         key_positions = None  # only sliding-window layers need them; skip the work otherwise

@@ -26,8 +26,14 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """Modules of the packages that `name` imports anywhere in its source (lazy imports included)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     deps = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
+    tree = ast.parse(path.read_text())
+    # Imports under `if TYPE_CHECKING:` never run: annotations may name a module that imports this one.
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        elif isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - max(0, node.level - 1)] if node.level else []
             target = ".".join(base + ([node.module] if node.module else []))
             for alias in node.names:

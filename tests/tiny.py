@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from dflash_core.config import parse_drafter_config
 from dflash_core.drafter import DFlashDrafter
@@ -107,5 +107,59 @@ def build_drafter(
     drafter = DFlashDrafter(parse_drafter_config(raw))
     if draft_vocab is not None:
         drafter.draft_vocab.copy_(torch.tensor(draft_vocab))
+    drafter.save_pretrained(directory, dtype=torch.float32)
+    return Path(directory)
+
+
+def build_qwen3_target(directory: Path, *, num_layers: int = 4, hidden: int = 32, vocab_size: int = 64, seed: int = 0,
+                       logit_scale: float = 8.0) -> Path:
+    """A random Qwen3 causal LM without a tokenizer (prompts are ids), saved with `save_pretrained`."""
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    model.save_pretrained(directory)
+    return Path(directory)
+
+
+def build_dflash2_drafter(
+    directory: Path, target_dir: Path, *, num_layers: int = 2, block_size: int = 8, seed: int = 1,
+    conv_kernel_size: int = 3, conv_group_size: int = 8, selector_rank: int = 4, selector_top_k: int = 4,
+    **dflash_extra,
+) -> Path:
+    """A random DFlash2 drafter in the released format for the target in `target_dir`.
+
+    Its convolutions and selector get random weights (a fresh one is the identity / has no pair
+    term), so a test sees every DFlash2 part act. `dflash_extra`: more `dflash_config` keys.
+    """
+    mask_id = json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"] - 1
+    dflash = {
+        "mask_token_id": mask_id, "block_size": block_size, "conv_kernel_size": conv_kernel_size,
+        "conv_group_size": conv_group_size, "selector_rank": selector_rank, "selector_top_k": selector_top_k,
+        **dflash_extra,
+    }
+    build_drafter(directory, target_dir, num_layers=num_layers, block_size=block_size, seed=seed,
+                  architectures=["DFlash2DraftModel"], dflash_config=dflash)
+    drafter = DFlashDrafter.from_pretrained(directory)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in drafter.named_parameters():
+            if "conv.base_kernel" in name:
+                param.add_(0.3 * torch.randn(param.shape, generator=generator))
+            elif "conv.kernel_projection" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
+            elif "candidate_selector" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) / param.shape[-1] ** 0.5 * 2)
     drafter.save_pretrained(directory, dtype=torch.float32)
     return Path(directory)

@@ -30,6 +30,7 @@ from .. import kernels
 from ..config import default_target_layer_ids, parse_drafter_config
 from ..cpu_linear import single_row_library
 from ..drafter import DFlashDrafter
+from ..sampling import SamplingParams
 from ..target import Target, default_attention
 from .run import add_pair_args, load_pair_of, parse
 
@@ -139,7 +140,8 @@ def time_cycle(target: Target, drafter: DFlashDrafter, context: int, block: int,
     def draft_step():
         cache.crop(base)
         hidden = drafter(target.embed(draft_block).to(drafter.dtype), new_context, positions, cache=cache)
-        state["draft"] = drafter.to_target_ids(drafter.draft_logits(hidden[0, 1:], target.head).argmax(dim=-1))
+        drafted = drafter.draft_logits(hidden[0, 1:], target.head, anchor_ids=draft_block[0, :1])
+        state["draft"], _ = drafter.propose(drafted, SamplingParams(), None, False, target.vocab_size)
 
     t_draft = timed(draft_step)
     t_draft_graph, graph_error = None, None

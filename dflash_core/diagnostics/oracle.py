@@ -90,10 +90,12 @@ class OracleDrafter(nn.Module):
     def forward(self, *args, **kwargs):
         return self.inner(*args, **kwargs)
 
-    def draft_logits(self, hidden, lm_head) -> torch.Tensor:
-        self.inner.draft_logits(hidden, lm_head)  # the real head's cost; its scores are replaced
+    def draft_logits(self, hidden, lm_head, anchor_ids=None) -> torch.Tensor:
+        self.inner.draft_logits(hidden, lm_head, anchor_ids)  # the real head's cost; its scores are replaced
         logits = torch.zeros(hidden.shape[0], self.vocab_size, dtype=self.dtype, device=hidden.device)
         return logits.scatter_(1, self._proposal[:, None], CONFIDENT)
+
+    propose = DFlashDrafter.propose  # its proposal is plain logits, whatever the inner drafter's kind
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
         return index

@@ -59,7 +59,7 @@ from tqdm import tqdm
 from ..config import default_target_layer_ids, parse_drafter_config
 from ..default_target import resolve_target
 from ..drafter import DFlashDrafter
-from ..errors import DFlashError
+from ..errors import ConfigError, DFlashError
 from ..pair import has_fast_bf16
 from ..target import Target
 from .data import frequent_tokens, heldout, load_sequences, shard_range
@@ -184,6 +184,10 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
         # Warm start from a released-format drafter:
         # its shape, mask token and target layers carry over; optimizer and schedule start anew.
         warm = DFlashDrafter.from_pretrained(args.init_from, dtype=torch.float32)
+        if warm.dflash2 is not None:
+            # The objective runs many blocks in one forward and scores slots independently; DFlash2's
+            # block convolution and path selector need a training objective of their own.
+            raise ConfigError(f"{args.init_from} is a DFlash2 drafter; training covers first-release DFlash drafters only")
         if args.layers and args.layers != len(warm.layers):
             log(f"growing the warm drafter from {len(warm.layers)} to {args.layers} layers")
             warm = grow_drafter(warm, target, args.layers, calibration)
