@@ -2,7 +2,9 @@
 
 One forward with a KV cache that also returns the outputs of chosen decoder layers (the drafter's
 features), the target's embedding and LM head (shared with the drafter), and cache rollback after
-partial acceptance. Works for Llama, Qwen3 and other `AutoModelForCausalLM` decoder-only models.
+partial acceptance. Works for decoder-only `AutoModelForCausalLM` models whose layers
+`target_cache.py` can roll back: full attention (Llama, Qwen3, Qwen3-MoE), sliding windows and
+attention sinks (gpt-oss, gemma4), gated delta-net hybrids (Qwen3.5, Qwen3.5-MoE, Qwen3-Next).
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ import inspect
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StaticCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from .batch_invariant import make_batch_invariant
 from .cpu_linear import pack_linears
 from .cuda_graphs import StepGraphs
 from .errors import CheckpointError, ConfigError
 from .hub import looks_like_path
+from .target_cache import TargetCache
 
 
 def wants_batch_invariance(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -36,6 +40,16 @@ def default_attention(device: torch.device | str) -> str:
     """
     del device  # the same answer on every device; kept so callers need not change
     return "sdpa"
+
+
+def supported_attention(name: str, preferred: str) -> str:
+    """`preferred`, or eager attention for a model class that lacks it (gpt-oss has no SDPA path:
+    its attention sinks are an extra softmax column that only its eager and flex kernels add)."""
+    config = AutoConfig.from_pretrained(name)
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if preferred == "sdpa" and model_class is not None and not getattr(model_class, "_supports_sdpa", True):
+        return "eager"
+    return preferred
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -63,6 +77,9 @@ class Target:
     static_cache: keep keys/values in transformers' preallocated `StaticCache` (written in place,
     rolled back by moving its length) instead of a `DynamicCache` that concatenates and slices
     tensors every cycle; the cache length is tracked on the host either way, so neither costs a sync.
+    Needs full attention in every layer. Either cache rolls back exactly after a rejected draft,
+    whatever the layers keep (`target_cache.py`); an architecture it cannot roll back raises a
+    ConfigError here.
     cuda_graphs: replay the verify forward (and, in `generate`, the draft step) from CUDA graphs
     (`cuda_graphs.py`); needs `static_cache`. `graph_backend` replaces `torch.cuda.CUDAGraph` (tests).
     """
@@ -74,27 +91,22 @@ class Target:
         self.layers = model.get_decoder().layers
         self.static_cache = static_cache
         config = model.config
-        # Our own causal mask (see `_causal_mask`) assumes full attention in every layer and an
-        # attention that takes a 4D mask as is.
-        self._own_mask = static_cache and config._attn_implementation in ("sdpa", "eager") and set(
-            getattr(config, "layer_types", None) or ["full_attention"]
-        ) == {"full_attention"}
+        if cuda_graphs and not static_cache:
+            raise ConfigError(
+                "CUDA graphs need the static KV cache (static_cache=True, --static-cache): a graph replays "
+                "fixed cache addresses and offsets, which a DynamicCache reallocates every cycle"
+            )
+        self.kv = TargetCache(model, static=static_cache, chunk=STATIC_CHUNK)
+        # Our own causal mask (see `_causal_mask`) assumes full attention in every layer (which the
+        # static cache requires) and an attention that takes a 4D mask as is.
+        self._own_mask = static_cache and config._attn_implementation in ("sdpa", "eager")
         self.graphs = None
         if cuda_graphs:
-            if not static_cache:
-                raise ConfigError(
-                    "CUDA graphs need the static KV cache (static_cache=True, --static-cache): a graph replays "
-                    "fixed cache addresses and offsets, which a DynamicCache reallocates every cycle"
-                )
             if not self._own_mask:
                 raise ConfigError(
-                    f"CUDA graphs need full attention in every layer through sdpa or eager attention; this model "
-                    f"uses {config._attn_implementation} with layer types "
-                    f"{sorted(set(getattr(config, 'layer_types', None) or ['full_attention']))}"
+                    f"CUDA graphs need sdpa or eager attention; this model uses {config._attn_implementation}"
                 )
             self.graphs = StepGraphs(graph_backend)
-        self.cache = None
-        self._length = self._capacity = 0
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
         self._recording = False
@@ -115,9 +127,8 @@ class Target:
         if looks_like_path(name) and not Path(name).expanduser().is_dir():
             raise CheckpointError(f"target model directory not found: {name}")
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                name, dtype=dtype, attn_implementation=attn_implementation or default_attention(device)
-            )
+            attention = attn_implementation or supported_attention(name, default_attention(device))
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation=attention)
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"could not load target {name!r}: {exc}") from exc
         model = model.to(device)
@@ -177,34 +188,27 @@ class Target:
 
     # --- decoding -------------------------------------------------------------------------------
     @property
+    def cache(self):
+        """The transformers `Cache` of the current run."""
+        return self.kv.cache
+
+    @property
     def cache_length(self) -> int:
-        return self._length
+        return self.kv.length
+
+    @property
+    def _capacity(self) -> int:
+        return self.kv.capacity
 
     def reset(self, capacity: int | None = None) -> None:
         """Empty the cache. A static cache is (re)allocated to hold `capacity` positions (default:
         the model's context), or kept, zeroed, when it already holds that many."""
-        used, self._length = self._length, 0
-        if not self.static_cache:
-            self.cache = DynamicCache(config=self.model.config)
-            return
-        limit = getattr(self.model.config, "max_position_embeddings", None) or STATIC_CHUNK
-        size = min(limit, -(-(capacity or limit) // STATIC_CHUNK) * STATIC_CHUNK)
-        if isinstance(self.cache, StaticCache) and self._capacity >= size:
-            if used:
-                self.cache.crop(-used)  # the buffers stay; the next prefill overwrites them
-        else:
-            self.cache, self._capacity = StaticCache(config=self.model.config, max_cache_len=size), size
-            if self.graphs is not None:
-                self.graphs.clear()  # they write into the old buffers
+        if self.kv.reset(capacity) and self.graphs is not None:
+            self.graphs.clear()  # they write into the old buffers
 
     def crop(self, length: int) -> None:
-        """Drop cached positions from `length` on (rejected draft tokens)."""
-        extra = self._length - length
-        if extra > 0:
-            # A negative count means "drop this many" on every transformers 5.x release; a static
-            # cache only moves its length back, and the next forward overwrites the stale slots.
-            self.cache.crop(-extra)
-            self._length = length
+        """Drop cached positions from `length` on (rejected draft tokens), in every kind of layer."""
+        self.kv.crop(length)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, last_logits_only: bool = False):
@@ -213,14 +217,12 @@ class Target:
         With CUDA graphs, a forward after the prefill replays the graph of its shape (a fresh key is
         captured first); its outputs are overwritten by the next replay of that shape.
         """
-        start = self._length
+        start = self.kv.length
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
-        if self.graphs is not None and start > 0 and not last_logits_only:
-            out = self.graphs(("verify", self._capacity, self.feature_layers), self._step, ids, positions)
-        else:
-            out = self._step(ids, positions, last_logits_only)
-        self._length += ids.shape[1]
-        return out
+        with self.kv.forward(ids.shape[1]):
+            if self.graphs is not None and start > 0 and not last_logits_only:
+                return self.graphs(("verify", self._capacity, self.feature_layers), self._step, ids, positions)
+            return self._step(ids, positions, last_logits_only)
 
     def _step(self, ids: torch.Tensor, positions: torch.Tensor, last_logits_only: bool = False):
         """The forward itself: a function of the two tensors (and the cache), capturable as a graph."""
