@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, run
 from dflash_core.errors import ConfigError, DFlashError
-from dflash_core.oracle import OracleDrafter, expected_lengths
+from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.target_cache import FULL, LINEAR, NONE, SLIDING
 from families import FAMILIES, WINDOW, build_family_target
 from test_sampling import CHI_SQUARE_RUNS, chi_square_ok, exact_joint

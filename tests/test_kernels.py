@@ -23,7 +23,12 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("the Triton kernels run on CPU only in Triton's interpreter: TRITON_INTERPRET=1 before "
                 "triton's first import (tests/conftest.py sets it on machines without a GPU)", allow_module_level=True)
 
-from dflash_core import kernels
+from triton_support import interpreter_skip_reason
+
+if DEVICE == "cpu" and interpreter_skip_reason():
+    pytest.skip(interpreter_skip_reason(), allow_module_level=True)
+
+from dflash_core import kernels  # noqa: E402
 from dflash_core.drafter import DrafterCache
 from dflash_core.kernels.kv_injection import inject_kv_reference, inject_kv_triton
 from dflash_core.kernels.verify import greedy_verify_reference, verify_triton

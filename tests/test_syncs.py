@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from triton_support import interpreter_skip_reason
+
 from dflash_core import Block, SamplingParams, Target, generate
 from dflash_core.diagnostics.syncs import SyncCounter, host_reads_per_cycle
 
@@ -32,6 +34,8 @@ def test_one_host_sync_per_cycle(golden_pair, sampling, draft_mode, with_drafter
     """Counted at the C++ level too (`_local_scalar_dense`): indexing with a 0-dim tensor reads the host."""
     if kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton kernels run on CPU only in Triton's interpreter (TRITON_INTERPRET=1)")
+    if kernels == "triton" and interpreter_skip_reason():
+        pytest.skip(interpreter_skip_reason())
     if kernels == "triton" and draft_mode == "argmax":
         pytest.skip("the kernels are the same as for sampled drafts; interpreted Triton is slow")
     monkeypatch.setenv("DFLASH_KERNELS", kernels)
