@@ -26,9 +26,10 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
     """Build the drafter config from a released `config.json` dict.
 
     The returned config carries `block_size`, `mask_token_id`, `target_layer_ids`,
-    `num_target_layers` and `draft_vocab_size` as plain attributes. `draft_vocab_size` (this
-    project's extension; None in released checkpoints) says the drafter proposes only from a
-    stored subset of the vocabulary, so its share of the LM head costs a fraction of the full one.
+    `num_target_layers` and `draft_vocab_size` as plain attributes. `draft_vocab_size` (None in
+    the z-lab checkpoints; a top-level key, as vLLM reads it, or in `dflash_config` in older files
+    of this project) says the drafter proposes only from a stored subset of the vocabulary, so its
+    share of the LM head costs a fraction of the full one.
     """
     nested = raw.get("dflash_config") or {}
 
@@ -84,7 +85,7 @@ def drafter_config_dict(config: Qwen3Config) -> dict:
         "block_size": config.block_size,
     }
     if getattr(config, "draft_vocab_size", None):
-        dflash["draft_vocab_size"] = config.draft_vocab_size
+        raw["draft_vocab_size"] = config.draft_vocab_size  # top level: where vLLM looks
     raw.update(
         architectures=["DFlashDraftModel"],
         model_type="qwen3",
