@@ -36,9 +36,10 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
 
     The returned config carries `block_size`, `mask_token_id`, `target_layer_ids`,
     `num_target_layers`, `draft_vocab_size`, `architecture` and `dflash2` (a `DFlash2Options`, or
-    None for a first-release drafter) as plain attributes. `draft_vocab_size` (this
-    project's extension; None in released checkpoints) says the drafter proposes only from a
-    stored subset of the vocabulary, so its share of the LM head costs a fraction of the full one.
+    None for a first-release drafter) as plain attributes. `draft_vocab_size` (None in the z-lab
+    checkpoints; a top-level key, as vLLM reads it, or in `dflash_config` in older files of this
+    project) says the drafter proposes only from a stored subset of the vocabulary, so its share of
+    the LM head costs a fraction of the full one.
     """
     nested = raw.get("dflash_config") or {}
 
@@ -170,7 +171,7 @@ def drafter_config_dict(config: Qwen3Config) -> dict:
         "block_size": config.block_size,
     }
     if getattr(config, "draft_vocab_size", None):
-        dflash["draft_vocab_size"] = config.draft_vocab_size
+        raw["draft_vocab_size"] = config.draft_vocab_size  # top level: where vLLM looks
     options = getattr(config, "dflash2", None)
     if options is not None:
         dflash.update(asdict(options))

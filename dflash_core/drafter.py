@@ -5,7 +5,8 @@ by `fc` + `hidden_norm` into a context `c` that is injected as extra keys/values
 ("KV injection", docs/design.md §2); block queries attend, without a causal mask, to all cached context and
 to the whole block. A DFlash2 config (`config.dflash2`) adds a block convolution around each sublayer and
 a path selector that picks the draft (`dflash2.py`). Loads and saves the released checkpoint format of
-both (docs/design.md §3).
+both (docs/design.md §3); a drafter with a draft vocabulary is stored in the form vLLM reads (§7), and
+files of the older form still load.
 """
 
 from __future__ import annotations
@@ -229,6 +230,8 @@ class DFlashDrafter(nn.Module):
             self.candidate_selector = PathSelector(
                 config.hidden_size, config.vocab_size, self.dflash2.selector_rank, self.dflash2.selector_top_k
             )
+        # The LM head rows of the draft vocabulary as a checkpoint carried them (see `save_pretrained`).
+        self.head_copy: torch.Tensor | None = None
         self._head: tuple | None = None
         self._static_cache: DrafterCache | None = None
 
@@ -372,7 +375,7 @@ class DFlashDrafter(nn.Module):
         (`progress`: see `hub.resolve_model_dir`)."""
         directory = resolve_model_dir(path_or_id, ("config.json", "model.safetensors"), progress=progress)
         config = parse_drafter_config(json.loads((directory / "config.json").read_text()))
-        state = load_file(directory / "model.safetensors")
+        state, head_copy = _from_file_state(load_file(directory / "model.safetensors"), config, directory)
         with torch.device("meta"):
             model = cls(config)
         expected = set(model.state_dict())
@@ -392,17 +395,71 @@ class DFlashDrafter(nn.Module):
         model.load_state_dict(state, strict=True, assign=True)
         # Rotary frequencies are not stored; rebuild them in float32 whatever the weight dtype.
         model.rotary = Qwen3RotaryEmbedding(config)
+        model.head_copy = head_copy
         return model.to(device).eval()
 
-    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-        """Write the released format, loadable by `from_pretrained`; without a draft vocabulary (an
-        extra `draft_vocab` tensor and `draft_vocab_size` key) also by the reference code."""
+    def head_rows(self, lm_head: nn.Module | None = None) -> torch.Tensor:
+        """The target's LM head rows for the draft vocabulary: taken from `lm_head` when given, else
+        from the head this drafter last drafted with, else from the copy its checkpoint carried."""
+        if lm_head is not None:
+            weight = lm_head.weight.detach()
+            return weight[self.draft_vocab.to(weight.device)]
+        if self._head is not None:
+            return self._head[1].weight.detach()
+        if self.head_copy is not None:
+            return self.head_copy
+        raise CheckpointError(
+            "a drafter with a draft vocabulary is saved with its rows of the target's LM head (vLLM reads "
+            "them as the drafter's lm_head), and this one has none yet: pass lm_head=target.head"
+        )
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16, lm_head=None) -> None:
+        """Write the released format, loadable by `from_pretrained`, vLLM and the reference code.
+
+        A draft vocabulary is written in the form vLLM 0.32 reads (EAGLE-3's): `d2t` (draft index i
+        proposes target id i + d2t[i]), `lm_head.weight` (the target's head rows for those ids, from
+        `head_rows(lm_head)`) and a top-level `draft_vocab_size`.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.config.dtype = str(dtype).removeprefix("torch.")
+        state = dict(self.state_dict())
+        if self.draft_vocab is not None:
+            vocab = state.pop("draft_vocab")
+            state["d2t"] = vocab - torch.arange(len(vocab), device=vocab.device)
+            state["lm_head.weight"] = self.head_rows(lm_head)
         state = {
-            k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
-            for k, v in self.state_dict().items()
+            k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous() for k, v in state.items()
         }
         save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
         (directory / "config.json").write_text(json.dumps(drafter_config_dict(self.config), indent=2) + "\n")
+
+
+def _from_file_state(state: dict, config, directory: Path) -> tuple[dict, torch.Tensor | None]:
+    """The module state for a checkpoint's tensors, and the LM head rows it carried (or None).
+
+    Reads the draft vocabulary in both stored forms: `d2t` offsets with an `lm_head.weight` (written
+    since vLLM support), and the older `draft_vocab` list of target ids.
+    """
+    state = dict(state)
+    state.pop("t2d", None)  # EAGLE-3's target-to-draft mask: implied by d2t, and vLLM skips it too
+    head_copy = state.pop("lm_head.weight", None)
+    if "d2t" in state:
+        d2t = state.pop("d2t")
+        if config.draft_vocab_size is None or d2t.shape != (config.draft_vocab_size,):
+            raise CheckpointError(
+                f"{directory / 'model.safetensors'} has a d2t of shape {tuple(d2t.shape)}, but the config gives "
+                f"draft_vocab_size {config.draft_vocab_size}"
+            )
+        vocab = d2t.long() + torch.arange(len(d2t))
+        if vocab.min() < 0 or vocab.max() >= config.vocab_size:
+            raise CheckpointError(
+                f"{directory / 'model.safetensors'}: d2t maps draft ids to target ids outside 0..{config.vocab_size - 1}"
+            )
+        state["draft_vocab"] = vocab
+    if head_copy is not None and (config.draft_vocab_size is None or head_copy.shape != (config.draft_vocab_size, config.hidden_size)):
+        raise CheckpointError(
+            f"{directory / 'model.safetensors'} has an lm_head.weight of shape {tuple(head_copy.shape)}; this "
+            f"engine reads one only as the rows of a draft vocabulary ({config.draft_vocab_size} x {config.hidden_size})"
+        )
+    return state, head_copy

@@ -51,6 +51,16 @@ def validate_pair(target: Target, drafter: DFlashDrafter, block_size: int | None
             f"drafter target_layer_ids {drafter.target_layer_ids} include {bad}, outside the target's "
             f"{target.num_layers} layers (0..{target.num_layers - 1})"
         )
+    copy = getattr(drafter, "head_copy", None)
+    if copy is not None:
+        rows = target.head.weight.detach()[drafter.draft_vocab.to(target.device)].float().cpu()
+        # The copy may be stored in bfloat16: equal up to that rounding (2^-8 relative) passes.
+        if not torch.allclose(copy.float(), rows, rtol=2**-7, atol=1e-6):
+            raise PairMismatchError(
+                "the drafter's lm_head (its copy of the target's LM head rows for its draft vocabulary, "
+                "which vLLM drafts with) differs from this target's rows: it was saved for another target; "
+                "this engine drafts with the target's own rows"
+            )
     if block_size is not None and not 1 <= block_size <= drafter.block_size:
         raise PairMismatchError(
             f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"

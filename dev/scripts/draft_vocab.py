@@ -20,8 +20,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
+from dflash_core import DFlashDrafter, Target
+from dflash_core.pair import fetch_target
 from dflash_core.training.data import frequent_tokens, load_sequences
 
 
@@ -39,20 +40,24 @@ def coverage(vocab: set[int], cache_dir: Path) -> dict:
     return out
 
 
-def extend(drafter: Path, out: Path, size: int, data: list[str], vocab_size: int) -> None:
-    """Copy `drafter` to `out` with its draft vocabulary grown to `size` by response-token frequency."""
-    state = load_file(drafter / "model.safetensors")
-    old = state["draft_vocab"].tolist()
+def extend(drafter_dir: Path, out: Path, size: int, data: list[str], target: str) -> None:
+    """Copy `drafter_dir` to `out` with its draft vocabulary grown to `size` by response-token frequency."""
+    dtype = getattr(torch, json.loads((drafter_dir / "config.json").read_text()).get("dtype", "float32"))
+    drafter = DFlashDrafter.from_pretrained(drafter_dir, dtype=dtype)  # the file's dtype: weights copied exactly
+    old = drafter.draft_vocab.tolist()
+    head = Target.from_pretrained(fetch_target(target)).head
     seqs = [s for d in data for s in load_sequences(d, max_len=512)]
     have = set(old)
+    vocab_size = drafter.config.vocab_size
     extra = [t for t in frequent_tokens(seqs, vocab_size, vocab_size).tolist() if t not in have]
+    state = drafter.state_dict()
     state["draft_vocab"] = torch.tensor(old + extra[: size - len(old)])
-    config = json.loads((drafter / "config.json").read_text())
-    config["dflash_config"]["draft_vocab_size"] = len(state["draft_vocab"])
+    drafter.config.draft_vocab_size = len(state["draft_vocab"])
+    grown = DFlashDrafter(drafter.config)
+    grown.load_state_dict(state)
     shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(drafter, out)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copytree(drafter_dir, out)  # the card and training logs go along
+    grown.save_pretrained(out, dtype=dtype, lm_head=head)
 
 
 def main() -> None:
@@ -61,17 +66,17 @@ def main() -> None:
     p.add_argument("--cache-dir", type=Path, default=Path("runs"), help="where training.evaluate keeps its responses")
     p.add_argument("--extend", type=int, metavar="N", help="write a copy with an N-token draft vocabulary")
     p.add_argument("--out", type=Path, help="with --extend: the copy's directory")
+    p.add_argument("--target", default="default:smollm2", help="with --extend: the target whose LM head rows the copy carries")
     p.add_argument("--data", nargs="+", default=["assets/data/smollm2-135m-instruct"],
                    help="datagen or text_data shard directories whose response tokens rank the new ids")
     args = p.parse_args()
-    config = json.loads((args.drafter / "config.json").read_text())
     if args.extend:
         if args.out is None:
             p.error("--extend needs --out")
-        extend(args.drafter, args.out, args.extend, args.data, config["vocab_size"])
+        extend(args.drafter, args.out, args.extend, args.data, args.target)
         print(f"wrote {args.out} with a {args.extend}-token draft vocabulary")
     else:
-        vocab = set(load_file(args.drafter / "model.safetensors")["draft_vocab"].tolist())
+        vocab = set(DFlashDrafter.from_pretrained(args.drafter).draft_vocab.tolist())
         print(json.dumps({"drafter": str(args.drafter), "draft_vocab": len(vocab),
                           "outside": coverage(vocab, args.cache_dir)}))
 
