@@ -127,11 +127,12 @@ def test_hybrid_sampling_matches_exact_target_distribution(tmp_path):
 
 
 def test_an_architecture_that_cannot_roll_back_fails_at_load_naming_it(tmp_path):
-    # LFM2's short-convolution layers keep a state no per-position recording covers.
+    # LFM2's short-convolution layers are none of the kinds target_cache.py knows how to roll back.
     config = transformers.Lfm2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
                                      layer_types=["conv", "full_attention"])
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    with pytest.raises(DFlashError, match=r"Lfm2ForCausalLM \(lfm2\) is not supported: layer 0 \(conv\) .*cannot roll back"):
+    message = r"Lfm2ForCausalLM \(lfm2\) is not supported: layer 0 \(conv\) .*cannot roll back"
+    with pytest.raises(DFlashError, match=message):
         Target.from_pretrained(tmp_path)
 
 
