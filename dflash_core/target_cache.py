@@ -208,7 +208,7 @@ class TargetCache:
 
     static: transformers' preallocated `StaticCache` instead of a `DynamicCache`; it needs full
     attention in every layer (ConfigError otherwise). `reset` allocates it in chunks of `chunk`
-    positions up to `limit` (the model's context).
+    positions, up to the model's context.
     """
 
     def __init__(self, model, static: bool = False, chunk: int = 256):
