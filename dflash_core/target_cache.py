@@ -73,16 +73,17 @@ def layer_kinds(model) -> list[str]:
                 f"{type(layer).__name__}, which DFlash cannot roll back after a rejected draft"
             )
         if kinds[-1] == SLIDING and not hasattr(layer, "activate_past_recording"):
-            raise ConfigError(
-                f"{architecture(model)} needs transformers' past-state recording (Cache.activate_past_recording) to "
-                f"roll back its sliding-window layers; transformers {transformers.__version__} lacks it (5.17 and 5.24 have it)"
-            )
+            raise _no_past_recording(model, "sliding-window layers")
     if LINEAR in kinds and not hasattr(cache_utils.LinearAttentionCacheLayerMixin, "activate_past_recording"):
-        raise ConfigError(
-            f"{architecture(model)} needs transformers' past-state recording (Cache.activate_past_recording) to "
-            f"roll back its convolution states; transformers {transformers.__version__} lacks it (5.17 and 5.24 have it)"
-        )
+        raise _no_past_recording(model, "convolution states")
     return kinds
+
+
+def _no_past_recording(model, what: str) -> ConfigError:
+    return ConfigError(
+        f"{architecture(model)} needs transformers' past-state recording (Cache.activate_past_recording) to roll "
+        f"back its {what}; transformers {transformers.__version__} lacks it (5.17 and 5.24 have it)"
+    )
 
 
 def layer_type(model, i: int) -> str:
@@ -207,7 +208,7 @@ class TargetCache:
 
     static: transformers' preallocated `StaticCache` instead of a `DynamicCache`; it needs full
     attention in every layer (ConfigError otherwise). `reset` allocates it in chunks of `chunk`
-    positions up to `limit` (the model's context).
+    positions, up to the model's context.
     """
 
     def __init__(self, model, static: bool = False, chunk: int = 256):
@@ -222,8 +223,9 @@ class TargetCache:
                 "its length. Use the dynamic cache (no static_cache, no --static-cache)"
             )
         self.exact_anywhere = set(self.kinds) <= {FULL, NONE}  # may crop to any earlier length
-        deltas = gated_delta_nets(model) if LINEAR in self.kinds else {}
-        self.recurrent = RecurrentStates({i: deltas[i] for i, k in enumerate(self.kinds) if k == LINEAR}) if deltas else None
+        deltas = gated_delta_nets(model)
+        linear = {i: deltas[i] for i, kind in enumerate(self.kinds) if kind == LINEAR}
+        self.recurrent = RecurrentStates(linear) if linear else None
         self.cache = None
         self.length = 0  # positions decoding keeps
         self.capacity = 0

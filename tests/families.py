@@ -72,9 +72,12 @@ def config_class(family: str):
 
 def build_family_target(
     directory: Path, family: str, *, seed: int = 0, logit_scale: float = 8.0, vocab_size: int | None = None,
-    **overrides,
+    linear_gain: float = 1.0, **overrides,
 ) -> Path:
-    """A random `family` causal LM, saved to `directory` with the tiny tokenizer (none with `vocab_size`)."""
+    """A random `family` causal LM, saved to `directory` with the tiny tokenizer (none with `vocab_size`).
+
+    linear_gain scales the output projection of gated delta-net layers: their share of the logits.
+    """
     tokenizer = build_tokenizer()
     vocab = vocab_size or len(tokenizer)
     extra = {**FAMILIES[family][1], **overrides}
@@ -95,6 +98,7 @@ def build_family_target(
                 # within a token or two; A = e^-4 keeps ~0.98 of the state per token, and a rejected
                 # draft left in it changes the greedy output (5 of 5 prompts without the rollback).
                 module.A_log.fill_(-4.0)
+                module.out_proj.weight.mul_(linear_gain)
     model.save_pretrained(directory)
     if vocab_size is None:
         tokenizer.save_pretrained(directory)
