@@ -32,14 +32,12 @@ def cuda_mismatch() -> str | None:
     driver, build = nvidia_driver(), torch.version.cuda
     if driver is None or torch.cuda.is_available():
         return None
+    fix = f"pip install torch=={torch.__version__.split('+')[0]} --index-url https://download.pytorch.org/whl/cu126"
     if build is None:
         return (f"an NVIDIA driver ({driver}) is loaded but this torch {torch.__version__} is a CPU build: "
-                f"install a CUDA build, e.g. pip install torch=={torch.__version__.split('+')[0]} "
-                "--index-url https://download.pytorch.org/whl/cu126")
-    major = int(build.split(".")[0])
-    needed = MIN_DRIVER.get(major)
+                f"install a CUDA build, e.g. {fix}")
+    needed = MIN_DRIVER.get(int(build.split(".")[0]))
     too_old = needed is not None and int(driver.split(".")[0]) < needed
     why = f"needs driver {needed} or newer" if too_old else "cannot use it"
     return (f"NVIDIA driver {driver} is loaded, but torch {torch.__version__} (built for CUDA {build}) {why}, "
-            "so decoding runs on the CPU; for an older driver install the CUDA 12 build: "
-            f"pip install torch=={torch.__version__.split('+')[0]} --index-url https://download.pytorch.org/whl/cu126")
+            f"so decoding runs on the CPU; for an older driver install the CUDA 12 build: {fix}")
