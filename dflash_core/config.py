@@ -4,7 +4,9 @@ A released drafter config is a Qwen3 config plus DFlash keys (docs/design.md §3
 held by `transformers.Qwen3Config` (which normalises rope settings across versions); the DFlash
 part is read here, from `dflash_config` first and the top level second. `architectures` names the
 release: `DFlashDraftModel` (or nothing) for the first, `DFlash2DraftModel` for DFlash2, whose
-convolution and path-selector keys are read and checked here too (docs/design.md §2-§3, "DFlash2").
+convolution and path-selector keys are read and checked here too (docs/design.md §2-§3, "DFlash2"),
+and `DFlashARDraftModel` for this project's autoregressive drafter with the same KV injection
+(the same layers run causally, one token per pass; `config.autoregressive`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from .errors import ConfigError
 DFLASH_KEYS = ("block_size", "mask_token_id", "target_layer_ids")
 DFLASH = "DFlashDraftModel"
 DFLASH2 = "DFlash2DraftModel"
+DFLASH_AR = "DFlashARDraftModel"
+ARCHITECTURES = (DFLASH, DFLASH2, DFLASH_AR)
 # The integer keys a DFlash2 config must give, and its optional float keys with their defaults.
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DFLASH2_SCALARS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
@@ -35,8 +39,9 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
     """Build the drafter config from a released `config.json` dict.
 
     The returned config carries `block_size`, `mask_token_id`, `target_layer_ids`,
-    `num_target_layers`, `draft_vocab_size`, `architecture` and `dflash2` (a `DFlash2Options`, or
-    None for a first-release drafter) as plain attributes. `draft_vocab_size` (None in the z-lab
+    `num_target_layers`, `draft_vocab_size`, `architecture`, `autoregressive` (True for a
+    `DFlashARDraftModel`) and `dflash2` (a `DFlash2Options`, or None for a first-release drafter)
+    as plain attributes. `draft_vocab_size` (None in the z-lab
     checkpoints; a top-level key, as vLLM reads it, or in `dflash_config` in older files of this
     project) says the drafter proposes only from a stored subset of the vocabulary, so its share of
     the LM head costs a fraction of the full one.
@@ -82,6 +87,7 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
         raise ConfigError(f"draft_vocab_size {draft_vocab_size} must be between 1 and the vocabulary size {config.vocab_size}")
     config.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
     config.architecture = _architecture(raw)
+    config.autoregressive = config.architecture == DFLASH_AR
     config.dflash2 = _parse_dflash2(config, lookup, nested)
     return config
 
@@ -90,10 +96,10 @@ def _architecture(raw: dict) -> str:
     names = raw.get("architectures") or [DFLASH]
     if isinstance(names, str):
         names = [names]
-    known = [name for name in names if name in (DFLASH, DFLASH2)]
+    known = [name for name in names if name in ARCHITECTURES]
     if not known:
         raise ConfigError(
-            f"drafter config names architectures {names}; this engine loads {DFLASH} and {DFLASH2} drafters"
+            f"drafter config names architectures {names}; this engine loads {', '.join(ARCHITECTURES)} drafters"
         )
     return known[0]
 
@@ -163,7 +169,8 @@ def _parse_dflash2(config: Qwen3Config, lookup, nested: dict) -> DFlash2Options 
 def drafter_config_dict(config: Qwen3Config) -> dict:
     """The released-format dict for `config` (what `parse_drafter_config` reads back)."""
     raw = config.to_dict()
-    for key in (*DFLASH_KEYS, "dflash_config", "num_target_layers", "draft_vocab_size", "architecture", "dflash2"):
+    for key in (*DFLASH_KEYS, "dflash_config", "num_target_layers", "draft_vocab_size", "architecture", "dflash2",
+                "autoregressive"):
         raw.pop(key, None)
     dflash = {
         "mask_token_id": config.mask_token_id,
@@ -175,8 +182,9 @@ def drafter_config_dict(config: Qwen3Config) -> dict:
     options = getattr(config, "dflash2", None)
     if options is not None:
         dflash.update(asdict(options))
+    architecture = DFLASH2 if options is not None else DFLASH_AR if getattr(config, "autoregressive", False) else DFLASH
     raw.update(
-        architectures=[DFLASH2 if options is not None else DFLASH],
+        architectures=[architecture],
         model_type="qwen3",
         # Older transformers and the reference code read rope_theta at the top level.
         rope_theta=config.rope_parameters["rope_theta"],

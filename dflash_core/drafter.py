@@ -4,7 +4,10 @@ It has no embedding and no LM head of its own (it borrows the target's). Target 
 by `fc` + `hidden_norm` into a context `c` that is injected as extra keys/values into every layer
 ("KV injection", docs/design.md §2); block queries attend, without a causal mask, to all cached context and
 to the whole block. A DFlash2 config (`config.dflash2`) adds a block convolution around each sublayer and
-a path selector that picks the draft (`dflash2.py`). Loads and saves the released checkpoint format of
+a path selector that picks the draft (`dflash2.py`). An autoregressive config (`config.autoregressive`,
+architecture `DFlashARDraftModel`) runs the same layers causally: its block holds real tokens, one
+query per pass (`drafting.ARDrafting` at inference, the causal mask of `training/objective.py` in
+training). Loads and saves the released checkpoint format of
 both (docs/design.md §3); a drafter with a draft vocabulary is stored in the form vLLM reads (§7), and
 files of the older form still load.
 """
@@ -242,6 +245,11 @@ class DFlashDrafter(nn.Module):
     @property
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
+
+    @property
+    def autoregressive(self) -> bool:
+        """True for the autoregressive drafter: causal, one token per pass (γ = block_size - 1 passes)."""
+        return bool(getattr(self.config, "autoregressive", False))
 
     @property
     def target_layer_ids(self) -> list[int]:

@@ -94,7 +94,7 @@ def _set(key, value):
         (lambda raw: raw.update(architectures=["DFlashDraftModel"]),
          r"gives the DFlash2 keys \['conv_kernel_size', .*architecture is DFlashDraftModel"),
         (lambda raw: raw.update(architectures=["LiLiCorrDraftModel"]),
-         r"names architectures \['LiLiCorrDraftModel'\]; this engine loads DFlashDraftModel and DFlash2DraftModel"),
+         r"names architectures \['LiLiCorrDraftModel'\]; this engine loads DFlashDraftModel, DFlash2DraftModel, DFlashARDraftModel"),
     ],
 )
 def test_bad_dflash2_configs_are_named(dflash2_dirs, edit, message):

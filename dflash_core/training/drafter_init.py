@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..config import parse_drafter_config
+from ..config import DFLASH_AR, parse_drafter_config
 from ..drafter import DFlashDrafter
 from ..errors import ConfigError
 from ..target import Target
@@ -41,8 +41,10 @@ def pick_mask_token_id(tokenizer, vocab_size: int, seen: set[int]) -> tuple[int,
     raise ConfigError("every vocabulary id occurs in the data; pass --mask-token-id")
 
 
-def build_drafter_config(target: Target, layers: int, block_size: int, mask_token_id: int, layer_ids: list[int]):
-    """A released-format drafter config of the target's width (the drafter shares its embedding)."""
+def build_drafter_config(target: Target, layers: int, block_size: int, mask_token_id: int, layer_ids: list[int],
+                         autoregressive: bool = False):
+    """A released-format drafter config of the target's width (the drafter shares its embedding);
+    `autoregressive` makes it the causal one-token-per-pass drafter (`DFlashARDraftModel`)."""
     tc = target.model.config
     heads = tc.num_attention_heads
     rope = getattr(tc, "rope_parameters", None) or {}
@@ -63,6 +65,8 @@ def build_drafter_config(target: Target, layers: int, block_size: int, mask_toke
         "num_target_layers": target.num_layers,
         "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": layer_ids, "block_size": block_size},
     }
+    if autoregressive:
+        raw["architectures"] = [DFLASH_AR]
     return parse_drafter_config(raw)
 
 

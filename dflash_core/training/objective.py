@@ -10,6 +10,11 @@ token and, optionally, its top-k next-token distribution; for text the target di
 greedy tokens come from the same forward, as far as the text follows them (`greedy_path_labels`).
 Evaluation turns the same forward into acceptance lengths: teacher-forced tau, and tau along the blocks greedy decoding would run.
 On CUDA the block mask is a Flex Attention `BlockMask`; elsewhere an equivalent dense boolean mask.
+
+An autoregressive drafter (`drafter.autoregressive`) trains through the same forward: its block at
+an anchor holds the real tokens `anchor .. anchor+B-2` (teacher forcing: at inference they are its
+own drafts, which matter only while they equal these), attends causally inside the block, and slot
+j predicts the token after it, so its labels are DFlash's, one slot earlier.
 """
 
 from __future__ import annotations
@@ -63,18 +68,31 @@ def is_every_anchor(anchors: torch.Tensor, seq_len: int, prompt_len: int) -> boo
     return anchors.numel() == anchor_count(seq_len, prompt_len)
 
 
-def block_layout(anchors: torch.Tensor, seq_len: int, block_size: int, mask_token_id: int, ids: torch.Tensor):
+def block_slots(block_size: int, causal: bool) -> int:
+    """Slots per training block: B for DFlash, B-1 tokens for an autoregressive drafter (the last
+    one's prediction is past the block)."""
+    return block_size - 1 if causal else block_size
+
+
+def block_layout(anchors: torch.Tensor, seq_len: int, block_size: int, mask_token_id: int, ids: torch.Tensor,
+                 causal: bool = False):
     """Block token ids, position ids, labels and label validity for a set of anchors.
 
-    Returns (block_ids [nA*B], position_ids [T + nA*B], labels [nA, B-1], valid [nA, B-1]).
+    DFlash blocks are `[token at anchor, mask x (B-1)]`; causal (autoregressive) blocks are the B-1
+    real tokens from the anchor on (the mask id past the sequence's end, where no label is valid).
+    Returns (block_ids [nA*L], position_ids [T + nA*L], labels [nA, B-1], valid [nA, B-1]), with
+    L = `block_slots(block_size, causal)`.
     """
     device = ids.device
     anchors = anchors.to(device)
-    offsets = torch.arange(block_size, device=device)
-    block_pos = anchors[:, None] + offsets[None, :]  # [nA, B]
-    block_ids = torch.full_like(block_pos, mask_token_id)
-    block_ids[:, 0] = ids[anchors]
-    label_pos = block_pos[:, 1:]
+    offsets = torch.arange(block_slots(block_size, causal), device=device)
+    block_pos = anchors[:, None] + offsets[None, :]  # [nA, L]
+    if causal:
+        block_ids = torch.where(block_pos < seq_len, ids[block_pos.clamp(max=seq_len - 1)], mask_token_id)
+    else:
+        block_ids = torch.full_like(block_pos, mask_token_id)
+        block_ids[:, 0] = ids[anchors]
+    label_pos = anchors[:, None] + torch.arange(1, block_size, device=device)[None, :]
     valid = label_pos < seq_len  # every position after the prompt is a response token
     labels = torch.where(valid, ids[label_pos.clamp(max=seq_len - 1)], torch.full_like(label_pos, -100))
     position_ids = torch.cat([torch.arange(seq_len, device=device), block_pos.reshape(-1)])
@@ -102,21 +120,27 @@ def greedy_path_labels(ids: torch.Tensor, greedy: torch.Tensor, anchors: torch.T
     return labels, valid
 
 
-def dense_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device=None) -> torch.Tensor:
-    """Boolean [nA*B, T + nA*B] (True = attend), the training twin of one inference cycle each.
+def dense_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device=None,
+                     causal: bool = False) -> torch.Tensor:
+    """Boolean [nA*L, T + nA*L] (True = attend) for blocks of L = `block_size` slots, the training
+    twin of one inference cycle each.
 
     At inference the block at `start` sees the cached context 0..start-1 (the bonus token's own
-    features do not exist yet) and the whole block without causality.
+    features do not exist yet) and the whole block without causality; an autoregressive drafter's
+    pass j sees the block's tokens 0..j only (`causal`).
     """
     anchors = anchors.to(device)
     n = anchors.numel()
-    q_block = torch.arange(n * block_size, device=device) // block_size
+    q_idx = torch.arange(n * block_size, device=device)
+    q_block = q_idx // block_size
     ctx = torch.arange(seq_len, device=device)[None, :] < anchors[q_block][:, None]
     own = q_block[:, None] == q_block[None, :]
+    if causal:
+        own &= q_idx[:, None] >= q_idx[None, :]
     return torch.cat([ctx, own], dim=1)
 
 
-def flex_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device):
+def flex_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device, causal: bool = False):
     """The same mask as a Flex Attention `BlockMask`, so GPUs skip the masked-out tiles."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -127,6 +151,8 @@ def flex_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device
         blk = q_idx // block_size
         in_ctx = (kv_idx < seq_len) & (kv_idx < anchors[blk])
         in_own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
+        if causal:
+            in_own = in_own & (kv_idx - seq_len <= q_idx)
         return in_ctx | in_own
 
     return create_block_mask(mask_mod, None, None, n * block_size, seq_len + n * block_size, device=device)
@@ -279,12 +305,13 @@ class DrafterTrainer:
         target's own greedy tokens in the same forward (`greedy_path_labels`).
         """
         ids = ids.to(self.device)
-        T, B = ids.shape[0], self.block_size
-        block_ids, position_ids, labels, valid = block_layout(anchors, T, B, self.mask_token_id, ids)
+        T, B, causal = ids.shape[0], self.block_size, self.core.autoregressive
+        L = block_slots(B, causal)
+        block_ids, position_ids, labels, valid = block_layout(anchors, T, B, self.mask_token_id, ids, causal)
         # Sliding-window layers are only handled by the dense path (the window is added per layer).
         sliding = any(layer.self_attn.sliding_window for layer in self.core.layers)
         use_flex = (self.device.type == "cuda" and not sliding) if dense is None else not dense
-        mask = (flex_block_mask if use_flex else dense_block_mask)(anchors, T, B, self.device)
+        mask = (flex_block_mask if use_flex else dense_block_mask)(anchors, T, L, self.device, causal=causal)
         with self._autocast():
             feats, soft = self.target_features(ids, key, greedy=target_labels)
             if target_labels:
@@ -296,8 +323,9 @@ class DrafterTrainer:
             module = self.core if unwrapped else self.drafter
             hidden = module(embeds, feats, position_ids[None], attn_mask=mask)
             n = anchors.numel()
-            # Slot 0 holds the anchor's own token; its output is never used.
-            hidden = hidden.view(n, B, -1)[:, 1:]
+            # DFlash: slot 0 holds the anchor's own token and its output is never used; causal:
+            # every slot predicts the token after it.
+            hidden = hidden.view(n, L, -1) if causal else hidden.view(n, B, -1)[:, 1:]
             logits = self.core.draft_logits(hidden, self.target.head)
         logits = logits.float()
         if self.label_index is not None:
@@ -318,7 +346,7 @@ class DrafterTrainer:
         if soft is not None:
             mixed = (1 - self.soft_weight) * hard + self.soft_weight * self.soft_cross_entropy(logp, anchors, soft)
             loss = (mixed * w).sum()
-        return StepOut(loss, ce, logits, labels, valid, int(n * B))
+        return StepOut(loss, ce, logits, labels, valid, int(n * L))
 
 
 def acceptance_lengths(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,10 @@ evaluates and saves; tested with two CPU processes over gloo)::
 
     torchrun --nproc_per_node 8 -m dflash_core.training.train --target Qwen/Qwen3-8B --data DATA --out OUT ...
 
+`--drafter-kind ar` trains the autoregressive drafter with the same KV injection instead (the same
+layers, causal inside the block, one token per pass at inference; `objective.py`), on the same data
+and loop; a warm start keeps the kind of the drafter it starts from unless this flag names one.
+
 `--resume` continues from `OUT/checkpoint/` (drafter, optimizer, schedule, step, data position,
 RNG states). `OUT/train_log.jsonl` gets one JSON line per logged step and per evaluation (the first
 at step 0 scores the starting drafter, so a warm start never ships worse than it began).
@@ -146,6 +150,9 @@ def parse_args(argv=None):
                    help="also learn the target's top-K next-token distribution (0: greedy labels only)")
     p.add_argument("--soft-weight", type=float, default=0.5,
                    help="weight of the soft labels against the greedy one-hot label (with --soft-labels)")
+    p.add_argument("--drafter-kind", choices=["dflash", "ar"], default=None,
+                   help="dflash: the block-diffusion drafter (default for a new drafter); ar: the autoregressive "
+                        "drafter with the same KV injection (default with --init-from: the warm drafter's kind)")
     p.add_argument("--init-from-target", action="store_true")
     p.add_argument("--init-from", default=None, help="warm start from a released-format drafter directory")
     p.add_argument("--target-layer-ids", default=None,
@@ -180,6 +187,9 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
     layer_ids = [int(x) for x in args.target_layer_ids.split(",")] if args.target_layer_ids else None
     if resume_state is not None:
         config = parse_drafter_config(json.loads((ckpt_dir / "config.json").read_text()))
+        if args.drafter_kind and (args.drafter_kind == "ar") != bool(config.autoregressive):
+            raise ConfigError(f"--drafter-kind {args.drafter_kind} does not match the checkpoint in {ckpt_dir}, "
+                              f"a {config.architecture}")
     elif args.init_from:
         # Warm start from a released-format drafter:
         # its shape, mask token and target layers carry over; optimizer and schedule start anew.
@@ -195,6 +205,9 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
             log(f"the warm drafter reads target layers {layer_ids} instead of {warm.target_layer_ids}")
             warm = add_feature_layers(warm, layer_ids)
         config = warm.config
+        if args.drafter_kind:
+            # The two kinds share every weight; only the mask and the decoding loop differ.
+            config.autoregressive = args.drafter_kind == "ar"
         if args.block_size:
             # Block size is not in the weights: a drafter can be retrained for another one.
             config.block_size = args.block_size
@@ -210,7 +223,8 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
         log(f"mask token id {mask_id} ({name!r}, {why})")
         if not layer_ids:
             layer_ids = default_target_layer_ids(target.num_layers, layers)
-        config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids)
+        config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids,
+                                      autoregressive=args.drafter_kind == "ar")
     vocab = None
     if resume_state is None and args.draft_vocab:
         config.draft_vocab_size = args.draft_vocab
@@ -415,7 +429,8 @@ def main(argv=None) -> dict:
     drafter = make_drafter(args, target, seqs, train, calibration, resume_state, ckpt_dir, log.say).to(dist.device)
     drafter.train()
     config = drafter.config
-    log.say(f"drafter: {config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
+    log.say(f"drafter: {'autoregressive, ' if config.autoregressive else ''}"
+            f"{config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
             f"{config.target_layer_ids}, {sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters")
     model = drafter
     if dist.world > 1:
