@@ -20,6 +20,7 @@ _EXPORTS = {
     "DFlashError": "errors",
     "ModelPair": "pair",
     "Prefill": "events",
+    "PromptLookup": "prompt_lookup",
     "SamplingParams": "sampling",
     "Summary": "events",
     "Target": "target",

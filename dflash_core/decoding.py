@@ -1,11 +1,13 @@
-"""The decoding loop: DFlash speculative decoding, and plain decoding through the same path.
+"""The decoding loop: speculative decoding with any drafter, and plain decoding through the same path.
 
 `generate` is a generator of events (see `events.py`): callers stream them (the app), collect
-them (`run`), or print them (the CLI). One speculative cycle (`_Decoding.cycle`: draft a block,
-verify it in one target forward, keep the accepted prefix and the bonus) is apart from the loop
-around it, which cuts the output at a stop token or the limit and turns each cycle into a `Block`.
-Without a drafter, or with block size 1, each cycle verifies just the last token, which is
-exactly plain autoregressive decoding.
+them (`run`), or print them (the CLI). One speculative cycle (`_Decoding.cycle`: draft, verify in
+one target forward, keep the accepted prefix and the bonus) is apart from the loop around it,
+which cuts the output at a stop token or the limit and turns each cycle into a `Block`. What a
+cycle drafts comes from the drafter's session (`drafting.py`): a DFlash block in one pass, the
+autoregressive drafter's γ passes, or prompt lookup's copy; the verify and the loop are the same
+for all. Without a drafter, or with block size 1, each cycle verifies just the last token, which
+is exactly plain autoregressive decoding.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Literal, get_args
 
 import torch
 
-from .drafter import DFlashDrafter, static_slots
+from .drafter import DFlashDrafter
+from .drafting import Drafter, Proposal, RunSettings, method_name, open_session
 from .errors import GenerationInputError
 from .events import Block, CycleExplanation, CycleTimes, Prefill, StopReason, Summary
 from .explain import explain_cycle
@@ -59,7 +62,7 @@ class _Marks:
         return [b - a for a, b in pairs]
 
 
-def _block_size(drafter: DFlashDrafter | None, block_size: int | None) -> int:
+def _block_size(drafter, block_size: int | None) -> int:
     """The block size a run uses: 1 without a drafter, else the given one or the drafter's trained size."""
     if drafter is None:
         return 1
@@ -100,6 +103,7 @@ class Cycle:
     draft_s: float
     verify_s: float
     explanation: CycleExplanation | None
+    draft_passes: int
 
     @property
     def committed(self) -> list[int]:
@@ -108,22 +112,24 @@ class Cycle:
 
 class _Decoding:
     """One run's models and settings, and the state each cycle hands to the next: the bonus token
-    (slot 0 of the next block), its position, and the target features the drafter has not seen."""
+    (slot 0 of the next block), its position, and the drafting session (`drafting.py`) with what
+    its drafter has not seen yet."""
 
-    def __init__(self, target: Target, drafter: DFlashDrafter | None, capacity: int, block_size: int,
+    def __init__(self, target: Target, drafter, capacity: int, block_size: int,
                  sampling: SamplingParams, draft_mode: DraftMode, explain: int):
         self.target, self.block_size, self.sampling, self.explain = target, block_size, sampling, explain
         self.drafter = drafter if drafter is not None and block_size > 1 else None
-        self.sample_drafts = not sampling.greedy and draft_mode != "argmax"
         self.device = target.device
         self.generator = make_generator(sampling, self.device)
         target.reset(capacity)
-        target.tap_layers(self.drafter.target_layer_ids if self.drafter is not None else ())
-        self.graphs = target.graphs  # the verify step replays inside target.forward; the draft step here
-        self.draft_cache = None
+        self.session = None
         if self.drafter is not None:
-            # A static drafter cache for graphs: its last block's padding rows reach 2 blocks past the end.
-            self.draft_cache = self.drafter.new_cache(capacity + block_size if self.graphs is not None else None)
+            self.session = open_session(self.drafter, RunSettings(
+                target=target, block_size=block_size, sampling=sampling, generator=self.generator,
+                sample_drafts=not sampling.greedy and draft_mode != "argmax", capacity=capacity,
+                graphs=target.graphs,  # the verify step replays inside target.forward; the draft step in the session
+            ))
+        target.tap_layers(self.session.target_layer_ids if self.session is not None else ())
 
     def choose(self, logits: torch.Tensor) -> int:
         if self.sampling.greedy:
@@ -133,44 +139,19 @@ class _Decoding:
     def prefill(self, prompt_ids: list[int]) -> Prefill:
         t_start = _clock(self.device)
         ids = torch.tensor([prompt_ids], device=self.device)
-        logits, self.context = self.target.forward(ids, last_logits_only=True)
+        logits, context = self.target.forward(ids, last_logits_only=True)
         bonus = self.choose(logits[-1])
         prefill = Prefill(prompt_len=len(prompt_ids), token_id=bonus, seconds=_clock(self.device) - t_start)
         self.bonus_ids = torch.tensor([bonus], device=self.device)  # kept on the device
         self.start = len(prompt_ids)  # position of the bonus token, the block's slot 0
-        # Leading rows of `context` that are new context (with graphs, rejected slots follow).
-        self.fresh = len(prompt_ids)
+        if self.session is not None:
+            self.session.prefill(prompt_ids, bonus, context)
         return prefill
 
-    def draft_step(self, bonus_ids, context, positions) -> torch.Tensor:
-        drafter = self.drafter
-        block = torch.full((1, self.block_size), drafter.mask_token_id, device=self.device)
-        block[0, :1] = bonus_ids
-        hidden = drafter(self.target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions,
-                         cache=self.draft_cache)
-        return drafter.draft_logits(hidden[0, 1:], self.target.head, anchor_ids=bonus_ids)
-
-    def draft(self) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
-        """(the B-1 drafts in target ids, their distribution when sampled, what an explanation needs)."""
-        if self.drafter is None:
-            return torch.empty(0, dtype=torch.long, device=self.device), None, None
-        drafter, cache, context, injected = self.drafter, self.draft_cache, self.context, self.fresh
-        drafter.before_draft(self.start)
-        if self.graphs is None:
-            positions = torch.arange(cache.length, self.start + self.block_size, device=self.device)[None]
-            draft_logits = self.draft_step(self.bonus_ids, context, positions)
-        else:
-            positions = static_slots(cache.length, injected, context.shape[1], self.block_size, self.device)[None]
-            if context.shape[1] == self.block_size:  # every cycle after the first: the one captured shape
-                tag = ("draft", drafter, cache.capacity)
-                draft_logits = self.graphs(tag, self.draft_step, self.bonus_ids, context, positions)
-            else:
-                draft_logits = self.draft_step(self.bonus_ids, context, positions)
-            cache.commit(injected)
-        draft, draft_probs = drafter.propose(
-            draft_logits, self.sampling, self.generator, self.sample_drafts, self.target.vocab_size
-        )
-        return draft, draft_probs, (drafter, cache, injected, draft_logits, draft_probs)
+    def draft(self) -> Proposal:
+        if self.session is None:
+            return Proposal(torch.empty(0, dtype=torch.long, device=self.device), None, 0)
+        return self.session.draft(self.bonus_ids, self.start, bool(self.explain))
 
     def cycle(self) -> Cycle:
         """Draft, verify, accept, and advance the caches to the accepted prefix and the bonus."""
@@ -179,13 +160,14 @@ class _Decoding:
         t0 = time.perf_counter()
         marks = _Marks(self.device)
         marks.mark()
-        draft, draft_probs, drafting = self.draft()
+        proposal = self.draft()
+        draft = proposal.ids
         marks.mark()
         block_ids = torch.cat([self.bonus_ids, draft])[None]
         logits, features = self.target.forward(block_ids)
         record = {} if self.explain else None
-        # [accepted, bonus], on the device
-        outcome = accept(draft, logits, self.sampling, self.generator, draft_probs, record)
+        # [accepted, bonus], on the device; the rule follows the proposal's q (None: a point mass)
+        outcome = accept(draft, logits, self.sampling, self.generator, proposal.probs, record)
         marks.mark()
         accepted, bonus, *draft_ids = torch.cat([outcome, draft]).tolist()  # the cycle's one host sync
         self.bonus_ids = outcome[1:]
@@ -193,10 +175,8 @@ class _Decoding:
         position = self.start
         self.start += accepted + 1
         self.target.crop(self.start)
-        if self.drafter is not None:
-            self.fresh = accepted + 1
-            # With graphs the whole block goes on, its rejected rows as padding: one shape every cycle.
-            self.context = features if self.graphs is not None else features[:, : self.fresh]
+        if self.session is not None:
+            self.session.advance(accepted, [*draft_ids[:accepted], bonus], features)
         explanation = None
         if self.explain:
             # After the cycle's clocks: the draft/verify/other split is the cycle's own; the
@@ -204,16 +184,16 @@ class _Decoding:
             times = CycleTimes(draft_s, verify_s, time.perf_counter() - t0 - draft_s - verify_s)
             explanation = explain_cycle(
                 self.explain, sampling=self.sampling, target=self.target, block_ids=block_ids, target_logits=logits,
-                record=record, accepted=accepted, bonus=bonus, times=times, drafting=drafting,
+                record=record, accepted=accepted, bonus=bonus, times=times, drafting=proposal.view,
             )
-        return Cycle(position, tuple(draft_ids), accepted, bonus, draft_s, verify_s, explanation)
+        return Cycle(position, tuple(draft_ids), accepted, bonus, draft_s, verify_s, explanation, proposal.passes)
 
 
 @torch.inference_mode()
 def generate(
     target: Target,
     prompt_ids: list[int],
-    drafter: DFlashDrafter | None = None,
+    drafter: DFlashDrafter | Drafter | None = None,
     *,
     max_new_tokens: int = 128,
     block_size: int | None = None,
@@ -224,7 +204,10 @@ def generate(
 ) -> Iterator[Prefill | Block | Summary]:
     """Decode after `prompt_ids`, yielding `Prefill`, one `Block` per cycle, then `Summary`.
 
-    block_size: tokens verified per cycle (default: the drafter's trained size; 1 = plain).
+    drafter: None (plain decoding), a `DFlashDrafter` (DFlash, DFlash2, or the autoregressive
+    drafter when its config says so), or any `drafting.Drafter`, e.g. `PromptLookup`. Each Block
+    says how many drafter passes its draft took (`draft_passes`) and their time (`draft_s`).
+    block_size: tokens verified per cycle at most (default: the drafter's size; 1 = plain).
     draft_mode: how draft tokens are chosen when sampling: "sample" (drawn at the same temperature,
     speculative rejection sampling) or "argmax" (target sampled per slot, drafts kept while they
     match). Greedy decoding always drafts the argmax. Both are exact.
@@ -273,6 +256,7 @@ def generate(
             draft_s=cycle.draft_s,
             verify_s=cycle.verify_s,
             elapsed_s=compute_s,
+            draft_passes=cycle.draft_passes,
             explain=cycle.explanation,
         )
         blocks.append(event)
@@ -283,6 +267,7 @@ def generate(
         prompt_len=len(prompt_ids),
         block_size=block_size,
         stop_reason=stop_reason,
+        method=method_name(decoding.drafter),
         prefill=prefill,
         blocks=tuple(blocks),
         total_s=compute_s,

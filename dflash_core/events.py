@@ -143,6 +143,9 @@ class Block:
     draft_s: float
     verify_s: float
     elapsed_s: float  # compute seconds since the run started (prefill included), at the end of this cycle
+    # Drafter forward passes behind draft_ids (their time is draft_s): 1 for DFlash, one per draft
+    # for the autoregressive drafter, 0 for prompt lookup and plain decoding.
+    draft_passes: int = 0
     # What the cycle saw and decided, when decoding ran with `explain=k`; else None.
     explain: CycleExplanation | None = field(default=None, repr=False, compare=False, hash=False)
 
@@ -160,6 +163,7 @@ class Summary:
     prefill: Prefill
     blocks: tuple[Block, ...] = field(repr=False)
     total_s: float = 0.0  # compute seconds of the whole run, prefill included
+    method: str = "plain"  # what drafted: plain, dflash, dflash2, ar or lookup (`drafting.method_name`)
 
     @property
     def acceptance_lengths(self) -> list[int]:
@@ -198,6 +202,10 @@ class Summary:
     @property
     def verify_s(self) -> float:
         return sum(b.verify_s for b in self.blocks)
+
+    @property
+    def draft_passes(self) -> int:
+        return sum(b.draft_passes for b in self.blocks)
 
     @property
     def tokens_per_s(self) -> float:

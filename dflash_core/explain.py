@@ -52,24 +52,21 @@ def explain_cycle(
     accepted: int,
     bonus: int,
     times: CycleTimes,
-    drafting: tuple | None,
+    drafting,
 ) -> CycleExplanation:
     """The explanation of one cycle, called once the cycle has committed (target cache cropped).
 
     block_ids: [1, B] the verified block (slot 0, then the B-1 drafts).
     target_logits: [B, V] the target's logits at the block slots.
     record: what `verify.accept` left (sampling distribution, samples, uniforms); empty when greedy.
-    drafting: (drafter, its cache, context positions injected this cycle, draft logits over the draft
-    vocabulary, the sampled drafts' distribution or None), or None for plain decoding.
+    drafting: the cycle's `drafting.DraftView`, or None for plain decoding.
     """
     draft = block_ids[0, 1:]
     n = draft.shape[0]
     position = target.cache_length - accepted - 1  # slot 0's position: the cache now ends at the bonus
-    draft_probs = None
-    if drafting is not None:
-        drafter, draft_cache, injected, draft_logits, draft_probs = drafting
-        if draft_probs is None:  # argmax drafts: report the distribution they were the mode of
-            draft_probs = distribution(drafter.full_logits(draft_logits, target.vocab_size), sampling)
+    draft_probs = drafting.probs() if drafting is not None else None
+    cache = drafting.cache if drafting is not None else None
+    injected = drafting.injected if drafting is not None else 0
     if sampling.greedy:
         rule, target_probs = "greedy", target_logits.float().softmax(dim=-1)
     else:
@@ -98,17 +95,17 @@ def explain_cycle(
     decided = draft[:accepted].tolist() + [bonus]
     return CycleExplanation(
         slot0_id=int(block_ids[0, 0]),
-        mask_id=drafter.mask_token_id if drafting else None,
+        mask_id=drafting.mask_id if drafting else None,
         positions=tuple(range(position, position + n + 1)),
-        injected=Injected(injected if drafting else 0, tuple(drafter.target_layer_ids) if drafting else ()),
+        injected=Injected(injected, tuple(drafting.target_layers) if drafting else ()),
         draft_topk=_topk_lists(draft_probs, k, draft.tolist()) if drafting else (),
         target_topk=_topk_lists(target_probs, k, decided),
         decision=Decision(rule, tuple(slots), rule == "rejection" and accepted < n),
         cache=CacheLengths(
             target_before=position,
             target_after=target.cache_length,
-            drafter_before=draft_cache.length - injected if drafting else 0,
-            drafter_after=draft_cache.length if drafting else 0,
+            drafter_before=cache.length - injected if cache is not None else 0,
+            drafter_after=cache.length if cache is not None else 0,
         ),
         time=times,
     )

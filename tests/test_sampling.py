@@ -1,5 +1,6 @@
 """Exactness of sampling: acceptance rules against hand-computed probabilities, and the
-distribution of DFlash output against the target's exact distribution (chi-square)."""
+distribution of every method's output (DFlash, the autoregressive drafter, prompt lookup) against
+the target's exact distribution (chi-square)."""
 
 import itertools
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from dflash_core import DFlashDrafter, SamplingParams, Target, run
+from dflash_core import DFlashDrafter, PromptLookup, SamplingParams, Target, run
 from dflash_core.errors import GenerationInputError
 from dflash_core.sampling import probabilities
 from dflash_core.verify import greedy_accept, match_sampled_accept, rejection_accept
@@ -87,12 +88,17 @@ def tiny_vocab_pair(tmp_path_factory):
     target_dir = build_target(root / "target", vocab_size=4, logit_scale=1.0, hidden=16, num_layers=2, seed=3)
     target, drafters = Target.from_pretrained(target_dir), {}
 
-    def pair(draft_vocab):
-        if draft_vocab not in drafters:
-            d = build_drafter(root / f"drafter-{draft_vocab}", target_dir, num_layers=1, block_size=4, seed=4,
-                              draft_vocab=None if draft_vocab is None else list(draft_vocab))
-            drafters[draft_vocab] = DFlashDrafter.from_pretrained(d)
-        return target, drafters[draft_vocab]
+    def pair(draft_vocab, method="dflash"):
+        key = (draft_vocab, method)
+        if key not in drafters:
+            if method == "lookup":
+                drafters[key] = PromptLookup(block_size=4)
+            else:
+                extra = {"architectures": ["DFlashARDraftModel"]} if method == "ar" else {}
+                d = build_drafter(root / f"drafter-{draft_vocab}-{method}", target_dir, num_layers=1, block_size=4,
+                                  seed=4, draft_vocab=None if draft_vocab is None else list(draft_vocab), **extra)
+                drafters[key] = DFlashDrafter.from_pretrained(d)
+        return target, drafters[key]
 
     return pair
 
@@ -119,9 +125,13 @@ CHI_SQUARE_RUNS = 800
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_vocab,draft_mode", [(None, "argmax"), (None, "sample"), ((3, 1), "sample")])
-def test_dflash_sampling_matches_exact_target_distribution(tiny_vocab_pair, draft_vocab, draft_mode):
-    target, drafter = tiny_vocab_pair(draft_vocab)
+@pytest.mark.parametrize("method,draft_vocab,draft_mode", [
+    ("dflash", None, "argmax"), ("dflash", None, "sample"), ("dflash", (3, 1), "sample"),
+    # The autoregressive drafter's q is conditioned on its own sampled drafts; prompt lookup's is a point mass.
+    ("ar", None, "sample"), ("ar", None, "argmax"), ("ar", (3, 1), "sample"), ("lookup", None, "sample"),
+])
+def test_sampling_matches_exact_target_distribution(tiny_vocab_pair, method, draft_vocab, draft_mode):
+    target, drafter = tiny_vocab_pair(draft_vocab, method)
     prompt, length = [1, 2, 0], 3
     params = SamplingParams(temperature=1.3, top_k=3)
     exact = exact_joint(target, prompt, length, params).flatten()
@@ -136,7 +146,7 @@ def test_dflash_sampling_matches_exact_target_distribution(tiny_vocab_pair, draf
         a, b, c = out.output_ids
         counts[a * 16 + b * 4 + c] += 1
         accepted += sum(blk.accepted for blk in out.blocks)
-        if drafter.draft_vocab is not None:
+        if getattr(drafter, "draft_vocab", None) is not None:
             assert {t for blk in out.blocks for t in blk.draft_ids} <= set(drafter.draft_vocab.tolist())
     assert accepted > CHI_SQUARE_RUNS // 5, "drafts were rarely accepted: the test would not exercise the acceptance rule"
     assert chi_square_ok(counts, exact)

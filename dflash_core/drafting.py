@@ -1,0 +1,203 @@
+"""The one drafter interface of the decoding loop: what a method proposes each cycle, and how.
+
+`generate` (decoding.py) takes any drafter and opens one `DraftSession` per run (`open_session`):
+
+- a DFlash or DFlash2 drafter (`DFlashDrafting`): the whole block of B-1 drafts in one pass;
+- the autoregressive drafter with the same KV injection, a `DFlashDrafter` whose config says
+  `autoregressive` (`ARDrafting`): one causal pass per draft, B-1 passes per cycle;
+- any object with a `session(run)` method, e.g. `prompt_lookup.PromptLookup` (no model).
+
+Each cycle the loop asks the session for a `Proposal` (the draft ids on the device, the
+distribution q they were sampled from or None for deterministic drafts, and the drafter passes it
+took), verifies it in one target forward, and hands the session the outcome (`advance`). The verify
+rule follows q: None is a point mass (the match rule), rows of q the rejection rule (verify.py).
+Without a drafter no session is opened and each cycle verifies only the last token: plain decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from .drafter import DrafterCache, static_slots
+from .explain import distribution
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a session may read of the run that opens it."""
+
+    target: object  # the `Target`
+    block_size: int  # tokens verified per cycle at most: slot 0 and up to block_size - 1 drafts
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    sample_drafts: bool  # draw drafts from q (rejection rule) rather than take its argmax
+    capacity: int  # positions the run may reach
+    graphs: object | None  # the target's `StepGraphs`, when its verify replays from CUDA graphs
+
+
+@dataclass(frozen=True)
+class DraftView:
+    """What an explanation reports of a cycle's drafting (explain.py)."""
+
+    mask_id: int | None
+    target_layers: tuple[int, ...]
+    injected: int  # new context positions fed into the drafter this cycle
+    cache: DrafterCache | None  # the drafter's cache after the cycle (its lengths are read)
+    probs: Callable[[], torch.Tensor]  # [n, V] the distribution each draft was the draw or mode of
+
+
+@dataclass(frozen=True)
+class Proposal:
+    ids: torch.Tensor  # [n] draft target ids on the device, 0 <= n <= block_size - 1
+    probs: torch.Tensor | None  # [n, V] q when the drafts were sampled from it; None: deterministic drafts
+    passes: int  # drafter forward passes this proposal took
+    view: DraftView | None = None  # filled when the run explains its cycles
+
+
+class DraftSession(Protocol):
+    """One run's drafting state. `target_layer_ids`: the target layers whose features it reads."""
+
+    target_layer_ids: tuple[int, ...]
+
+    def prefill(self, prompt_ids: list[int], bonus: int, context) -> None:
+        """After the prefill: the prompt, its first new token, the prompt's target features."""
+
+    def draft(self, bonus_ids: torch.Tensor, start: int, explain: bool) -> Proposal:
+        """The drafts after the bonus token `bonus_ids` [1] (on the device) at position `start`."""
+
+    def advance(self, accepted: int, committed: list[int], features) -> None:
+        """After the verify: drafts kept, the tokens the cycle added (kept drafts, then the new bonus),
+        and the target features of the verified block."""
+
+
+class Drafter(Protocol):
+    """A drafter without a model of this engine's kind (e.g. prompt lookup)."""
+
+    block_size: int
+
+    def session(self, run: RunSettings) -> DraftSession: ...
+
+
+def method_name(drafter) -> str:
+    """"plain", "dflash", "dflash2", "ar", or a drafter's own `method` (e.g. "lookup")."""
+    if drafter is None:
+        return "plain"
+    if hasattr(drafter, "session"):
+        return drafter.method
+    if getattr(drafter, "autoregressive", False):
+        return "ar"
+    return "dflash2" if getattr(drafter, "dflash2", None) is not None else "dflash"
+
+
+def open_session(drafter, run: RunSettings) -> DraftSession:
+    """The session of `drafter` for one run (see the module doc for the kinds)."""
+    if hasattr(drafter, "session"):
+        return drafter.session(run)
+    if getattr(drafter, "autoregressive", False):
+        return ARDrafting(drafter, run)
+    return DFlashDrafting(drafter, run)
+
+
+class _InjectedContext:
+    """What both model drafters share: the target features the drafter has not seen yet, kept
+    between cycles, and the drafter's own cache of their keys and values."""
+
+    def __init__(self, drafter, run: RunSettings, cache: DrafterCache):
+        self.drafter, self.run, self.cache = drafter, run, cache
+        self.target_layer_ids = tuple(drafter.target_layer_ids)
+        self.padded = False  # whether `context` carries a verified block's rejected rows as padding
+
+    def prefill(self, prompt_ids, bonus, context) -> None:
+        self.context, self.fresh = context, len(prompt_ids)
+
+    def advance(self, accepted, committed, features) -> None:
+        self.fresh = accepted + 1
+        self.context = features if self.padded else features[:, : self.fresh]
+
+    def choose(self, logits):
+        """(draft ids, their q or None) from draft logits, as the run's sampling settings say."""
+        run = self.run
+        return self.drafter.propose(logits, run.sampling, run.generator, run.sample_drafts, run.target.vocab_size)
+
+    def view(self, logits, probs) -> DraftView:
+        drafter, run = self.drafter, self.run
+
+        def draft_probs():
+            # Argmax drafts: report the distribution they were the mode of.
+            if probs is not None:
+                return probs
+            return distribution(drafter.full_logits(logits, run.target.vocab_size), run.sampling)
+
+        return DraftView(drafter.mask_token_id, self.target_layer_ids, self.fresh, self.cache, draft_probs)
+
+
+class DFlashDrafting(_InjectedContext):
+    """A block-diffusion drafter: `[bonus, mask x (B-1)]` in one pass, every slot at once."""
+
+    def __init__(self, drafter, run: RunSettings):
+        # A static drafter cache for graphs: its last block's padding rows reach 2 blocks past the end.
+        cache = drafter.new_cache(run.capacity + run.block_size if run.graphs is not None else None)
+        super().__init__(drafter, run, cache)
+        self.padded = run.graphs is not None  # with graphs the whole block goes on: one shape every cycle
+
+    def step(self, bonus_ids, context, positions) -> torch.Tensor:
+        drafter, target, block_size = self.drafter, self.run.target, self.run.block_size
+        block = torch.full((1, block_size), drafter.mask_token_id, device=target.device)
+        block[0, :1] = bonus_ids
+        hidden = drafter(target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions, cache=self.cache)
+        return drafter.draft_logits(hidden[0, 1:], target.head, anchor_ids=bonus_ids)
+
+    def draft(self, bonus_ids, start, explain) -> Proposal:
+        drafter, cache, context, injected, B = self.drafter, self.cache, self.context, self.fresh, self.run.block_size
+        device, graphs = self.run.target.device, self.run.graphs
+        drafter.before_draft(start)
+        if graphs is None:
+            positions = torch.arange(cache.length, start + B, device=device)[None]
+            logits = self.step(bonus_ids, context, positions)
+        else:
+            positions = static_slots(cache.length, injected, context.shape[1], B, device)[None]
+            if context.shape[1] == B:  # every cycle after the first: the one captured shape
+                logits = graphs(("draft", drafter, cache.capacity), self.step, bonus_ids, context, positions)
+            else:
+                logits = self.step(bonus_ids, context, positions)
+            cache.commit(injected)
+        ids, probs = self.choose(logits)
+        return Proposal(ids, probs, 1, self.view(logits, probs) if explain else None)
+
+
+class ARDrafting(_InjectedContext):
+    """The autoregressive drafter with the same KV injection: B-1 causal passes, one draft each.
+
+    Pass j feeds the token at `start + j` (the bonus, then its own drafts) as the only query; it
+    attends to the injected context before `start` and to the tokens of the passes before it, whose
+    keys and values stay in the drafter cache until the cycle ends (then cut back to the context).
+    Its q per slot is conditioned on the drafts before it, which is what the rejection rule needs.
+    """
+
+    def __init__(self, drafter, run: RunSettings):
+        # Dynamic cache only: each pass is its own shape-one step, outside any CUDA graph.
+        super().__init__(drafter, run, drafter.new_cache())
+
+    def draft(self, bonus_ids, start, explain) -> Proposal:
+        drafter, cache, target = self.drafter, self.cache, self.run.target
+        features = self.context.to(drafter.dtype)
+        token, drafts, dists, all_logits = bonus_ids, [], [], []
+        for j in range(self.run.block_size - 1):
+            positions = torch.arange(cache.length, start + j + 1, device=target.device)[None]
+            hidden = drafter(target.embed(token[None]).to(drafter.dtype), features, positions, cache=cache)
+            cache.commit(1)  # this pass's token: the next passes attend to it
+            logits = drafter.draft_logits(hidden[0, -1:], target.head)
+            token, q = self.choose(logits)
+            drafts.append(token)
+            dists.append(q)
+            all_logits.append(logits)
+            features = features[:, :0]  # the context went in with the first pass
+        cache.crop(start)  # keep the context; the tokens are redrafted after the verify
+        ids = torch.cat(drafts)
+        probs = None if dists[0] is None else torch.cat(dists)
+        view = self.view(torch.cat(all_logits), probs) if explain else None
+        return Proposal(ids, probs, len(drafts), view)
