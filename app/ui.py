@@ -271,7 +271,11 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     # The controls act on a running race at once: they skip the queue the race is waiting in.
     control_status = area.outputs["control_status"]
     area.pause_button.click(app.pause, outputs=[control_status], queue=False, api_visibility="private")
-    area.step_button.click(app.step, outputs=[control_status], queue=False, api_visibility="private")
+    # Every click is one more cycle: with Gradio's default ("once"), a click made while the previous
+    # Step's reply is still on its way (a busy CPU sends the stream's frame first) would be dropped.
+    area.step_button.click(
+        app.step, outputs=[control_status], queue=False, api_visibility="private", trigger_mode="multiple"
+    )
     area.resume_button.click(app.resume, outputs=[control_status], queue=False, api_visibility="private")
     cycle_pick, cycle_view = area.outputs["cycle_pick"], area.outputs["cycle_view"]
     for event in (cycle_pick.release, cycle_pick.input):
