@@ -16,7 +16,7 @@ import gradio as gr
 from . import texts
 from .callers import is_mcp, session_of
 from .control import Control, Controls
-from .failures import failure_message
+from .failures import failure_message, visitor_error
 from .frames import ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
 from .limits import Limits, check_prompt_tokens, check_request
 from .loading import PairLoading
@@ -70,14 +70,14 @@ class LiveRace:
         """
         cache = self.loading.cache
         if cache is None:
-            raise gr.Error(texts.NO_MODEL)
+            raise visitor_error(texts.NO_MODEL)
         spec = self.pairs.get(pair_id or self.loading.default_id)
         if spec is None:
-            raise gr.Error(texts.UNKNOWN_MODEL_PAIR.format(pair_id=pair_id))
+            raise visitor_error(texts.UNKNOWN_MODEL_PAIR.format(pair_id=pair_id))
         try:
             req = check_request(self.limits, prompt, max_new_tokens, block_size, temperature, top_p, seed)
         except (ValueError, OverflowError) as exc:  # DFlashError is a ValueError too
-            raise gr.Error(str(exc)) from None
+            raise visitor_error(str(exc)) from None
         if req.block_size == 1:
             gr.Warning(texts.NO_DRAFTING)
         # Clear the previous race at once, so old tokens and numbers never mix with new ones.
@@ -87,11 +87,11 @@ class LiveRace:
             pair = yield from self.loading.load(spec, lambda line: start_frame(f"{loading} {line}").values())
             prompt_ids = pair.encode(req.prompt)
         except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
-            raise gr.Error(failure_message(exc, cache.device_for(spec))) from None
+            raise visitor_error(failure_message(exc, cache.device_for(spec))) from None
         try:
             check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
         except ValueError as exc:  # the visitor's prompt, said as it is
-            raise gr.Error(str(exc)) from None
+            raise visitor_error(str(exc)) from None
         yield from self._stream(spec, req, prompt_ids, session_of(request), mcp=is_mcp(request))
 
     def _stream(self, spec, req, prompt_ids: list[int], session: str | None, mcp: bool = False):
@@ -147,7 +147,7 @@ class LiveRace:
                 if not snapshot.done:
                     yield race_frame(snapshot, race.pieces, race.text_of, None, with_charts, viewer), None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
-            raise gr.Error(failure_message(exc, device)) from None
+            raise visitor_error(failure_message(exc, device)) from None
         released = released_text(race.last, control)
         result = race.result()
         if result is None:

@@ -19,6 +19,7 @@ import gradio as gr
 from . import texts
 from .callers import session_of
 from .control import Controls
+from .failures import visitor_error
 from .frames import CHART_EVERY_S, ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
 from .limits import Limits
 from .race import FRAME_S, race
@@ -111,11 +112,11 @@ class Playback:
             recording = load_trace(self.source(shipped, uploaded, session))
             speed = _speed(speed)
         except (ReplayError, TypeError, ValueError, OverflowError) as exc:
-            raise gr.Error(str(exc)) from None
+            raise visitor_error(str(exc)) from None
         try:
             self.slots.join()
         except ReplayBusy as exc:
-            raise gr.Error(str(exc)) from None
+            raise visitor_error(str(exc)) from None
         playing = False
         try:
             control = self.controls.get(session)

@@ -208,6 +208,18 @@ def test_the_summary_escapes_every_value_it_shows_even_one_no_check_caught():
         assert "&lt;img src=x onerror=alert(1)&gt;" in page
 
 
+def test_an_error_that_quotes_markup_shows_it_as_text(shipped, tmp_path, tiny_app):
+    # Gradio renders an error's message as HTML (scripts stripped, an <img> of any address kept).
+    path = crafted(shipped, lambda t: t["report"].update(first_difference=HOSTILE), tmp_path)
+    with pytest.raises(gr.Error) as caught:
+        list(App([], "", None).replay(path, None, 1.0))
+    assert "<img" not in caught.value.message
+    assert "got '&lt;img src=x onerror=alert(1)&gt;'" in caught.value.message
+    with pytest.raises(gr.Error) as caught:  # a live request's message quotes the visitor's value too
+        list(tiny_app.compare("hi", HOSTILE, 4, 0.0, 1.0, 0))
+    assert caught.value.message == "max_new_tokens must be a number, got '&lt;img src=x onerror=alert(1)&gt;'."
+
+
 # --- 4. a pause has a deadline, and eviction wakes the race ------------------------------------------
 def _paused_race(control):
     control.pause(0)
