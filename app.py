@@ -37,7 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs.json)")
-    parser.add_argument("--mcp", action="store_true", help="also serve the compare endpoint as an MCP tool")
+    parser.add_argument(
+        "--mcp", action="store_true", default=os.environ.get("GRADIO_MCP_SERVER", "").lower() == "true",
+        help="also serve the compare endpoint as an MCP tool, each call in a session of its own (default: off, "
+        "on a Space too; GRADIO_MCP_SERVER=True turns it on)",
+    )
     add_flags(parser, default_limits())
     parser.add_argument(
         "--replay", metavar="FILE",
@@ -95,8 +99,7 @@ def main(argv=None) -> None:
         from app.space import load_every_pair
 
         load_every_pair(cache, pairs)
-    # A Space serves the compare endpoint as an MCP tool too.
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp or on_space())
+    serve(demo, args, mcp_server=args.mcp)
 
 
 def serve_replay(args) -> None:
@@ -110,7 +113,22 @@ def serve_replay(args) -> None:
     except ReplayError as exc:
         raise SystemExit(f"error: {exc}") from None
     demo = build_demo([], "", None, from_args(args), replay=args.replay, live=False)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    serve(demo, args)
+
+
+def serve(demo, args, **launch) -> None:
+    """Launch `demo` until Ctrl-C or SIGTERM; both close the server, which deletes its trace files."""
+    import signal
+
+    from app.ui import launch_options
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a KeyboardInterrupt: Gradio then closes cleanly
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options(demo), **launch)
+    except KeyboardInterrupt:  # before Gradio's own wait for it has begun
+        pass
+    finally:  # the server's own shutdown may be cut short by streams still open: the files go here too
+        demo.dflash_app.traces.close()
 
 
 if __name__ == "__main__":
