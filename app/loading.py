@@ -76,7 +76,8 @@ class PairLoading:
         status = texts.READY.format(
             label=spec.label, device=device, load_s=pair.load_s, numerics=pair.numerics, trained=trained,
             drafter_dtype=str(pair.drafter.dtype).removeprefix("torch."),
-            chat_template=pair.chat_template, freed=freed,
+            chat_template=pair.chat_template, size=pair.size.describe() if pair.size else "size not counted",
+            freed=freed,
         )
         yield status, gr.update(maximum=trained, value=trained)
 

@@ -31,7 +31,7 @@ NOT_LOADED = "⚠ **Could not load {label}:** {why} " + REPLAY_HINT
 FREED = " Freed {labels} to make room."
 READY = (
     "✓ **{label}** ready on {device} (loaded in {load_s:.1f} s); target in {numerics}; drafter in "
-    "{drafter_dtype}, trained with block size {trained}; prompts through {chat_template}.{freed}"
+    "{drafter_dtype}, trained with block size {trained}; prompts through {chat_template}; {size}.{freed}"
 )
 
 # --- the race ---------------------------------------------------------------------------------------
