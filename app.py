@@ -37,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs.json)")
+    parser.add_argument("--vllm-url", help="race a vLLM server's DFlash (this OpenAI-compatible URL) against its "
+                        "plain decoding (scripts/serve_vllm.sh starts both)")
+    parser.add_argument("--vllm-plain-url", help="the plain vLLM server (default: --vllm-url's port + 1)")
+    parser.add_argument("--vllm-block-size", type=int, default=4,
+                        help="the DFlash server's num_speculative_tokens + 1 (default 4, as serve_vllm.sh serves)")
     parser.add_argument(
         "--mcp", action="store_true", default=os.environ.get("GRADIO_MCP_SERVER", "").lower() == "true",
         help="also serve the compare endpoint as an MCP tool, each call in a session of its own (default: off, "
@@ -77,7 +82,7 @@ def main(argv=None) -> None:
         print(f"DFlash Studio: {problem}", flush=True)
 
     from app.limits import from_args
-    from app.pairs import cli_pair, load_pairs
+    from app.pairs import cli_pair, load_pairs, vllm_pair
 
     if on_space():
         from app.space import install_default_target
@@ -88,6 +93,9 @@ def main(argv=None) -> None:
     pairs, default_id = load_pairs()
     if args.target:
         pair = cli_pair(args.target, args.drafter, args.dtype)
+        pairs, default_id = [pair, *pairs], pair.id
+    if args.vllm_url:
+        pair = vllm_pair(args.vllm_url, args.vllm_plain_url, args.vllm_block_size)
         pairs, default_id = [pair, *pairs], pair.id
     if args.pair:
         default_id = args.pair

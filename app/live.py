@@ -78,6 +78,10 @@ class LiveRace:
             req = check_request(self.limits, prompt, max_new_tokens, block_size, temperature, top_p, seed)
         except (ValueError, OverflowError) as exc:  # DFlashError is a ValueError too
             raise visitor_error(str(exc)) from None
+        if spec.kind == "vllm":  # nothing loads here: the servers decode (vllm_race.py)
+            yield start_frame(texts.RACING).values()
+            yield from self._stream(spec, req, [], session_of(request), mcp=is_mcp(request))
+            return
         if req.block_size == 1:
             gr.Warning(texts.NO_DRAFTING)
         # Clear the previous race at once, so old tokens and numbers never mix with new ones.
@@ -133,11 +137,16 @@ class LiveRace:
         from dflash_core import SamplingParams
 
         spec = self.pairs[pair_id]
-        device = self.loading.cache.device_for(spec)
+        device = self.loading.cache.device_for(spec) if spec.kind != "vllm" else "vLLM server"
         sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
-        race = RaceSession(self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size, sampling)
+        try:
+            race = vllm_session(spec, prompt, max_new_tokens, sampling) if spec.kind == "vllm" else RaceSession(
+                self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size, sampling)
+        except Exception as exc:  # noqa: BLE001 - a server down or serving another model reaches the visitor
+            raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None
         pacer = ChartPacer()
+        note = vllm_note() if spec.kind == "vllm" else None
         try:
             for snapshot in race.snapshots(stop, control):
                 if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left
@@ -145,7 +154,7 @@ class LiveRace:
                     continue
                 with_charts = pacer.due(snapshot)
                 if not snapshot.done:
-                    yield race_frame(snapshot, race.pieces, race.text_of, None, with_charts, viewer), None
+                    yield race_frame(snapshot, race.pieces, race.text_of, None, with_charts, viewer, running=note), None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
             raise visitor_error(failure_message(exc, device)) from None
         released = released_text(race.last, control)
@@ -153,7 +162,8 @@ class LiveRace:
         if result is None:
             yield note_frame(released or texts.STOPPED_EARLY), None
             return
-        note = None if released is None else f"{released} {texts.OWN_CLOCKS}"
+        if released is not None:
+            note = f"{released} {texts.OWN_CLOCKS}"
         frame = race_frame(race.last, race.pieces, race.text_of, result.report, True, viewer, note=note)
         if released is not None:
             frame.control_status = released
@@ -162,3 +172,16 @@ class LiveRace:
     def stop(self, request: gr.Request = None) -> None:
         """The Stop button: asks this session's race to end; returns once it has (or after STOP_WAIT_S)."""
         self.stops.request(session_of(request), wait_s=STOP_WAIT_S)
+
+
+def vllm_session(spec, prompt, max_new_tokens, sampling):
+    """The race of a `vllm` pair: its servers' DFlash (at the block they serve) against their plain decoding."""
+    from .vllm_race import VllmRaceSession, servers_of
+
+    return VllmRaceSession(servers_of(spec), prompt, max_new_tokens, spec.block_size, sampling)
+
+
+def vllm_note() -> str:
+    from .vllm_race import WHAT_IS_NOT_REPORTED
+
+    return WHAT_IS_NOT_REPORTED

@@ -58,6 +58,11 @@ class PairLoading:
         if spec is None:
             yield texts.UNKNOWN_PAIR.format(pair_id=pair_id), gr.skip()
             return
+        if spec.kind == "vllm":
+            from .vllm_race import servers_of
+
+            yield servers_of(spec).status(), gr.update(maximum=spec.block_size, value=spec.block_size)
+            return
         device = self.cache.device_for(spec)
         reason = availability(spec, device)
         if reason:

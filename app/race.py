@@ -141,6 +141,9 @@ class _Runner:
                 self.tokens += len(event.committed_ids)
             else:
                 self.summary = event
+                # The summary's blocks are the run's record; a remote engine's streamed blocks are
+                # provisional (vllm_client.py), and a local engine's are the same blocks.
+                self.blocks = list(event.blocks)
             if not isinstance(event, Summary):
                 self.timeline.append((stamp, self.tokens))
         return released
