@@ -15,6 +15,10 @@ import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+# block_size's bound, the one a recorded trace is held to: far above any drafter's trained size,
+# which the engine checks with its own message.
+from dflash_core.trace import MAX_BLOCK_SIZE
+
 if TYPE_CHECKING:  # torch comes with it: imported when a request is checked, not with the flags
     from dflash_core import SamplingParams
 
@@ -81,7 +85,6 @@ class Request:
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
-MAX_BLOCK_SIZE = 1024  # far above any drafter's trained size, which the engine checks with its own message
 
 
 def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperature, top_p, seed) -> Request:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import gradio as gr
 
-
 from . import texts
 from .callers import is_mcp, session_of
 from .control import Control, Controls
