@@ -37,7 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs.json)")
-    parser.add_argument("--mcp", action="store_true", help="also serve the compare endpoint as an MCP tool")
+    parser.add_argument("--vllm-url", help="race a vLLM server's DFlash (this OpenAI-compatible URL) against its "
+                        "plain decoding (scripts/serve_vllm.sh starts both)")
+    parser.add_argument("--vllm-plain-url", help="the plain vLLM server (default: --vllm-url's port + 1)")
+    parser.add_argument("--vllm-block-size", type=int, default=4,
+                        help="the DFlash server's num_speculative_tokens + 1 (default 4, as serve_vllm.sh serves)")
+    parser.add_argument(
+        "--mcp", action="store_true", default=os.environ.get("GRADIO_MCP_SERVER", "").lower() == "true",
+        help="also serve the compare endpoint as an MCP tool, each call in a session of its own (default: off, "
+        "on a Space too; GRADIO_MCP_SERVER=True turns it on)",
+    )
     add_flags(parser, default_limits())
     parser.add_argument(
         "--replay", metavar="FILE",
@@ -73,7 +82,7 @@ def main(argv=None) -> None:
         print(f"DFlash Studio: {problem}", flush=True)
 
     from app.limits import from_args
-    from app.pairs import cli_pair, load_pairs
+    from app.pairs import cli_pair, load_pairs, vllm_pair
 
     if on_space():
         from app.space import install_default_target
@@ -85,6 +94,9 @@ def main(argv=None) -> None:
     if args.target:
         pair = cli_pair(args.target, args.drafter, args.dtype)
         pairs, default_id = [pair, *pairs], pair.id
+    if args.vllm_url:
+        pair = vllm_pair(args.vllm_url, args.vllm_plain_url, args.vllm_block_size)
+        pairs, default_id = [pair, *pairs], pair.id
     if args.pair:
         default_id = args.pair
     zerogpu = on_zerogpu()
@@ -95,8 +107,7 @@ def main(argv=None) -> None:
         from app.space import load_every_pair
 
         load_every_pair(cache, pairs)
-    # A Space serves the compare endpoint as an MCP tool too.
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp or on_space())
+    serve(demo, args, mcp_server=args.mcp)
 
 
 def serve_replay(args) -> None:
@@ -110,7 +121,22 @@ def serve_replay(args) -> None:
     except ReplayError as exc:
         raise SystemExit(f"error: {exc}") from None
     demo = build_demo([], "", None, from_args(args), replay=args.replay, live=False)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    serve(demo, args)
+
+
+def serve(demo, args, **launch) -> None:
+    """Launch `demo` until Ctrl-C or SIGTERM; both close the server, which deletes its trace files."""
+    import signal
+
+    from app.ui import launch_options
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a KeyboardInterrupt: Gradio then closes cleanly
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options(demo), **launch)
+    except KeyboardInterrupt:  # before Gradio's own wait for it has begun
+        pass
+    finally:  # the server's own shutdown may be cut short by streams still open: the files go here too
+        demo.dflash_app.traces.close()
 
 
 if __name__ == "__main__":

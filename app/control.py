@@ -35,16 +35,28 @@ class Viewer:
         return len(self.latest.dflash.blocks) if self.latest is not None else 0
 
 
-class Control:
-    """One viewer's pause state; the buttons' handlers and the race's worker share it."""
+# Why a paused race was let go (`Control.released`): its viewer left it paused past the deadline,
+# or the session table dropped the viewer to make room for newer ones.
+PAUSE_EXPIRED, EVICTED = "pause expired", "evicted"
 
-    def __init__(self, clock=time.perf_counter):
+
+class Control:
+    """One viewer's pause state; the buttons' handlers and the race's worker share it.
+
+    max_pause_s: how long a race may stay paused without a Pause, Step or Continue from its
+    viewer; past it `hold` lets the race go (`released`), and the race ends, freeing the model.
+    """
+
+    def __init__(self, clock=time.perf_counter, max_pause_s: float | None = None):
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self.paused = False
         self.limit: int | None = None  # DFlash cycles allowed on screen while paused
         self.stopped = False
+        self.max_pause_s = max_pause_s
+        self.released: str | None = None  # PAUSE_EXPIRED or EVICTED once the race was let go
+        self._touched = clock()  # the viewer's last Pause, Step or Continue
         self._held = 0.0  # seconds spent blocked in `hold`, left out of `clock()`
         self.run = 0  # which run of this viewer the control drives; a newer one supersedes the rest
         self.viewer = Viewer()
@@ -55,7 +67,8 @@ class Control:
     def reset(self) -> int:
         """A new race starts playing (not paused); returns its run number."""
         with self._lock:
-            self.paused, self.limit, self.stopped = False, None, False
+            self.paused, self.limit, self.stopped, self.released = False, None, False, None
+            self._touched = self._clock()
             self.run += 1
             run = self.run
         self._wake.set()
@@ -68,6 +81,7 @@ class Control:
     def pause(self, shown: int) -> None:
         with self._lock:
             self.paused = True
+            self._touched = self._clock()
             if self.limit is None:
                 self.limit = shown
 
@@ -75,12 +89,20 @@ class Control:
         """One more DFlash cycle (pauses first when playing)."""
         with self._lock:
             self.paused = True
+            self._touched = self._clock()
             self.limit = max(self.limit if self.limit is not None else shown, shown) + 1
         self._wake.set()
 
     def resume(self) -> None:
         with self._lock:
             self.paused, self.limit = False, None
+            self._touched = self._clock()
+        self._wake.set()
+
+    def release(self, why: str) -> None:
+        """Let the race go: it never waits here again, and a race waiting now ends."""
+        with self._lock:
+            self.released = why
         self._wake.set()
 
     def stop(self) -> None:
@@ -91,13 +113,23 @@ class Control:
     def holding(self, shown: int) -> bool:
         """True when the race must wait: paused, and the cycles owed are on screen."""
         with self._lock:
-            return self.paused and not self.stopped and self.limit is not None and shown >= self.limit
+            return (
+                self.paused and not self.stopped and self.released is None and self.limit is not None
+                and shown >= self.limit
+            )
 
-    def hold(self, shown: int, poll_s: float = 0.05, until=lambda: False) -> None:
-        """Block while `holding(shown)` and not `until()` (the race's Stop); the time blocked is
+    def hold(self, shown: int, poll_s: float = 0.05, until=lambda: False, for_s: float | None = None) -> None:
+        """Block while `holding(shown)` and not `until()` (the race's Stop), for at most `for_s`
+        seconds; past the pause deadline the race is released (`released`). The time blocked is
         left out of `clock()`."""
         started = self._clock()
         while self.holding(shown) and not until():
+            now = self._clock()
+            if self.max_pause_s is not None and now - self._touched >= self.max_pause_s:
+                self.release(PAUSE_EXPIRED)
+                break
+            if for_s is not None and now - started >= for_s:
+                break
             self._wake.wait(poll_s)
             self._wake.clear()
         self._held += self._clock() - started
@@ -109,21 +141,26 @@ class Control:
 
 
 class Controls:
-    """Every viewer's `Control`, by Gradio session; a bounded table, oldest sessions dropped."""
+    """Every viewer's `Control`, by Gradio session; a bounded table, oldest sessions dropped (a race
+    one of them holds paused is released, so that it ends)."""
 
-    def __init__(self, size: int = 256):
+    def __init__(self, size: int = 256, max_pause_s: float | None = None):
         self.size = size
+        self.max_pause_s = max_pause_s
         self._table: dict[str, Control] = {}
         self._lock = threading.Lock()
 
     def get(self, session: str | None) -> Control:
         key = session or ""
+        evicted = []
         with self._lock:
-            control = self._table.pop(key, None) or Control()
+            control = self._table.pop(key, None) or Control(max_pause_s=self.max_pause_s)
             self._table[key] = control  # most recently used last
             while len(self._table) > self.size:
-                self._table.pop(next(iter(self._table)))
-            return control
+                evicted.append(self._table.pop(next(iter(self._table))))
+        for old in evicted:
+            old.release(EVICTED)
+        return control
 
     def drop(self, session: str | None) -> None:
         """Forget a session; a race it paused is told to stop waiting (it then ends)."""

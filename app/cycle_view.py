@@ -35,6 +35,11 @@ CYCLE_CSS = """
 SPLIT_COLORS = {"draft": "#74c0fc", "verify": "#8ce99a", "other": "#dee2e6", "plain": "#bac8ff"}
 
 
+def _esc(value) -> str:
+    """A number from a trace as HTML text (a trace is validated when read; this is the second guard)."""
+    return html.escape(str(value))
+
+
 def _tok(text: str, color: str | None = None) -> str:
     style = f' style="background:{color}"' if color else ""
     return f'<span class="tk"{style}>{html.escape(visible(text))}</span>'
@@ -92,8 +97,8 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
         else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
     )
     return (
-        f'{style}<div class="cycle" id="cycle-{block.index}">'
-        f"<h4>Cycle {block.index} of {last + 1} · block at positions {positions[0]}–{positions[0] + drafts} · "
+        f'{style}<div class="cycle" id="cycle-{_esc(block.index)}">'
+        f"<h4>Cycle {_esc(block.index)} of {last + 1} · block at positions {_esc(positions[0])}–{_esc(positions[0] + drafts)} · "
         f"acceptance length {n} of {drafts + 1}</h4>{note}"
         f"<h4>1 · the noisy block the drafter sees</h4>{_noisy_block(dflash, index, positions, text_of)}"
         f"<h4>2 · target features injected into every drafter layer</h4><div>{_injected(explain)}</div>"
@@ -122,7 +127,7 @@ def _noisy_block(view, index: int, positions: list[int], text_of) -> str:
     )
     return (
         '<table class="grid"><tr><th>slot</th>' + "".join(f"<th>{s}</th>" for s in range(size)) + "</tr>"
-        "<tr><th>position</th>" + "".join(f"<td>{p}</td>" for p in positions[:size]) + "</tr>"
+        "<tr><th>position</th>" + "".join(f"<td>{_esc(p)}</td>" for p in positions[:size]) + "</tr>"
         f"<tr><th>drafter input</th>{cells}</tr></table>{mask_note}"
     )
 
@@ -145,7 +150,7 @@ def _slots_grid(block, positions: list[int], text_of) -> str:
     drafts = len(block.draft_ids)
     columns = range(drafts + 1 + (1 if block.accepted == drafts else 0))
     head = "".join(f"<th>slot {s}" + (" (bonus)" if s == drafts + 1 else "") + "</th>" for s in columns)
-    pos_row = "".join(f"<td>{positions[s] if s < len(positions) else positions[-1] + 1}</td>" for s in columns)
+    pos_row = "".join(f"<td>{_esc(positions[s] if s < len(positions) else positions[-1] + 1)}</td>" for s in columns)
     cells = [_slot_cells(block, s, text_of) for s in columns]
     rows = [f"<tr><th>{label}</th>{''.join(c[i] for c in cells)}</tr>" for i, label in enumerate(
         ("3 · drafter's one pass: top-3", "4 · target's verdict: its top-3", "committed")
@@ -195,8 +200,8 @@ def _caches(explain: CycleExplanation | None) -> str:
         return "Not recorded for this run."
     cache = explain.cache
     return (
-        f"target KV cache {cache.target_before} → {cache.target_after} positions (cropped to the accepted prefix); "
-        f"drafter cache {cache.drafter_before} → {cache.drafter_after}."
+        f"target KV cache {_esc(cache.target_before)} → {_esc(cache.target_after)} positions (cropped to the "
+        f"accepted prefix); drafter cache {_esc(cache.drafter_before)} → {_esc(cache.drafter_after)}."
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 import gradio as gr
 
 from . import charts, render, texts
-from .control import Viewer
+from .control import PAUSE_EXPIRED, Control, Viewer
 from .cycle_view import cycle_html
 from .race import Snapshot
 from .report import RaceReport
@@ -81,6 +81,15 @@ def start_frame(text: str) -> Frame:
         plain_stats="", plain_tokens=waiting, report=gr.update(value=None), trace_file=gr.update(value=None),
         trace_csv=gr.update(value=None),
     )
+
+
+def released_text(snapshot: Snapshot | None, control: Control | None) -> str | None:
+    """The line saying why a paused race was let go, when that is how `snapshot` ended."""
+    if snapshot is None or snapshot.released is None:
+        return None
+    if snapshot.released == PAUSE_EXPIRED:
+        return texts.PAUSE_EXPIRED.format(seconds=getattr(control, "max_pause_s", None) or 0)
+    return texts.EVICTED
 
 
 def note_frame(text: str) -> Frame:

@@ -15,6 +15,10 @@ import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+# block_size's bound, the one a recorded trace is held to: far above any drafter's trained size,
+# which the engine checks with its own message.
+from dflash_core.trace import MAX_BLOCK_SIZE
+
 if TYPE_CHECKING:  # torch comes with it: imported when a request is checked, not with the flags
     from dflash_core import SamplingParams
 
@@ -26,6 +30,10 @@ class Limits:
     max_new_tokens: int = 512
     max_prompt_tokens: int = 2048  # after the chat template
     max_prompt_chars: int = 16_000  # checked before tokenizing, so a huge paste costs nothing
+    max_pause_s: int = 60  # a race paused this long without a Step or Continue ends, freeing the model
+    replay_concurrency: int = 4  # replays played at once (they need no model, only a thread each)
+    replay_queue: int = 8  # replays that may wait for one of those; more are told the server is busy
+    max_replay_s: int = 300  # a replay lasting longer in real time is sped up to end within it
 
     def __post_init__(self):
         for f in fields(self):
@@ -35,7 +43,10 @@ class Limits:
 
 # A ZeroGPU slice is shared by every visitor of the Space and each GPU call is bounded in time, so
 # a Space serves shorter races and turns visitors away sooner than a machine of one's own.
-SPACE_LIMITS = Limits(concurrency=1, max_queue=8, max_new_tokens=256, max_prompt_tokens=1024, max_prompt_chars=8_000)
+SPACE_LIMITS = Limits(
+    concurrency=1, max_queue=8, max_new_tokens=256, max_prompt_tokens=1024, max_prompt_chars=8_000, replay_concurrency=2,
+    replay_queue=4, max_replay_s=180,
+)
 
 _FLAGS = {
     "concurrency": "races computed at the same time (default %(default)s; more than 1 only helps with several pairs on a GPU)",
@@ -43,6 +54,12 @@ _FLAGS = {
     "max_new_tokens": "largest max_new_tokens a request may ask for (default %(default)s)",
     "max_prompt_tokens": "longest prompt in tokens after the chat template (default %(default)s)",
     "max_prompt_chars": "longest prompt in characters, checked before tokenizing (default %(default)s)",
+    "max_pause_s": "seconds a paused race may wait for Step or Continue before it ends and frees the model "
+    "(default %(default)s)",
+    "replay_concurrency": "replays played at the same time (default %(default)s)",
+    "replay_queue": "replays that may wait for a free replay slot; beyond it a visitor is told the server is busy "
+    "(default %(default)s)",
+    "max_replay_s": "longest a replay may last in real time; a longer recording is played faster (default %(default)s)",
 }
 
 
@@ -82,7 +99,9 @@ def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperatur
     if bad:
         raise ValueError(f"The prompt has an invalid character (a lone UTF-16 surrogate) at position {bad.start()}.")
     max_new_tokens = _whole(max_new_tokens, "max_new_tokens", 1, limits.max_new_tokens)
-    block_size = _whole(block_size, "block_size", 1, None)
+    block_size = _whole(block_size, "block_size", 1, None)  # the drafter's own bound is checked later, with its size
+    if block_size > MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be at most {MAX_BLOCK_SIZE}, got {_shown(block_size)}.")
     seed = None if seed is None or seed == "" else _whole(seed, "seed", 0, SEED_MAX)
     from dflash_core import SamplingParams
 
@@ -104,24 +123,39 @@ def check_prompt_tokens(num_tokens: int, limits: Limits, context: int | None) ->
         )
 
 
+def _shown(value) -> str:
+    """A number as a message quotes it: a huge integer by its digit count, never all 400 digits."""
+    if isinstance(value, int) and abs(value) >= 10**18:
+        return f"a {len(str(abs(value)))}-digit integer"
+    return str(value)[:40]
+
+
 def _real(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{name} must be a number, got {type(value).__name__}.")
+    if isinstance(value, str) and len(value) > 400:  # float() of a huge digit string costs time
+        raise ValueError(f"{name} must be a number, got a string of {len(value)} characters.")
     try:
         number = float(value)
     except ValueError:
         raise ValueError(f"{name} must be a number, got {str(value)[:40]!r}.") from None
+    except OverflowError:  # an int beyond any float
+        raise ValueError(f"{name} must be a finite number, got {_shown(value)}.") from None
     if not math.isfinite(number):
         raise ValueError(f"{name} must be a finite number, got {number}.")
     return number
 
 
 def _whole(value, name: str, low: int, high: int | None) -> int:
+    bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+    if isinstance(value, int) and not isinstance(value, bool):  # exact: no trip through a float
+        if value < low or (high is not None and value > high):
+            raise ValueError(f"{name} must be {bounds}, got {_shown(value)}.")
+        return value
     number = _real(value, name)
     if number != int(number):
         raise ValueError(f"{name} must be a whole number, got {value}.")
     number = int(number)
     if number < low or (high is not None and number > high):
-        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ValueError(f"{name} must be {bounds}, got {number}.")
+        raise ValueError(f"{name} must be {bounds}, got {_shown(number)}.")
     return number

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import gradio as gr
 
-
 from . import texts
+from .callers import is_mcp, session_of
 from .control import Control, Controls
-from .failures import failure_message
-from .frames import ChartPacer, note_frame, race_frame, start_frame
+from .failures import failure_message, visitor_error
+from .frames import ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
 from .limits import Limits, check_prompt_tokens, check_request
 from .loading import PairLoading
 from .session import RaceSession
@@ -69,14 +69,18 @@ class LiveRace:
         """
         cache = self.loading.cache
         if cache is None:
-            raise gr.Error(texts.NO_MODEL)
+            raise visitor_error(texts.NO_MODEL)
         spec = self.pairs.get(pair_id or self.loading.default_id)
         if spec is None:
-            raise gr.Error(texts.UNKNOWN_MODEL_PAIR.format(pair_id=pair_id))
+            raise visitor_error(texts.UNKNOWN_MODEL_PAIR.format(pair_id=pair_id))
         try:
             req = check_request(self.limits, prompt, max_new_tokens, block_size, temperature, top_p, seed)
-        except ValueError as exc:  # DFlashError is a ValueError too
-            raise gr.Error(str(exc)) from None
+        except (ValueError, OverflowError) as exc:  # DFlashError is a ValueError too
+            raise visitor_error(str(exc)) from None
+        if spec.kind == "vllm":  # nothing loads here: the servers decode (vllm_race.py)
+            yield start_frame(texts.RACING).values()
+            yield from self._stream(spec, req, [], session_of(request), mcp=is_mcp(request))
+            return
         if req.block_size == 1:
             gr.Warning(texts.NO_DRAFTING)
         # Clear the previous race at once, so old tokens and numbers never mix with new ones.
@@ -85,13 +89,19 @@ class LiveRace:
         try:
             pair = yield from self.loading.load(spec, lambda line: start_frame(f"{loading} {line}").values())
             prompt_ids = pair.encode(req.prompt)
-            check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
         except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
-            raise gr.Error(failure_message(exc, cache.device_for(spec))) from None
-        yield from self._stream(spec, req, prompt_ids, getattr(request, "session_hash", None))
+            raise visitor_error(failure_message(exc, cache.device_for(spec))) from None
+        try:
+            check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
+        except ValueError as exc:  # the visitor's prompt, said as it is
+            raise visitor_error(str(exc)) from None
+        yield from self._stream(spec, req, prompt_ids, session_of(request), mcp=is_mcp(request))
 
-    def _stream(self, spec, req, prompt_ids: list[int], session: str | None):
-        """The frames of the race of a checked request, its trace written once it has finished."""
+    def _stream(self, spec, req, prompt_ids: list[int], session: str | None, mcp: bool = False):
+        """The frames of the race of a checked request, its trace written once it has finished.
+
+        mcp: an agent's call, in a session of its own for this one race: no Pause / Step.
+        """
         sampling = req.sampling
         args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
         in_process = self.runs_in_process(spec.id)
@@ -99,7 +109,7 @@ class LiveRace:
             # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
             # closed from here instead, and the summary can only say that it stopped.
             # Pause / Step reach the race only where it runs in this process.
-            control = self.controls.get(session) if in_process else None
+            control = self.controls.get(session) if in_process and not mcp else None
             kwargs = {"control": control} if control is not None else {}
             stream = self.race_stream(
                 *args, prompt=req.prompt, stop=stop.is_set if in_process else None, **kwargs
@@ -126,24 +136,51 @@ class LiveRace:
         from dflash_core import SamplingParams
 
         spec = self.pairs[pair_id]
-        device = self.loading.cache.device_for(spec)
+        device = self.loading.cache.device_for(spec) if spec.kind != "vllm" else "vLLM server"
         sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
-        race = RaceSession(self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size, sampling)
+        try:
+            race = vllm_session(spec, prompt, max_new_tokens, sampling) if spec.kind == "vllm" else RaceSession(
+                self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size, sampling)
+        except Exception as exc:  # noqa: BLE001 - a server down or serving another model reaches the visitor
+            raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None
         pacer = ChartPacer()
+        note = vllm_note() if spec.kind == "vllm" else None
         try:
             for snapshot in race.snapshots(stop, control):
+                if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left
+                    yield Frame(), None
+                    continue
                 with_charts = pacer.due(snapshot)
                 if not snapshot.done:
-                    yield race_frame(snapshot, race.pieces, race.text_of, None, with_charts, viewer), None
+                    yield race_frame(snapshot, race.pieces, race.text_of, None, with_charts, viewer, running=note), None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
-            raise gr.Error(failure_message(exc, device)) from None
+            raise visitor_error(failure_message(exc, device)) from None
+        released = released_text(race.last, control)
         result = race.result()
         if result is None:
-            yield note_frame(texts.STOPPED_EARLY), None
+            yield note_frame(released or texts.STOPPED_EARLY), None
             return
-        yield race_frame(race.last, race.pieces, race.text_of, result.report, True, viewer), result.trace
+        if released is not None:
+            note = f"{released} {texts.OWN_CLOCKS}"
+        frame = race_frame(race.last, race.pieces, race.text_of, result.report, True, viewer, note=note)
+        if released is not None:
+            frame.control_status = released
+        yield frame, result.trace
 
     def stop(self, request: gr.Request = None) -> None:
         """The Stop button: asks this session's race to end; returns once it has (or after STOP_WAIT_S)."""
-        self.stops.request(getattr(request, "session_hash", None), wait_s=STOP_WAIT_S)
+        self.stops.request(session_of(request), wait_s=STOP_WAIT_S)
+
+
+def vllm_session(spec, prompt, max_new_tokens, sampling):
+    """The race of a `vllm` pair: its servers' DFlash (at the block they serve) against their plain decoding."""
+    from .vllm_race import VllmRaceSession, servers_of
+
+    return VllmRaceSession(servers_of(spec), prompt, max_new_tokens, spec.block_size, sampling)
+
+
+def vllm_note() -> str:
+    from .vllm_race import WHAT_IS_NOT_REPORTED
+
+    return WHAT_IS_NOT_REPORTED

@@ -58,6 +58,11 @@ class PairLoading:
         if spec is None:
             yield texts.UNKNOWN_PAIR.format(pair_id=pair_id), gr.skip()
             return
+        if spec.kind == "vllm":
+            from .vllm_race import servers_of
+
+            yield servers_of(spec).status(), gr.update(maximum=spec.block_size, value=spec.block_size)
+            return
         device = self.cache.device_for(spec)
         reason = availability(spec, device)
         if reason:
@@ -76,7 +81,8 @@ class PairLoading:
         status = texts.READY.format(
             label=spec.label, device=device, load_s=pair.load_s, numerics=pair.numerics, trained=trained,
             drafter_dtype=str(pair.drafter.dtype).removeprefix("torch."),
-            chat_template=pair.chat_template, freed=freed,
+            chat_template=pair.chat_template, size=pair.size.describe() if pair.size else "size not counted",
+            freed=freed,
         )
         yield status, gr.update(maximum=trained, value=trained)
 

@@ -10,12 +10,12 @@ import gc
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
-from dflash_core.hub import resolve_model_dir, weights_bytes
+from dflash_core.hub import resolve_model_dir
+from dflash_core.memory_need import PairSize, check_fits, pair_size
 from dflash_core.pair import fetch_target, parse_dtype
 from dflash_core.batch_invariant import describe
 from dflash_core.chat_template import describe_template, template_args
@@ -37,6 +37,7 @@ class LoadedPair:
     drafter: DFlashDrafter
     load_s: float
     template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
+    size: PairSize | None = None  # its weights and what they need (dflash_core/memory_need.py)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
 
     @property
@@ -109,8 +110,14 @@ def _warm_up(pair: LoadedPair) -> None:
     run(pair.plain, prompt_ids, None, max_new_tokens=2)
 
 
-# Room a pair needs beyond its weights (KV caches, activations, the allocator's slack), as a factor.
-HEADROOM = 1.25
+@dataclass(frozen=True)
+class LoadNote:
+    """A line for the status line while a pair loads (beside `DownloadProgress`)."""
+
+    text: str
+
+    def message(self) -> str:
+        return self.text
 
 
 def gpu_memory(device: str) -> tuple[int, int] | None:
@@ -129,17 +136,21 @@ class PairCache:
     """
 
     def __init__(
-        self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False, memory=None
+        self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False, memory=None,
+        hub_api=None,
     ):
         """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU).
 
         cpu_for_cpu_pairs: pairs that do not need a GPU load on the CPU whatever `device` is (on
         ZeroGPU they then race without GPU quota).
+
+        hub_api: replaces huggingface_hub's `HfApi` for the size query (tests).
         """
         self.device = device or default_device()
         self.warm_up = warm_up
         self.cpu_for_cpu_pairs = cpu_for_cpu_pairs
         self.memory = memory or (lambda: gpu_memory(self.device))
+        self.hub_api = hub_api
         self.freed: list[str] = []  # labels of the pairs the last load freed
         self._pairs: dict[str, LoadedPair] = {}
         self._lock = threading.Lock()
@@ -166,29 +177,45 @@ class PairCache:
             t0 = time.perf_counter()
             device = self.device_for(spec)
             self.freed = []
-            target_dir = fetch_target(_target_location(spec), progress)
-            drafter_dir = resolve_model_dir(
-                spec.drafter_location(), ("config.json", "model.safetensors"), progress=progress
-            )
-            if device == self.device:  # a pair moved to the CPU takes no device memory
-                itemsize = parse_dtype(spec.dtype, device).itemsize
-                self.make_room(weights_bytes(Path(target_dir), itemsize) + weights_bytes(drafter_dir, itemsize))
+            target, drafter = _target_location(spec), spec.drafter_location()
+            itemsize = parse_dtype(spec.dtype, device).itemsize
+            on_device = device == self.device  # a pair moved to the CPU takes no device memory
+            # Before any download: a GPU too small for the pair is told apart from a broken pair.
+            size = pair_size(target, drafter, itemsize, self.hub_api)
+            if progress:
+                progress(LoadNote(size.describe()))
+            self.check_fits(size, spec, on_device)
+            target_dir = fetch_target(target, progress)
+            drafter_dir = resolve_model_dir(drafter, ("config.json", "model.safetensors"), progress=progress)
+            if size.need is None:  # the Hub could not say: the downloaded files can
+                size = pair_size(target_dir, str(drafter_dir), itemsize)
+                self.check_fits(size, spec, on_device)
+            if on_device:
+                self.make_room(size.need or 0)
             pair = load_pair(target_dir, str(drafter_dir), device=device, dtype=spec.dtype)
             if pair.tokenizer is None:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
             args = template_args(pair.tokenizer, None, spec.chat_template_args)
-            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args)
+            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args, size)
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)
             self._pairs[spec.id] = loaded
             return loaded
 
+    def check_fits(self, size: PairSize, spec: PairSpec, on_device: bool) -> None:
+        """Refuse (`DoesNotFitError`) a pair that cannot fit even once the loaded pairs are freed."""
+        memory = self.memory() if on_device else None
+        if memory is None:
+            return
+        held = sum(p.size.weights or 0 for p in self._pairs.values() if p.size and self.device_for(p.spec) == self.device)
+        check_fits(size, spec.label, self.device, *memory, reclaimable=held)
+
     def make_room(self, need: int) -> None:
-        """Free every loaded pair unless free device memory holds `need` bytes with headroom."""
+        """Free every loaded pair unless free device memory holds `need` bytes (weights and margin)."""
         self.freed = []
         memory = self.memory()
-        if memory is None or not self._pairs or memory[0] >= need * HEADROOM:
+        if memory is None or not self._pairs or memory[0] >= need:
             return
         self.freed = [p.spec.label for p in self._pairs.values()]
         self._pairs.clear()

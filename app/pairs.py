@@ -29,6 +29,16 @@ class PairSpec:
     # apply_chat_template arguments the drafter was trained with, e.g. {"enable_thinking": false}
     # for the Qwen3 drafters (dflash_core/chat_template.py); None: the engine's default.
     chat_template_args: dict | None = None
+    # GPU memory the pair needs, about: the parameter counts in the models' names at bf16 plus the
+    # drafter, with `dflash_core.memory_need.MARGIN`. Loading measures it from the Hub first.
+    memory_gb: float | None = None
+    source: str = ""  # where the Hub ids and the template arguments come from
+    # "vllm": raced on two vLLM servers (app/vllm_race.py), DFlash at vllm_url and plain at
+    # vllm_plain_url (default: the next port); target and drafter then only label it.
+    kind: str = "local"
+    vllm_url: str = ""
+    vllm_plain_url: str = ""
+    block_size: int | None = None  # a vllm pair's K + 1, which the server fixes
 
     @property
     def is_hub(self) -> bool:
@@ -67,8 +77,17 @@ def cli_pair(target: str, drafter: str, dtype: str = "float32") -> PairSpec:
     )
 
 
+def vllm_pair(url: str, plain_url: str | None, block_size: int) -> PairSpec:
+    """A pair served by vLLM (`app.py --vllm-url URL [--vllm-plain-url URL2]`)."""
+    return PairSpec(id="vllm", label=f"vLLM at {url}: DFlash (block {block_size}) vs plain", target="(served by vLLM)",
+                    drafter="(served by vLLM)", kind="vllm", vllm_url=url, vllm_plain_url=plain_url or "",
+                    block_size=block_size)
+
+
 def availability(spec: PairSpec, device: str) -> str | None:
     """None when the pair can be loaded here, else the reason in plain words."""
+    if spec.kind == "vllm":
+        return None  # nothing loads here; the servers are asked when the pair is selected
     if spec.needs_gpu and not device.startswith("cuda"):
         return (
             f"{spec.label} needs a CUDA GPU (a 4B-8B target decodes only a few tokens per second on a CPU, "

@@ -1,52 +1,170 @@
 """The Replay tab's handler: a recorded race streamed through the live race's frames.
 
 The recorded events run through the same race, paced by their recorded compute clocks at a
-multiple of real time, under the viewer's Pause / Step / Continue; no model is needed.
+multiple of real time, under the viewer's Pause / Step / Continue; no model is needed. What a
+replay may cost is bounded: a visitor names a recorded run by its name (never a path) or uploads a
+file, which must not be another session's trace; at most `replay_concurrency` replays play and
+`replay_queue` wait (`ReplaySlots`); a recording longer than `max_replay_s` in real time plays
+faster, and frames and charts are drawn less often the bigger the recording, so that its total
+drawing work stays proportional to its size.
 """
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import gradio as gr
 
 from . import texts
+from .callers import session_of
 from .control import Controls
-from .frames import ChartPacer, race_frame, start_frame
-from .race import race
+from .failures import visitor_error
+from .frames import CHART_EVERY_S, ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
+from .limits import Limits
+from .race import FRAME_S, race
 from .replay import RecordedPieces, ReplayError, load_trace
+from .traces import TraceStore
+
+# Drawing a frame costs about a microsecond per token shown, a chart frame about as much per block:
+# the pacing keeps either under these rates, so a replay's drawing never grows with its length twice.
+TOKENS_DRAWN_PER_S = 50_000
+BLOCKS_CHARTED_PER_S = 20_000
+WAIT_POLL_S = 1.0  # a replay waiting for a slot says so this often (and notices a client that left)
+
+
+def _speed(value) -> float:
+    try:
+        speed = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ReplayError(texts.BAD_SPEED_TYPE.format(value=str(value)[:40])) from None
+    if not 0.25 <= speed <= 4.0:  # NaN included
+        raise ReplayError(texts.BAD_SPEED.format(speed=speed))
+    return speed
+
+
+class ReplayBusy(Exception):
+    pass
+
+
+class ReplaySlots:
+    """At most `concurrency` replays play at once and `queue` more wait; another is refused."""
+
+    def __init__(self, concurrency: int, queue: int):
+        self.concurrency, self.queue = concurrency, queue
+        self._cond = threading.Condition()
+        self.playing = self.waiting = 0
+
+    def join(self) -> None:
+        """Take a place in line, or raise ReplayBusy."""
+        with self._cond:
+            if self.playing + self.waiting >= self.concurrency + self.queue:
+                raise ReplayBusy(texts.REPLAY_BUSY.format(playing=self.playing, waiting=self.waiting))
+            self.waiting += 1
+
+    def wait(self, timeout: float) -> bool:
+        """Move from the line to a slot within `timeout` seconds; False if none came free."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.playing < self.concurrency, timeout):
+                return False
+            self.waiting -= 1
+            self.playing += 1
+            return True
+
+    def leave(self, playing: bool) -> None:
+        with self._cond:
+            if playing:
+                self.playing -= 1
+            else:
+                self.waiting -= 1
+            self._cond.notify_all()
 
 
 class Playback:
-    def __init__(self, controls: Controls):
+    def __init__(self, controls: Controls, limits: Limits | None = None, traces: TraceStore | None = None,
+                 recorded: dict[str, str] | None = None):
+        """recorded: the recorded runs offered, by name -> file (None: any path may be named, for
+        code that calls `replay` directly); traces: the store whose files belong to sessions."""
         self.controls = controls  # each session's Pause / Step / Continue
+        self.limits = limits or Limits()
+        self.traces = traces
+        self.recorded = recorded
+        self.slots = ReplaySlots(self.limits.replay_concurrency, self.limits.replay_queue)
+
+    def source(self, shipped, uploaded, session: str | None) -> str | None:
+        """The file to replay: the upload, else the recorded run named; never another session's trace."""
+        if uploaded:
+            path = str(uploaded)
+            known, owner = self.traces.owner(path) if self.traces is not None else (False, None)
+            if known and owner != session:
+                raise ReplayError(texts.NOT_YOURS.format(name=Path(path).name))
+            return path
+        if not shipped or self.recorded is None:
+            return shipped
+        if shipped not in self.recorded:
+            raise ReplayError(texts.UNKNOWN_RECORDING.format(name=str(shipped)[:80]))
+        return self.recorded[shipped]
 
     def replay(self, shipped, uploaded, speed, request: gr.Request = None):
         """Stream a recorded race, paced by its recorded compute clocks at `speed` times real time."""
-        source = uploaded or shipped
+        session = session_of(request)
         try:
-            recording = load_trace(source)
-            speed = float(speed)
-            if not 0.25 <= speed <= 4.0:
-                raise ReplayError(texts.BAD_SPEED.format(speed=speed))
-        except (ReplayError, TypeError, ValueError) as exc:
-            raise gr.Error(str(exc)) from None
-        control = self.controls.get(getattr(request, "session_hash", None))
-        run = control.reset()
+            recording = load_trace(self.source(shipped, uploaded, session))
+            speed = _speed(speed)
+        except (ReplayError, TypeError, ValueError, OverflowError) as exc:
+            raise visitor_error(str(exc)) from None
+        try:
+            self.slots.join()
+        except ReplayBusy as exc:
+            raise visitor_error(str(exc)) from None
+        playing = False
+        try:
+            control = self.controls.get(session)
+            run = control.reset()
+            while not self.slots.wait(WAIT_POLL_S):
+                if control.superseded(run):
+                    return
+                yield note_frame(texts.REPLAY_WAITING.format(playing=self.slots.playing)).values()
+            playing = True
+            yield from self._play(recording, speed, control, run)
+        finally:
+            self.slots.leave(playing)
+
+    def _play(self, recording, speed: float, control, run: int):
         control.viewer.text_of = recording.text_of
+        note = texts.REPLAY_NOTE.format(name=recording.name)
+        recorded_s = max(recording.dflash.total_s, recording.plain.total_s)
+        if recorded_s / speed > self.limits.max_replay_s:
+            played = recorded_s / self.limits.max_replay_s
+            note = texts.REPLAY_CAPPED.format(
+                recorded_s=recorded_s / speed, speed=speed, played=played, limit_s=self.limits.max_replay_s
+            ) + " " + note
+            speed = played
         yield start_frame(texts.REPLAY_START.format(label=recording.label(), speed=speed)).values()
         pieces = {side: RecordedPieces(recording, side) for side in ("dflash", "plain")}
         running = texts.REPLAYING.format(name=recording.name, speed=speed)
-        pacer = ChartPacer()
+        tokens = len(recording.dflash.output_ids) + len(recording.plain.output_ids)
+        blocks = len(recording.dflash.blocks) + len(recording.plain.blocks)
+        pacer = ChartPacer(max(CHART_EVERY_S, blocks / BLOCKS_CHARTED_PER_S))
         snapshot = None
         for snapshot in race(
             recording.events("dflash"), recording.events("plain"), dflash_block_size=recording.block_size,
             speed=speed, control=control, stop=lambda: control.superseded(run),
+            frame_s=max(FRAME_S, tokens / TOKENS_DRAWN_PER_S),
         ):
-            with_charts = pacer.due(snapshot)
+            if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left
+                yield Frame().values()
+                continue
             if snapshot.stopped:
-                return  # a newer replay or race of this viewer took over the panes
+                released = released_text(snapshot, control)
+                if released is not None:  # paused too long: the slot goes to someone else
+                    frame = race_frame(snapshot, pieces, recording.text_of, None, True, control.viewer, running=released)
+                    frame.control_status = released
+                    yield frame.values()
+                return  # or a newer replay or race of this viewer took over the panes
+            with_charts = pacer.due(snapshot)
             if not snapshot.done:
                 yield race_frame(
                     snapshot, pieces, recording.text_of, None, with_charts, control.viewer, running=running
                 ).values()
-        note = texts.REPLAY_NOTE.format(name=recording.name)
         yield race_frame(snapshot, pieces, recording.text_of, recording.report(), True, control.viewer, note=note).values()

@@ -15,6 +15,7 @@ pauses the race and steps it one DFlash cycle at a time.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from dflash_core.events import Block, Prefill, StopReason, Summary
 from .control import Control
 
 Event = Prefill | Block | Summary
+FRAME_S = 0.08  # the shortest time between two frames
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ class Snapshot:
     done: bool
     stopped: bool = False  # the race was cut short by `stop`: what is shown is all there is
     paused: bool = False  # the viewer paused the race at this snapshot
+    # Nothing changed since the last snapshot: yielded only so that whoever streams the frames
+    # gets control back at least every `keepalive_s` (and can notice a client that left).
+    idle: bool = False
+    released: str | None = None  # why a paused race was let go, when that ended it (see control.py)
 
     @property
     def lanes(self) -> dict[str, SideView]:
@@ -100,7 +106,7 @@ class _Runner:
         self.block_size = block_size
         self.clock = 0.0
         self.finished = False
-        self.pending: list[tuple[float, Event]] = []  # computed, not yet on screen
+        self.pending: deque[tuple[float, Event]] = deque()  # computed, not yet on screen
         self.prefill: Prefill | None = None
         self.blocks: list[Block] = []
         self.summary: Summary | None = None
@@ -125,7 +131,7 @@ class _Runner:
     def release(self, until: float) -> bool:
         released = False
         while self.pending and self.pending[0][0] <= until:
-            stamp, event = self.pending.pop(0)
+            stamp, event = self.pending.popleft()
             released = True
             if isinstance(event, Prefill):
                 self.prefill = event
@@ -135,6 +141,9 @@ class _Runner:
                 self.tokens += len(event.committed_ids)
             else:
                 self.summary = event
+                # The summary's blocks are the run's record; a remote engine's streamed blocks are
+                # provisional (vllm_client.py), and a local engine's are the same blocks.
+                self.blocks = list(event.blocks)
             if not isinstance(event, Summary):
                 self.timeline.append((stamp, self.tokens))
         return released
@@ -158,12 +167,13 @@ def race(
     *,
     dflash_block_size: int,
     pace: bool = True,
-    frame_s: float = 0.08,
+    frame_s: float = FRAME_S,
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
     stop: Callable[[], bool] = lambda: False,
     speed: float | None = None,
     control: Control | None = None,
+    keepalive_s: float = 1.0,
 ) -> Iterator[Snapshot]:
     """Yield snapshots of both sides until both have finished on screen, or until `stop()`.
 
@@ -172,7 +182,10 @@ def race(
 
     speed: for recorded events (a replay): show compute time at `speed` times real time.
     control: pause / step / continue; the race then runs on `control.clock`, which stops while
-    paused, and while paused shows at most the DFlash cycles the control allows.
+    paused, and while paused shows at most the DFlash cycles the control allows. A race the
+    control releases while paused (see `Control.hold`) ends like a stopped one, `released` set.
+    keepalive_s: the longest stretch without a snapshot (paused, or waiting for the next recorded
+    event); the ones that only keep the stream alive are marked `idle`.
     pace: after the faster side finishes, only one side is left to compute, so its events would
     arrive twice as fast as during the shared phase; pacing keeps the on-screen clock running at
     the rate of the shared phase (compute seconds shown per second spent computing), so that the
@@ -189,15 +202,23 @@ def race(
     shown_any = False
     dirty = False  # released events not yet in a frame
     display = 0.0
+    last_yield = 0.0  # wall time of the last snapshot of any kind
     while True:
         shown = len(runners[0].blocks)
+        released = None
         if control is not None and control.holding(shown) and not stop():
             # Show what was released (the stepped cycle) and mark the pause, then wait.
             dirty, last_frame = False, clock() - t0
             yield Snapshot(runners[0].view(display), runners[1].view(display), last_frame, False, paused=True)
-            control.hold(shown, until=stop)
-        if stop():
-            yield Snapshot(runners[0].view(display), runners[1].view(display), clock() - t0, True, stopped=True)
+            while control.holding(shown) and not stop():
+                control.hold(shown, until=stop, for_s=keepalive_s)
+                if control.holding(shown) and not stop():
+                    yield Snapshot(runners[0].view(display), runners[1].view(display), last_frame, False, paused=True,
+                                   idle=True)
+            released = control.released
+        if stop() or released:
+            yield Snapshot(runners[0].view(display), runners[1].view(display), clock() - t0, True, stopped=True,
+                           released=released)
             return
         active = [r for r in runners if not r.finished]
         if active:
@@ -222,8 +243,11 @@ def race(
         finished = not active and not any(r.pending for r in runners)
         # The first tokens go out at once (time to first visible token); later ones in frames.
         if finished or (dirty and (not shown_any or wall - last_frame >= frame_s)):
-            shown_any, dirty, last_frame = True, False, wall
+            shown_any, dirty, last_frame, last_yield = True, False, wall, wall
             yield Snapshot(runners[0].view(display), runners[1].view(display), wall, finished)
+        elif wall - last_yield >= keepalive_s:
+            last_yield = wall
+            yield Snapshot(runners[0].view(display), runners[1].view(display), wall, False, idle=True)
         if finished:
             return
         if not active:

@@ -118,7 +118,7 @@ def tokens_html(
         data = (
             ""
             if mark.block is None
-            else f' data-block="{mark.block}"' + ("" if mark.slot is None else f' data-slot="{mark.slot}"')
+            else f' data-block="{_text(mark.block)}"' + ("" if mark.slot is None else f' data-slot="{_text(mark.slot)}"')
         )
         tip = tips[i] if tips and i < len(tips) else ""
         hover = "" if tip else f' title="{title}"'
@@ -151,7 +151,7 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
             tip = token_tip(block, k + 1, f"{kind} draft token", text_of, chosen) if tips else ""
             hover = "" if tip else f' title="{title}"'
             chips.append(
-                f'<span class="chip chip-{kind}" data-block="{block.index}" data-slot="{k + 1}"{hover} '
+                f'<span class="chip chip-{kind}" data-block="{_text(block.index)}" data-slot="{k + 1}"{hover} '
                 f'style="background:{COLORS[kind]};border-radius:3px;padding:0 2px;margin-right:2px{deco}">'
                 f"{html.escape(_visible(text_of(token)))}{tip}</span>"
             )
@@ -160,13 +160,13 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
         tip = token_tip(block, bonus_slot, "bonus token", text_of, block.bonus_id) if tips else ""
         hover = "" if tip else f' title="{bonus_title}"'
         chips.append(
-            f'<span class="chip chip-bonus" data-block="{block.index}" data-slot="{bonus_slot}"{hover} '
+            f'<span class="chip chip-bonus" data-block="{_text(block.index)}" data-slot="{bonus_slot}"{hover} '
             f'style="background:{COLORS["bonus"]};border-radius:3px;padding:0 2px;margin-left:6px">'
             f"{html.escape(_visible(text_of(block.bonus_id)))}{tip}</span>"
         )
         rows.append(
             f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;width:4.5em">'
-            f"#{block.index} {block.acceptance_length}/{len(block.draft_ids) + 1}</span>{''.join(chips)}</div>"
+            f"#{_text(block.index)} {_text(block.acceptance_length)}/{len(block.draft_ids) + 1}</span>{''.join(chips)}</div>"
         )
     skipped = len(view.blocks) - len(shown)
     more = f'<div style="color:#889">… {skipped} earlier blocks in the trace download</div>' if skipped else ""
@@ -205,10 +205,23 @@ def side_stats_html(view: SideView, label: str) -> str:
     state = "done" if view.done else ("running" if view.prefill else "waiting")
     return (
         f'<div class="side-stats" style="font-size:14px"><b>{html.escape(label)}</b> · {state} · '
-        f'<span class="elapsed">{view.elapsed_s:.2f} s</span> · '
+        f'<span class="elapsed">{_text(view.elapsed_s, ".2f")} s</span> · '
         f'<span class="ntok">{view.num_tokens} tokens</span> · '
-        f'<span class="toks">{view.tokens_per_s:.1f} tok/s</span></div>'
+        f'<span class="toks">{_text(view.tokens_per_s, ".1f")} tok/s</span></div>'
     )
+
+
+def _text(value, spec: str = "") -> str:
+    """`value` as escaped HTML text, formatted with `spec` when it is a number. A report from a
+    trace file is checked field by field when it is read; this escapes whatever reaches the page
+    anyway (a value of the wrong type is shown as text, never as markup)."""
+    if spec and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return html.escape(format(value, spec))
+    return html.escape(str(value))
+
+
+def _ms(seconds) -> str:
+    return _text(seconds * 1000, ".0f") if isinstance(seconds, (int, float)) else _text(seconds)
 
 
 def summary_html(report: RaceReport | None, note: str = "") -> str:
@@ -219,24 +232,24 @@ def summary_html(report: RaceReport | None, note: str = "") -> str:
         lossless = "not checked (stopped before both sides reached the same length)"
     elif report.identical is None:
         lossless = "not checked (sampling: outputs may differ by design)"
-    elif report.identical:
+    elif report.identical is True:
         lossless = '<span style="color:#127a2a">identical ✓</span>'
     elif verdict and verdict.kind == "near_tie":
         lossless = (
-            f'<span style="color:#9a6700">near-tie at token {verdict.position}</span> '
-            f'(target top-2 margin {verdict.top2_margin:.3g}; {verdict.dtype} rounding, not a bug)'
+            f'<span style="color:#9a6700">near-tie at token {_text(verdict.position)}</span> '
+            f'(target top-2 margin {_text(verdict.top2_margin, ".3g")}; {_text(verdict.dtype)} rounding, not a bug)'
         )
     else:
         lossless = (
-            f'<span style="color:{DIFF}">✗ BUG: differ at token {report.first_difference}</span> '
+            f'<span style="color:{DIFF}">✗ BUG: differ at token {_text(report.first_difference)}</span> '
             "where the target's choice was clear (outlined in both panes)"
         )
     cells = [
-        ("speedup", f"{report.speedup:.2f}×"),
-        ("tau (mean acceptance length)", f"{report.tau:.2f}"),
-        ("DFlash tok/s", f"{report.dflash_tok_s:.1f}"),
-        ("plain tok/s", f"{report.plain_tok_s:.1f}"),
-        ("TTFT DFlash / plain", f"{report.dflash_ttft_s * 1000:.0f} / {report.plain_ttft_s * 1000:.0f} ms"),
+        ("speedup", f"{_text(report.speedup, '.2f')}×"),
+        ("tau (mean acceptance length)", _text(report.tau, ".2f")),
+        ("DFlash tok/s", _text(report.dflash_tok_s, ".1f")),
+        ("plain tok/s", _text(report.plain_tok_s, ".1f")),
+        ("TTFT DFlash / plain", f"{_ms(report.dflash_ttft_s)} / {_ms(report.plain_ttft_s)} ms"),
         ("lossless check (temperature 0)", lossless),
     ]
     body = "".join(

@@ -10,13 +10,13 @@ trace's `"tokens"` table (and its `"pieces"`, the live panes' exact text, when p
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from dflash_core.events import Block, CycleExplanation, Prefill, Summary
 from dflash_core.trace import TraceError, validate_trace
 
-from .report import RaceReport, race_report
+from .report import RaceReport, first_difference, race_report
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -59,10 +59,11 @@ class Recording:
         yield summary
 
     def report(self) -> RaceReport:
-        """The live run's report; recomputed from the events (no lossless verdict) when absent."""
-        if self.recorded_report is not None:
-            return self.recorded_report
-        return race_report(self.dflash, self.plain, self.temperature, self.block_size)
+        """The race's report, recomputed from the recorded events; the lossless verdict (which
+        needed the model) and the stop flag come from the recorded report, when there is one."""
+        recorded = self.recorded_report
+        verdict, stopped = (None, False) if recorded is None else (recorded.lossless, recorded.stopped)
+        return race_report(self.dflash, self.plain, self.temperature, self.block_size, verdict, stopped=stopped)
 
     def label(self) -> str:
         prompt = " ".join(str(self.settings.get("prompt", "")).split())
@@ -94,29 +95,45 @@ def _short(text: str, limit: int = 60) -> str:
 
 def load_trace(path) -> Recording:
     """Read and check a trace file with the engine's validator (which never executes anything
-    from it); raises `ReplayError` with one clear message per fault."""
+    from it); raises `ReplayError` with one clear message per fault, naming the file by its name
+    only (never the folder it sits in on the server)."""
     if path is None or str(path).strip() == "":
         raise ReplayError("no trace chosen: pick a recorded run or upload a trace file (.json)")
     path = Path(path)
     try:
         data = validate_trace(path)
     except TraceError as exc:
-        raise ReplayError(f"{path.name}: {exc}") from None
+        raise ReplayError(f"{path.name}: {str(exc).replace(str(path), path.name)}") from None
     runs = data["runs"]
     missing = [side for side in ("dflash", "plain") if side not in runs]
     if missing:
         raise ReplayError(f"{path.name} holds no {' and no '.join(missing)} run: a race replay needs both sides")
     tokens = {int(k): v for k, v in data["tokens"].items()}
-    pieces = data.get("pieces") if isinstance(data.get("pieces"), dict) else {}
-    report = None
-    if isinstance(data.get("report"), dict):  # anything else is not a race's report: it is recomputed
-        try:
-            report = RaceReport.from_dict(data["report"])
-        except (TypeError, ValueError) as exc:
-            raise ReplayError(f"{path.name}: {exc}") from None
-    return Recording(
-        path.stem, data["settings"], _summary(runs["dflash"]), _summary(runs["plain"]), tokens, pieces, report
+    recording = Recording(
+        path.stem, data["settings"], _summary(runs["dflash"]), _summary(runs["plain"]), tokens, data.get("pieces", {})
     )
+    if "report" not in data:
+        return recording
+    try:
+        recorded = RaceReport.from_dict(data["report"])
+    except (TypeError, ValueError) as exc:
+        raise ReplayError(f"{path.name}: trace.{exc}") from None
+    _check_verdict(recorded, recording, path.name)
+    return replace(recording, recorded_report=recorded)
+
+
+def _check_verdict(recorded: RaceReport, recording: Recording, name: str) -> None:
+    """The recorded lossless verdict must say what the recorded outputs show."""
+    verdict = recorded.lossless
+    if verdict is None:
+        return
+    d, p = recording.dflash.output_ids, recording.plain.output_ids
+    differ = first_difference(d, p)
+    if verdict.kind == "identical" and differ is not None:
+        raise ReplayError(f"{name}: trace.report.lossless says identical, but the outputs differ at token {differ}")
+    if verdict.kind != "identical" and (differ is None or verdict.position != differ):
+        where = "they are identical" if differ is None else f"they first differ at token {differ}"
+        raise ReplayError(f"{name}: trace.report.lossless says {verdict.kind} at token {verdict.position}, but {where}")
 
 
 def _summary(run: dict) -> Summary:
@@ -145,9 +162,7 @@ class RecordedPieces:
 
     def __init__(self, recording: Recording, side: str):
         self.recording = recording
-        recorded = recording.pieces.get(side)
-        ok = isinstance(recorded, list) and all(isinstance(piece, str) for piece in recorded)
-        self.recorded = recorded if ok else []  # anything else in the file: fall back to "tokens"
+        self.recorded = recording.pieces.get(side) or []  # checked by validate_trace; else "tokens"
         self.final = list((recording.dflash if side == "dflash" else recording.plain).output_ids)
 
     def extend(self, ids) -> list[str]:

@@ -7,10 +7,12 @@ running the two decoders separately would measure. `RaceReport` is typed for the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
+from typing import get_args
 
 from dflash_core import Summary
-from dflash_core.lossless import Verdict, first_difference
+from dflash_core.lossless import Verdict, VerdictKind, first_difference
 
 __all__ = ["RaceReport", "first_difference", "race_report", "seconds_per_token"]
 
@@ -47,21 +49,89 @@ class RaceReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> RaceReport:
-        """A report as `to_dict` wrote it (a trace's `"report"`); raises ValueError naming what is wrong."""
+        """A report as `to_dict` wrote it (a trace's `"report"`), every field checked for its type
+        and range; raises ValueError naming the field and what is wrong with it."""
         if not isinstance(data, dict):
-            raise ValueError(f"the report must be an object, got {type(data).__name__}")
+            raise ValueError(f"report must be an object, got {type(data).__name__}")
         # Traces recorded before the stop flag and the verdict existed lack them.
         values = {"stopped": False, "lossless": None, **data}
         missing = [f.name for f in fields(cls) if f.name not in values]
         if missing:
-            raise ValueError(f"the report lacks {', '.join(missing)}")
+            raise ValueError(f"report lacks {', '.join(missing)}")
+        for name, check in _REPORT_FIELDS.items():
+            check(values[name], f"report.{name}")
         verdict = values["lossless"]
         if verdict is not None:
-            if not isinstance(verdict, dict):
-                raise ValueError(f"the report's lossless verdict must be an object, got {type(verdict).__name__}")
-            known = {f.name for f in fields(Verdict)}
-            verdict = Verdict(**{k: v for k, v in verdict.items() if k in known})
+            verdict = verdict_from_dict(verdict)
         return cls(**{f.name: values[f.name] for f in fields(cls)} | {"lossless": verdict})
+
+
+def verdict_from_dict(data) -> Verdict:
+    """A lossless verdict as `Verdict.to_dict` wrote it, every field checked; ValueError naming the bad one."""
+    if not isinstance(data, dict):
+        raise ValueError(f"report.lossless must be an object, got {type(data).__name__}")
+    known = {f.name for f in fields(Verdict)}
+    values = {k: v for k, v in data.items() if k in known}
+    if "kind" not in values:
+        raise ValueError("report.lossless lacks its kind")
+    for name, check in _VERDICT_FIELDS.items():
+        if name in values:
+            check(values[name], f"report.lossless.{name}")
+    return Verdict(**values)
+
+
+def _kind(*types, low=None, high=None, optional=False):
+    """A check of one field: one of `types` (bool never counts as a number), finite, within bounds."""
+
+    def check(value, where: str) -> None:
+        if value is None and optional:
+            return
+        number = any(t in (int, float) for t in types)
+        ok = isinstance(value, types) and not (number and isinstance(value, bool) and bool not in types)
+        if ok and isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                ok = math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)
+            except OverflowError:
+                ok = False
+        if not ok:
+            names = " or ".join(t.__name__ for t in types)
+            if low is not None:
+                names += f" >= {low}" if high is None else f" in [{low}, {high}]"
+            shown = f"a {type(value).__name__}" if isinstance(value, (list, dict)) else f"{value!r:.40}"
+            raise ValueError(f"{where} must be {names}{' or null' if optional else ''}, got {shown}")
+
+    return check
+
+
+def _list_of(item):
+    def check(value, where: str) -> None:
+        if not isinstance(value, list):
+            raise ValueError(f"{where} must be a list, got {type(value).__name__}")
+        for i, x in enumerate(value):
+            item(x, f"{where}[{i}]")
+
+    return check
+
+
+_REAL = _kind(int, float, low=0)
+_COUNT = _kind(int, low=0)
+_REPORT_FIELDS = {
+    "stopped": _kind(bool), "tau": _REAL, "speedup": _REAL, "identical": _kind(bool, optional=True),
+    "first_difference": _kind(int, low=0, optional=True), "dflash_tok_s": _REAL, "plain_tok_s": _REAL,
+    "dflash_ttft_s": _REAL, "plain_ttft_s": _REAL, "dflash_tokens": _COUNT, "plain_tokens": _COUNT,
+    "dflash_s": _REAL, "plain_s": _REAL, "cycles": _COUNT, "block_size": _kind(int, low=1), "temperature": _REAL,
+    "acceptance_histogram": _list_of(_COUNT), "per_position_acceptance": _list_of(_kind(int, float, low=0, high=1)),
+}
+_VERDICT_FIELDS = {
+    "kind": lambda value, where: None if value in get_args(VerdictKind) else _bad_kind(value, where),
+    "position": _kind(int, low=0, optional=True), "dflash_token": _kind(int, low=0, optional=True),
+    "plain_token": _kind(int, low=0, optional=True), "top2_margin": _kind(int, float, optional=True),
+    "gap": _kind(int, float, optional=True), "tolerance": _kind(int, float, optional=True), "dtype": _kind(str),
+}
+
+
+def _bad_kind(value, where: str):
+    raise ValueError(f"{where} must be one of {', '.join(get_args(VerdictKind))}, got {value!r:.40}")
 
 
 def seconds_per_token(summary: Summary) -> float:

@@ -123,7 +123,8 @@ Greedy decoding gives the same tokens on both sides; the race shows how much soo
 {hardware_text}
 
 Press **Stop** to end a race early; when the server is busy you are told so and shown your place in the
-queue. The `compare` endpoint is also an API and an MCP tool (see the "Use via API" link at the bottom).
+queue. The `compare` endpoint is also an API (see the "Use via API" link at the bottom); the Space's
+owner can serve it as an MCP tool too (the Space variable `GRADIO_MCP_SERVER=True`).
 Built from the DFlash Studio repository with `python -m app.space export`.
 """
 HARDWARE_TEXT = {

@@ -31,7 +31,7 @@ NOT_LOADED = "⚠ **Could not load {label}:** {why} " + REPLAY_HINT
 FREED = " Freed {labels} to make room."
 READY = (
     "✓ **{label}** ready on {device} (loaded in {load_s:.1f} s); target in {numerics}; drafter in "
-    "{drafter_dtype}, trained with block size {trained}; prompts through {chat_template}.{freed}"
+    "{drafter_dtype}, trained with block size {trained}; prompts through {chat_template}; {size}.{freed}"
 )
 
 # --- the race ---------------------------------------------------------------------------------------
@@ -50,6 +50,19 @@ STOPPED_SHOWN = "Stopped: {dflash} DFlash and {plain} plain tokens shown, number
 
 # --- a replay ---------------------------------------------------------------------------------------
 BAD_SPEED = "replay speed must be between 0.25x and 4x, got {speed:g}x"
+BAD_SPEED_TYPE = "replay speed must be a number between 0.25 and 4, got {value!r}"
+NO_URLS = "A trace is uploaded as a file; this server does not download URLs."
+UNKNOWN_RECORDING = "unknown recorded run {name!r}: pick one from the list or upload a trace file (.json)"
+NOT_YOURS = "{name}: that trace belongs to another visitor's session; replay your own or a recorded run"
+REPLAY_BUSY = (
+    "The server is busy: {playing} replays are playing and {waiting} waiting, the most it takes "
+    "(--replay-concurrency, --replay-queue). Please try again in a moment."
+)
+REPLAY_WAITING = "Waiting for a free replay slot ({playing} replays are playing)…"
+REPLAY_CAPPED = (
+    "This recording lasts {recorded_s:.0f} s at {speed:g}×; it plays at {played:.3g}× to end within this "
+    "server's {limit_s} s replay limit (--max-replay-s)."
+)
 REPLAY_START = "Replaying {label} at {speed:g}×"
 REPLAYING = "Replaying {name} at {speed:g}× (recorded compute clocks)…"
 REPLAY_NOTE = "Replay of a recorded run ({name}); times are the recorded compute clocks."
@@ -59,3 +72,11 @@ PAUSED = "**Paused** after cycle {cycle}: *Step* shows one more DFlash cycle, *C
 PLAYING = "**Playing.**"
 PAUSED_AT = "**Paused** after cycle {cycle}: *Step* shows one more, *Continue* resumes."
 FINISHED = "**Finished**: pick any cycle under *Inside a cycle* to look inside it."
+PAUSE_EXPIRED = (
+    "Ended: paused for {seconds:g} s with no Step or Continue, so the race ended to free the model for "
+    "other visitors (--max-pause-s); what was shown is kept."
+)
+EVICTED = (
+    "Ended: the server dropped this page's pause state to make room for newer visitors, so the paused "
+    "race ended; what was shown is kept."
+)

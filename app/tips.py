@@ -120,7 +120,7 @@ def why(block, slot: int, text_of: Callable[[int], str]) -> str:
 def token_tip(block, slot: int, what: str, text_of: Callable[[int], str], chosen: int) -> str:
     """The hover box for the token `chosen` in `slot` (1..B) of `block`; `what` names its kind."""
     explain = block.explain
-    head = f"<b>block {block.index} · slot {slot}</b> · {html.escape(what)}"
+    head = f"<b>block {html.escape(str(block.index))} · slot {slot}</b> · {html.escape(what)}"
     if explain is None:
         return f'<span class="tip">{head}<div class="why">{html.escape(why(block, slot, text_of))}</div></span>'
     draft_rows, target_rows = explain.draft_topk, explain.target_topk
@@ -141,6 +141,6 @@ def plain_tip(block, text_of: Callable[[int], str]) -> str:
     rows = block.explain.target_topk if block.explain is not None else ()
     table = topk_rows(rows[0], text_of, block.bonus_id) if rows else "<i>not recorded</i>"
     return (
-        f'<span class="tip"><b>step {block.index}</b> · decoded by the target alone<div>target top-k{table}</div>'
+        f'<span class="tip"><b>step {html.escape(str(block.index))}</b> · decoded by the target alone<div>target top-k{table}</div>'
         '<div class="why">Plain decoding: one target pass for this one token.</div></span>'
     )

@@ -1,20 +1,44 @@
-"""The trace files a race offers for download, kept on disk only within bounds.
+"""The trace files a race offers for download: private to the session that ran it, kept within bounds.
 
-Each finished race writes one trace (JSON, with its per-block CSV beside it). A session keeps its last `per_session` files and the
-server its last `total`; older ones, a session's files when the session ends (its tab closed),
-and everything at shutdown are deleted, so files do not pile up however many races are run.
+Each finished race writes one trace (JSON, with its per-block CSV beside it) under `root`, a folder
+of mode 0700 that must lie outside every folder the web server serves. With `served` (a folder the
+server does serve, Gradio's upload folder in the app), the two files are copied there into a
+folder named by 128 random bits, and those copies are what the session gets: a download link
+nobody else can guess. `owner` says whose a path is, so a path of another session's trace is
+refused. A session keeps its last `per_session` traces and the server its last `total`; older ones,
+a session's traces when the session ends, and everything at shutdown (`close`) are deleted, copies
+included, so files do not pile up however many races are run.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import tempfile
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_core.trace import write_trace
+
+NAME = "dflash_trace.json"  # the download's name; the CSV beside it is dflash_trace.csv
+
+
+@dataclass(frozen=True)
+class _Entry:
+    session: str | None
+    folders: tuple[Path, ...]  # the private folder, then the served copy's (when there is one)
+
+    @property
+    def handed_out(self) -> Path:
+        """The JSON the session was given."""
+        return self.folders[-1] / NAME
+
+    def paths(self) -> list[str]:
+        return [str(folder / name) for folder in self.folders for name in (NAME, Path(NAME).with_suffix(".csv").name)]
 
 
 class TraceStore:
@@ -24,73 +48,97 @@ class TraceStore:
         per_session: int = 4,
         total: int = 64,
         on_delete: Callable[[str], None] = lambda path: None,
+        served: Path | str | None = None,
     ):
-        """root: the folder to write into (created; default a new temporary folder).
+        """root: the private folder to write into (created, mode 0700; default a new temporary folder).
 
-        on_delete: told each path removed (the app makes the file server forget it).
+        served: where the copies handed out go (None: the private files are handed out).
+        on_delete: told the JSON path handed out of each trace removed (the app makes the file
+        server forget it and the CSV beside it).
         """
         if root is None:
             root = tempfile.mkdtemp(prefix="dflash-traces-")
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        self.served = None if served is None else Path(served)
         self.per_session, self.total = per_session, total
         self.on_delete = on_delete
         self._lock = threading.Lock()
-        self._by_session: dict[str | None, deque[Path]] = {}
-        self._all: OrderedDict[Path, str | None] = OrderedDict()  # oldest first
-        self._count = 0
+        self._by_session: dict[str | None, deque[_Entry]] = {}
+        self._all: OrderedDict[Path, _Entry] = OrderedDict()  # oldest first, by private folder
+        self._owners: dict[str, str | None] = {}  # every file written or handed out -> its session
 
     def write(self, session: str | None, data: dict) -> str:
-        """Write `data` as this session's newest trace; returns its path."""
+        """Write `data` as this session's newest trace; returns the JSON path to hand to the session
+        (its CSV is the same path with .csv)."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)  # again, after a `close`
+        private = self.root / secrets.token_hex(16)
+        private.mkdir(mode=0o700)
+        write_trace(data, private / NAME)
+        folders = (private,)
+        if self.served is not None:
+            copy = self.served / secrets.token_hex(16)
+            shutil.copytree(private, copy)
+            folders = (private, copy)
+        entry = _Entry(session, folders)
         with self._lock:
-            self._count += 1
-            # One folder per file keeps the download's name `dflash_trace.json`.
-            path = self.root / f"{self._count:06d}" / "dflash_trace.json"
-            self._by_session.setdefault(session, deque()).append(path)
-            self._all[path] = session
+            self._by_session.setdefault(session, deque()).append(entry)
+            self._all[private] = entry
+            self._owners.update((path, session) for path in entry.paths())
             doomed = []
             while len(self._by_session[session]) > self.per_session:
                 doomed.append(self._by_session[session].popleft())
             while len(self._all) - len(doomed) > self.total:
-                oldest = next(p for p in self._all if p not in doomed)
-                self._by_session[self._all[oldest]].remove(oldest)
+                oldest = next(e for e in self._all.values() if e not in doomed)
                 doomed.append(oldest)
             for old in doomed:
                 self._forget(old)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_trace(data, path)  # and the per-block CSV beside it, removed with its folder
         for old in doomed:
             self._delete(old)
-        return str(path)
+        return str(entry.handed_out)
+
+    def owner(self, path) -> tuple[bool, str | None]:
+        """(whether `path` is one of this store's files now, the session it belongs to)."""
+        key = str(path)
+        with self._lock:
+            return key in self._owners, self._owners.get(key)
 
     def end_session(self, session: str | None) -> None:
         """Delete every file of a session (its tab was closed)."""
         with self._lock:
-            doomed = list(self._by_session.pop(session, ()))
-            for path in doomed:
-                self._all.pop(path, None)
-        for path in doomed:
-            self._delete(path)
+            doomed = list(self._by_session.get(session, ()))
+            for entry in doomed:
+                self._forget(entry)
+        for entry in doomed:
+            self._delete(entry)
 
     def close(self) -> None:
+        """Delete every file, the copies handed out included (the server is shutting down)."""
         with self._lock:
-            doomed = list(self._all)
-            self._all.clear()
-            self._by_session.clear()
-        for path in doomed:
-            self.on_delete(str(path))
+            doomed = list(self._all.values())
+            for entry in doomed:
+                self._forget(entry)
+        for entry in doomed:
+            self._delete(entry)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def files(self) -> list[Path]:
-        """The trace files on disk now."""
-        return sorted(self.root.glob("*/*.json"))
+        """The trace files on disk now (the private copies)."""
+        return sorted(self.root.glob(f"*/{NAME}"))
 
-    def _forget(self, path: Path) -> None:
-        session = self._all.pop(path, None)
-        queue = self._by_session.get(session)
-        if queue is not None and not queue:
-            del self._by_session[session]
+    def _forget(self, entry: _Entry) -> None:
+        self._all.pop(entry.folders[0], None)
+        queue = self._by_session.get(entry.session)
+        if queue is not None:
+            if entry in queue:
+                queue.remove(entry)
+            if not queue:
+                del self._by_session[entry.session]
+        for path in entry.paths():
+            self._owners.pop(path, None)
 
-    def _delete(self, path: Path) -> None:
-        shutil.rmtree(path.parent, ignore_errors=True)
-        self.on_delete(str(path))
+    def _delete(self, entry: _Entry) -> None:
+        for folder in entry.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.on_delete(str(entry.handed_out))

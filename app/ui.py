@@ -8,13 +8,17 @@ starts without them.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 from gradio.utils import abspath as gradio_abspath
-from gradio.utils import get_upload_folder
+from gradio.utils import get_cache_folder, get_upload_folder, is_in_or_equal
+from gradio_client.utils import is_http_url_like
+
+from dflash_core.trace import MAX_BYTES
 
 from . import charts, render, texts
 from .control import Controls
@@ -45,12 +49,16 @@ class App:
         cache,
         limits: Limits | None = None,
         traces: TraceStore | None = None,
+        recorded: dict[str, str] | None = None,
     ):
-        self.controls = Controls()  # each session's Pause / Step / Continue and what it has on screen
+        """recorded: the recorded runs the Replay tab offers, name -> file (None: `replay` takes any path)."""
+        limits = limits or Limits()
+        # each session's Pause / Step / Continue and what it has on screen
+        self.controls = Controls(max_pause_s=limits.max_pause_s)
         self.traces = traces or TraceStore()
         self.loading = PairLoading(pairs, default_id, cache)
-        self.live = LiveRace(self.loading, self.controls, limits or Limits(), self.traces)
-        self.playback = Playback(self.controls)
+        self.live = LiveRace(self.loading, self.controls, limits, self.traces)
+        self.playback = Playback(self.controls, limits, self.traces, recorded)
         self.stepping = Stepping(self.controls)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
         self.stops = self.live.stops  # the Stop button's requests
@@ -70,19 +78,82 @@ class App:
 
 
 def _trace_choices(extra: str | None = None) -> list[tuple[str, str]]:
-    """(label, path) of the shipped traces, plus `extra` (a --replay file) first; a file is read
-    only when it is replayed."""
-    choices = []
+    """(label, name) of the shipped traces, plus `extra` (a --replay file) first; the name is the
+    file's stem, what a visitor (or the API) picks, never a path (`recorded_runs` maps it back)."""
+    return [(label, name) for label, name, _ in _recorded(extra)]
+
+
+def recorded_runs(extra: str | None = None) -> dict[str, str]:
+    """The recorded runs offered, name -> file."""
+    return {name: path for _, name, path in _recorded(extra)}
+
+
+def _recorded(extra: str | None) -> list[tuple[str, str, str]]:
+    """(label, name, path) of each recorded run; a file is read only when it is replayed."""
+    runs = []
     if extra:
         try:
             label = load_trace(extra).label()
         except ReplayError as exc:
             label = f"{Path(extra).name} (cannot be replayed: {exc})"
-        choices.append((label, str(extra)))
+        runs.append((label, Path(extra).stem, str(extra)))
     for path, label in shipped_traces():
         if not extra or path.resolve() != Path(extra).resolve():
-            choices.append((label, str(path)))
-    return choices
+            name = path.stem if path.stem not in {n for _, n, _ in runs} else f"{path.stem} (shipped)"
+            runs.append((label, name, str(path)))
+    return runs
+
+
+def private_trace_root() -> Path:
+    """A new private folder for trace files, outside every folder Gradio serves."""
+    root = Path(tempfile.mkdtemp(prefix="dflash-traces-"))
+    served = [Path(get_upload_folder()), get_cache_folder()]
+    if any(is_in_or_equal(root, folder) for folder in served):
+        root.rmdir()
+        raise RuntimeError(
+            f"Gradio serves {tempfile.gettempdir()} (GRADIO_TEMP_DIR={get_upload_folder()}): trace files kept there "
+            "could be fetched by anyone. Set GRADIO_TEMP_DIR to a folder of its own."
+        )
+    return root
+
+
+def launch_options(demo: gr.Blocks) -> dict:
+    """The `demo.launch` arguments every server of the app needs, beside host and port: uploads
+    bounded by the trace size limit, and every trace file deleted when the server stops."""
+    traces = demo.dflash_app.traces
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_server):
+        try:
+            yield
+        finally:
+            traces.close()
+
+    return {"max_file_size": MAX_BYTES, "app_kwargs": {"lifespan": lifespan}}
+
+
+def files_only(upload: gr.File) -> gr.File:
+    """`upload`, taking uploaded files only. Gradio downloads a URL sent in place of a file (any
+    client may send one) through the component's cache methods; here they refuse one, so a
+    replay never makes the server fetch anything. (A subclass of gr.File would do the same, but
+    Gradio writes a .pyi file beside every module that defines a component class.)"""
+    fetch_async, fetch = upload.async_move_resource_to_block_cache, upload.move_resource_to_block_cache
+
+    async def guarded_async(url_or_file_path):
+        _refuse_urls(url_or_file_path)
+        return await fetch_async(url_or_file_path)
+
+    def guarded(url_or_file_path):
+        _refuse_urls(url_or_file_path)
+        return fetch(url_or_file_path)
+
+    upload.async_move_resource_to_block_cache, upload.move_resource_to_block_cache = guarded_async, guarded
+    return upload
+
+
+def _refuse_urls(url_or_file_path) -> None:
+    if is_http_url_like(str(url_or_file_path or "")):
+        raise gr.Error(texts.NO_URLS)
 
 
 def forget_served(json_path: str, files) -> None:
@@ -150,9 +221,9 @@ def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
             choices=recorded, value=recorded[0][1] if recorded else None, label="Recorded run", scale=3,
             elem_id="trace-choice",
         )
-        trace_upload = gr.File(
+        trace_upload = files_only(gr.File(
             label="…or upload a trace (.json)", file_types=[".json"], scale=2, height=110, elem_id="trace-upload"
-        )
+        ))
     with gr.Row():
         speed = gr.Slider(0.25, 4.0, value=1.0, step=0.25, label="Replay speed (× real time)", elem_id="replay-speed")
         replay_button = gr.Button("Replay ▶", variant="primary", elem_id="replay-run")
@@ -213,24 +284,27 @@ def build_demo(
     pairs: list[PairSpec], default_id: str, cache=None, limits: Limits | None = None, *,
     replay: str | None = None, live: bool = True,
 ) -> gr.Blocks:
-    """The app's Blocks, its queue configured from `limits` (launch it without calling `queue` again).
+    """The app's Blocks, its queue configured from `limits` (launch it without calling `queue`
+    again, with `launch_options(demo)`); its `App` is `demo.dflash_app`.
 
     live=False: no model pairs and no live race (started with --replay; torch is never imported).
     replay: a trace file preselected in the Replay tab and played when the page loads.
     """
     limits = limits or Limits()
     # Gradio serves files from its upload folder but creates it only on a first upload: a fresh
-    # machine has none yet.
+    # machine has none yet. Trace files are kept outside it; the copies handed out go into it.
     uploads = Path(get_upload_folder())
     uploads.mkdir(parents=True, exist_ok=True)
-    traces = TraceStore(tempfile.mkdtemp(prefix="dflash-traces-", dir=uploads))
+    traces = TraceStore(private_trace_root(), served=uploads)
     if live and cache is None:
         from .models import PairCache
 
         cache = PairCache()
-    app = App(pairs, default_id, cache if live else None, limits, traces)
+    app = App(pairs, default_id, cache if live else None, limits, traces, recorded_runs(replay))
     recorded = _trace_choices(replay)
-    with gr.Blocks(title="DFlash Studio", analytics_enabled=False) as demo:
+    # Uploads (and the copies of traces handed out) older than an hour go, checked every 10 minutes,
+    # and all of them at shutdown.
+    with gr.Blocks(title="DFlash Studio", analytics_enabled=False, delete_cache=(600, 3600)) as demo:
         gr.Markdown(texts.INTRO)
         with gr.Tabs(selected="live" if live and not replay else "replay", elem_id="source-tabs"):
             if live:
@@ -246,6 +320,7 @@ def build_demo(
     demo.queue(max_size=limits.max_queue)
     files = (area.outputs["trace_file"], area.outputs["trace_csv"])
     app.traces.on_delete = lambda path: forget_served(path, files)
+    demo.dflash_app = app
     return demo
 
 
@@ -256,13 +331,19 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     race_event = _wire_live(demo, app, limits, live, outputs, area.outputs["summary"]) if live is not None else None
     # The events that fill the race's outputs: a new one cancels the others.
     runs = [race_event] if race_event is not None else []
+    # Replays have slots of their own (`Playback.slots`), so Gradio starts every one at once.
+    replaying = {"concurrency_limit": None, "concurrency_id": "replay", "show_progress": "hidden"}
     if play_on_load:
+        # Named, so that the button's endpoint keeps the name `replay`.
         runs.append(demo.load(
-            app.replay, inputs=replay.inputs, outputs=outputs, api_visibility="private", show_progress="hidden"
+            app.replay, inputs=replay.inputs, outputs=outputs, api_name="replay_on_load", api_visibility="private",
+            **replaying,
         ))
+    # Callable by name, left out of the API page and so of the MCP tools (each MCP call is a session
+    # of its own, and a replay takes a file): `compare` is the one tool.
     replay_event = replay.replay_button.click(
-        app.replay, inputs=replay.inputs, outputs=outputs, api_name="replay", show_progress="hidden",
-        cancels=list(runs),
+        app.replay, inputs=replay.inputs, outputs=outputs, api_name="replay", api_visibility="undocumented",
+        cancels=list(runs), **replaying,
     )
     runs.append(replay_event)
     if live is not None:
@@ -271,7 +352,11 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     # The controls act on a running race at once: they skip the queue the race is waiting in.
     control_status = area.outputs["control_status"]
     area.pause_button.click(app.pause, outputs=[control_status], queue=False, api_visibility="private")
-    area.step_button.click(app.step, outputs=[control_status], queue=False, api_visibility="private")
+    # Every click is one more cycle: with Gradio's default ("once"), a click made while the previous
+    # Step's reply is still on its way (a busy CPU sends the stream's frame first) would be dropped.
+    area.step_button.click(
+        app.step, outputs=[control_status], queue=False, api_visibility="private", trigger_mode="multiple"
+    )
     area.resume_button.click(app.resume, outputs=[control_status], queue=False, api_visibility="private")
     cycle_pick, cycle_view = area.outputs["cycle_pick"], area.outputs["cycle_view"]
     for event in (cycle_pick.release, cycle_pick.input):
@@ -283,9 +368,11 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
 def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs: list, summary):
     """The pair selector, Race and Stop; returns the race's event."""
     demo.load(app.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size], api_visibility="private")
+    # Callable by name, not an MCP tool (see `replay`): a pair chosen in one MCP call would not
+    # outlive it.
     live.pair_choice.change(
         app.select_pair, inputs=[live.pair_choice], outputs=[live.pair_state, live.status, live.block_size],
-        api_name="select_pair",
+        api_name="select_pair", api_visibility="undocumented",
     )
     race_event = live.run_button.click(
         app.compare,

@@ -28,6 +28,10 @@ class GenerationInputError(DFlashError):
     """A prompt or decoding parameter out of range."""
 
 
+class DoesNotFitError(DFlashError):
+    """A pair whose weights need more device memory than is free (the device, not the pair, is at fault)."""
+
+
 FailureKind = Literal["input", "out_of_memory", "cuda", "missing_file", "unreadable", "unexpected"]
 
 

@@ -103,18 +103,3 @@ def resolve_model_dir(
         raise CheckpointError(f"{directory} is missing {', '.join(missing)}")
     return directory
 
-
-def weights_bytes(directory: Path, dtype_bytes: int | None = None) -> int:
-    """Bytes the weights in `directory` take once loaded: file sizes, rescaled to `dtype_bytes` per
-    value when the checkpoint's config names another dtype (a bf16 checkpoint loaded as float32 doubles)."""
-    import json
-
-    size = sum(f.stat().st_size for f in Path(directory).glob("*.safetensors"))
-    if dtype_bytes is None:
-        return size
-    try:
-        config = json.loads((Path(directory) / "config.json").read_text())
-    except (OSError, ValueError):
-        return size
-    stored = {"float32": 4, "bfloat16": 2, "float16": 2}.get(config.get("dtype") or config.get("torch_dtype"))
-    return size * dtype_bytes // stored if stored else size

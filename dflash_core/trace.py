@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -241,6 +242,14 @@ def write_trace(trace: dict, path: str | os.PathLike) -> tuple[Path, Path]:
 
 
 # --- validating ----------------------------------------------------------------------------------
+# Bounds a replay relies on; every count in a trace is also bounded by the file's own size (a list
+# of n items takes at least n bytes), and every id by its vocab_size.
+MAX_BLOCK_SIZE = 1024  # released drafters use 16: ample room, and the charts' cost stays small
+MAX_VOCAB = 2**31
+STOP_REASONS = ("running", "stopped", "max_new_tokens", "stop_token")
+_TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
+
+
 def _reject_constant(name):
     raise ValueError(f"{name} is not a JSON number")
 
@@ -260,6 +269,8 @@ def _load(source) -> dict:
         trace = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise TraceNotJSONError(f"{where} is not JSON: {exc}") from None
+    except RecursionError:  # the parser recurses once per nesting level
+        raise TraceNotJSONError(f"{where} is nested too deeply to be a trace") from None
     if not isinstance(trace, dict):
         raise TraceNotJSONError(f"{where} is JSON but not an object (got {type(trace).__name__})")
     return trace
@@ -272,7 +283,44 @@ def _field(obj: dict, name: str, kind, where: str):
     ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float, (int, float)))
     if not ok:
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise TraceFieldError(f"field {where}.{name} must be {names}, got {type(value).__name__}: {value!r:.60}")
+        raise TraceFieldError(f"field {where}.{name} must be {names}, got {type(value).__name__}: {_show(value)}")
+    return value
+
+
+def _show(value) -> str:
+    """A value for a message, cut short (repr of a huge or deeply nested value is never built)."""
+    if isinstance(value, (list, dict)):
+        return f"a {type(value).__name__} of {len(value)}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return f"a {len(str(abs(value)))}-digit integer"
+    return f"{value!r:.60}"
+
+
+def _int(obj: dict, name: str, where: str, low: int = 0, high: int | None = None, optional: bool = False):
+    """An int field in [low, high], or None where `optional`."""
+    if optional and obj.get(name) is None:
+        if name not in obj:
+            raise TraceFieldError(f"missing field {where}.{name}")
+        return None
+    value = _field(obj, name, int, where)
+    if value < low or (high is not None and value > high):
+        bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise TraceFieldError(f"{where}.{name} is {_show(value)}; it must be {bounds}")
+    return value
+
+
+def _number(obj: dict, name: str, where: str, low: float, high: float | None = None, optional: bool = False):
+    """A finite number field in [low, high], or None where `optional`."""
+    if optional and obj.get(name) is None:
+        return None
+    value = _field(obj, name, (int, float), where)
+    try:
+        ok = math.isfinite(value) and value >= low and (high is None or value <= high)
+    except OverflowError:  # an int too large for a float
+        ok = False
+    if not ok:
+        bounds = f"from {low:g} to {high:g}" if high is not None else f"finite and at least {low:g}"
+        raise TraceFieldError(f"{where}.{name} is {_show(value)}; it must be {bounds}")
     return value
 
 
@@ -280,14 +328,19 @@ def _ints(obj: dict, name: str, where: str) -> list:
     values = _field(obj, name, list, where)
     for i, v in enumerate(values):
         if not isinstance(v, int) or isinstance(v, bool):
-            raise TraceFieldError(f"field {where}.{name}[{i}] must be an int, got {v!r:.60}")
+            raise TraceFieldError(f"field {where}.{name}[{i}] must be an int, got {_show(v)}")
     return values
 
 
-def _seconds(obj: dict, name: str, where: str) -> None:
+def _seconds(obj: dict, name: str, where: str) -> float:
     value = _field(obj, name, (int, float), where)
-    if not math.isfinite(value) or value < 0:
-        raise TraceTimingError(f"{where}.{name} is {value}: times must be finite and >= 0")
+    try:
+        ok = math.isfinite(value) and value >= 0
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise TraceTimingError(f"{where}.{name} is {_show(value)}: times must be finite and >= 0")
+    return value
 
 
 def _topk(rows, where: str) -> None:
@@ -298,8 +351,9 @@ def _topk(rows, where: str) -> None:
             raise TraceFieldError(f"field {where}[{i}] must be a list of [token_id, probability]")
         for pair in row:
             ok = isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int) and not isinstance(pair[0], bool)
-            if not ok or not isinstance(pair[1], (int, float)) or not 0 <= pair[1] <= 1:
-                raise TraceFieldError(f"{where}[{i}] holds {pair!r:.60}; expected [token_id, probability in 0..1]")
+            ok = ok and isinstance(pair[1], (int, float)) and not isinstance(pair[1], bool) and 0 <= pair[1] <= 1
+            if not ok:
+                raise TraceFieldError(f"{where}[{i}] holds {_show(pair)}; expected [token_id, probability in 0..1]")
 
 
 def _explain(info: dict, where: str) -> None:
@@ -308,14 +362,14 @@ def _explain(info: dict, where: str) -> None:
         _field(info, "mask_id", int, where)
     _ints(info, "positions", where)
     injected = _field(info, "injected", dict, where)
-    _field(injected, "positions", int, f"{where}.injected")
+    _int(injected, "positions", f"{where}.injected")
     _ints(injected, "target_layers", f"{where}.injected")
     _topk(_field(info, "draft_topk", list, where), f"{where}.draft_topk")
     _topk(_field(info, "target_topk", list, where), f"{where}.target_topk")
     decision = _field(info, "decision", dict, where)
     rule = _field(decision, "rule", str, f"{where}.decision")
     if rule not in ("greedy", "match", "rejection"):
-        raise TraceFieldError(f"{where}.decision.rule is {rule!r}; expected greedy, match or rejection")
+        raise TraceFieldError(f"{where}.decision.rule is {_show(rule)}; expected greedy, match or rejection")
     _field(decision, "resampled", bool, f"{where}.decision")
     for i, slot in enumerate(_field(decision, "slots", list, f"{where}.decision")):
         at = f"{where}.decision.slots[{i}]"
@@ -327,9 +381,12 @@ def _explain(info: dict, where: str) -> None:
                 raise TraceFieldError(f"missing field {at}.{name}")
         if slot["target"] is not None:
             _field(slot, "target", int, at)
+        for name in ("p", "q", "u"):
+            _number(slot, name, at, 0.0, 1.0, optional=True)
+        _number(slot, "ratio", at, 0.0, optional=True)
     cache = _field(info, "cache", dict, where)
     for name in ("target_before", "target_after", "drafter_before", "drafter_after"):
-        _field(cache, name, int, f"{where}.cache")
+        _int(cache, name, f"{where}.cache")
     times = _field(info, "time", dict, where)
     for name in ("draft_s", "verify_s", "other_s"):
         _seconds(times, name, f"{where}.time")
@@ -341,6 +398,8 @@ def _run(run: dict, where: str) -> None:
     _field(run, "block_size", int, where)
     _ints(run, "acceptance_lengths", where)
     _seconds(run, "total_s", where)
+    if run.get("stop_reason") is not None and run["stop_reason"] not in STOP_REASONS:
+        raise TraceFieldError(f"{where}.stop_reason is {_show(run['stop_reason'])}; expected one of {STOP_REASONS}")
     prefill = _field(run, "prefill", dict, where)
     _field(prefill, "token_id", int, f"{where}.prefill")
     _seconds(prefill, "seconds", f"{where}.prefill")
@@ -356,38 +415,132 @@ def _run(run: dict, where: str) -> None:
             _explain(_field(block, "explain", dict, at), f"{at}.explain")
 
 
+def _settings(settings: dict) -> None:
+    where = "trace.settings"
+    if settings.get("prompt") is not None:
+        _field(settings, "prompt", str, where)
+    _ints(settings, "prompt_ids", where)
+    _int(settings, "max_new_tokens", where, low=1)
+    _int(settings, "block_size", where, low=1, high=MAX_BLOCK_SIZE)
+    _number(settings, "temperature", where, 0.0)
+    _number(settings, "top_p", where, 0.0, 1.0)
+    _int(settings, "top_k", where, optional=True)
+    _int(settings, "seed", where, optional=True)
+    if "explain" in settings:
+        _int(settings, "explain", where, optional=True)
+
+
+def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None:
+    """A run whose counts agree with each other: what sizes a replay's work is checked against
+    what the file holds (every block holds its block_size - 1 drafts, the output is the prefill
+    token and every block's committed tokens)."""
+    if run["prompt_len"] != prompt_len:
+        raise TraceFieldError(f"{where}.prompt_len is {_show(run['prompt_len'])}, but the prompt has {prompt_len} ids")
+    size = run["block_size"]
+    high = 1 if plain else MAX_BLOCK_SIZE
+    if not 1 <= size <= high:
+        raise TraceFieldError(f"{where}.block_size is {_show(size)}; it must be from 1 to {high}")
+    blocks = run["blocks"]
+    output = [run["prefill"]["token_id"]]
+    clock = run["prefill"]["seconds"]
+    for i, block in enumerate(blocks):
+        at = f"{where}.blocks[{i}]"
+        drafts = len(block["draft_ids"])
+        if block["index"] != i:
+            raise TraceFieldError(f"{at}.index is {_show(block['index'])}; blocks are numbered from 0 in order")
+        if drafts != size - 1:
+            raise TraceFieldError(f"{at}.draft_ids holds {drafts} drafts; block_size {size} drafts {size - 1}")
+        if not 0 <= block["accepted"] <= drafts:
+            raise TraceFieldError(f"{at}.accepted is {_show(block['accepted'])}; a block of {drafts} drafts accepts 0 to {drafts}")
+        if block["position"] != prompt_len + len(output) - 1:
+            raise TraceFieldError(
+                f"{at}.position is {_show(block['position'])}; after {len(output)} tokens it is {prompt_len + len(output) - 1}"
+            )
+        kept = [*block["draft_ids"][: block["accepted"]], block["bonus_id"]]
+        committed = block["committed_ids"]
+        if committed != kept[: len(committed)]:
+            raise TraceFieldError(f"{at}.committed_ids must be the accepted drafts, then the bonus token (possibly cut short)")
+        if block["elapsed_s"] < clock:
+            raise TraceTimingError(f"{at}.elapsed_s is {block['elapsed_s']}, earlier than the cycle before it ({clock})")
+        clock = block["elapsed_s"]
+        output.extend(committed)
+        if block.get("explain") is not None:
+            _consistent_explain(block["explain"], f"{at}.explain", size)
+    if run["total_s"] < clock:
+        raise TraceTimingError(f"{where}.total_s is {run['total_s']}, earlier than its last cycle ({clock})")
+    if run["output_ids"] != output:
+        raise TraceFieldError(f"{where}.output_ids must be the prefill token, then every block's committed_ids")
+    if run["acceptance_lengths"] != [b["accepted"] + 1 for b in blocks]:
+        raise TraceFieldError(f"{where}.acceptance_lengths must be each block's accepted + 1")
+
+
+def _consistent_explain(info: dict, where: str, size: int) -> None:
+    """An explanation no larger than its block: B positions and target rows, B - 1 draft rows and verdicts."""
+    for name, most in (("positions", size), ("target_topk", size), ("draft_topk", size - 1)):
+        if len(info[name]) > most:
+            raise TraceFieldError(f"{where}.{name} has {len(info[name])} entries; a block of size {size} has at most {most}")
+    slots = info["decision"]["slots"]
+    if len(slots) > size - 1 or any(not 1 <= s["slot"] <= size - 1 for s in slots):
+        raise TraceFieldError(f"{where}.decision.slots must name draft slots 1 to {size - 1}")
+
+
+def _pieces(pieces, runs: dict) -> None:
+    """The app's per-token pane text: one string per output token of a side."""
+    if not isinstance(pieces, dict) or set(pieces) - set(SIDES):
+        raise TraceFieldError(f"trace.pieces must map some of the sides {SIDES} to lists of strings")
+    for side, texts in pieces.items():
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise TraceFieldError(f"trace.pieces.{side} must be a list of strings")
+        if side in runs and len(texts) != len(runs[side]["output_ids"]):
+            raise TraceFieldError(
+                f"trace.pieces.{side} has {len(texts)} entries for {len(runs[side]['output_ids'])} output tokens"
+            )
+
+
 def validate_trace(source: str | os.PathLike | bytes) -> dict:
     """Parse and check a trace file (path) or its bytes; return the trace dict.
 
     Only `json.loads` reads the data: nothing in it is imported, executed or used as a path.
-    Raises one `TraceError` subclass per fault, naming the field and the value.
+    Every field a replay reads is checked for its type and range, and every count against the
+    rest of the file (so the work a replay does is bounded by the file's size). Raises one
+    `TraceError` subclass per fault, naming the field and the value.
     """
     trace = _load(source)
     if "schema" not in trace:
         raise TraceSchemaError(f'missing field "schema": expected "{SCHEMA}"')
     if trace["schema"] != SCHEMA:
-        raise TraceSchemaError(f'schema is {trace["schema"]!r:.60}; this version reads "{SCHEMA}"')
+        raise TraceSchemaError(f'schema is {_show(trace["schema"])}; this version reads "{SCHEMA}"')
     for name in ("settings", "pair", "hardware", "versions", "runs", "tokens"):
         _field(trace, name, dict, "trace")
     vocab = _field(trace, "vocab_size", int, "trace")
-    if vocab < 1:
-        raise TraceFieldError(f"trace.vocab_size must be >= 1, got {vocab}")
-    _ints(trace["settings"], "prompt_ids", "trace.settings")
+    if not 1 <= vocab <= MAX_VOCAB:
+        raise TraceFieldError(f"trace.vocab_size must be from 1 to {MAX_VOCAB}, got {_show(vocab)}")
+    _settings(trace["settings"])
     runs = trace["runs"]
     sides = sorted(runs)
     if not sides or set(sides) - set(SIDES):
-        raise TraceFieldError(f"trace.runs must hold some of {SIDES}, got {sides}")
+        raise TraceFieldError(f"trace.runs must hold some of {SIDES}, got {_show(sides)}")
     for side in sides:
         _run(_field(runs, side, dict, "trace.runs"), f"trace.runs.{side}")
     used = token_ids(runs) | set(trace["settings"]["prompt_ids"])
     outside = sorted(t for t in used if not 0 <= t < vocab)
     if outside:
-        raise TraceVocabError(f"token ids {outside[:5]} are outside the vocabulary of size {vocab}")
+        shown = [t if abs(t) < 10**18 else _show(t) for t in outside[:5]]
+        raise TraceVocabError(f"token ids {shown} are outside the vocabulary of size {vocab}")
+    prompt_len = len(trace["settings"]["prompt_ids"])
+    for side in sides:
+        _consistent_run(runs[side], f"trace.runs.{side}", prompt_len, plain=side == "plain")
     tokens = trace["tokens"]
+    for key, text in tokens.items():
+        if not _TOKEN_KEY.fullmatch(key) or int(key) >= vocab:
+            raise TraceFieldError(f"trace.tokens key {_show(key)} is not a token id (a whole number below {vocab})")
+        if not isinstance(text, str):
+            raise TraceFieldError(f"trace.tokens[{key!r}] must be a string")
     missing = sorted(t for t in token_ids(runs) if str(t) not in tokens)
     if missing:
         raise TraceFieldError(f"trace.tokens has no text for token ids {missing[:5]}")
-    bad = [k for k, v in tokens.items() if not isinstance(v, str)]
-    if bad:
-        raise TraceFieldError(f"trace.tokens[{bad[0]!r}] must be a string")
+    if "pieces" in trace:
+        _pieces(trace["pieces"], runs)
+    if "report" in trace and not isinstance(trace["report"], dict):
+        raise TraceFieldError(f"trace.report must be an object, got {type(trace['report']).__name__}")
     return trace

@@ -3,9 +3,10 @@
     python scripts/load_test.py                      # starts `python app.py` (the default pair) itself
     python scripts/load_test.py --app-args "--target DIR --drafter DIR" --max-new-tokens 8
 
-It starts the app as a child process on a free loopback port, runs five rounds through the public
+It starts the app as a child process on a free loopback port, runs six rounds through the public
 `compare` API (gradio_client, and raw HTTP where a client library would refuse to send the
-value), stops the app, and prints one JSON line:
+value, or where a browser's own calls are imitated), stops the app, and prints one JSON line
+(also written to `--out`):
 
 1. solo: each of `--clients` requests (greedy and seeded sampling) alone, as the reference;
 2. concurrent: the same requests from `--clients` clients at once; each result must equal its
@@ -14,7 +15,14 @@ value), stops the app, and prints one JSON line:
    message names the problem, or a normal race), each followed by a normal request that must work;
 4. cancel: races cancelled mid-stream, each followed at once by a request that must start and finish;
 5. memory: `--races` sequential races; the app's resident memory after the first `--warm-races`
-   and after all of them, its peak, and the trace files it holds on disk.
+   and after all of them, its peak, and the trace files it holds on disk;
+6. security (issue 37): crafted trace uploads (sizes, times, markup, nesting, types, one past the
+   upload limit), with the server's peak memory over them; reads and replays of another session's
+   trace; a race paused and left, and one evicted from the pause table; MCP callers as separate
+   agents; after each case a normal race from another client must finish within
+   `--probe-timeout-s`. After the app stops, its trace files must be gone.
+
+`--rounds` picks some of them (e.g. `--rounds security`).
 
 Bounded: every request has a timeout, the whole run a deadline (`--deadline-s`), after which the
 app is stopped and the JSON line reports what was done. Loopback only: it never serves or calls
@@ -38,6 +46,8 @@ from pathlib import Path
 import httpx
 import psutil
 from gradio_client import Client
+
+import load_attacks  # the security round, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -72,9 +82,15 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}/"
         cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(self.port), *app_args]
         self.log = log.open("w")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        # A temporary folder of its own: the trace files and uploads counted are this app's only.
+        self.tmp = log.parent / "tmp"
+        self.tmp.mkdir(exist_ok=True)
+        env = {**os.environ, "TMPDIR": str(self.tmp)}
+        env.pop("GRADIO_TEMP_DIR", None)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.ps = psutil.Process(self.proc.pid)
         self.peak_rss = 0
+        self.window_peak_rss = 0  # since the last `window()`
         self._sampling = True
         self._sampler = threading.Thread(target=self._sample, daemon=True)
 
@@ -95,13 +111,18 @@ class Server:
     def rss(self) -> int:
         return self.ps.memory_info().rss
 
+    def window(self) -> None:
+        """Start a new window for `window_peak_rss`."""
+        self.window_peak_rss = self.rss()
+
     def _sample(self) -> None:
         while self._sampling:
             try:
-                self.peak_rss = max(self.peak_rss, self.rss())
+                rss = self.rss()
             except psutil.Error:
                 return
-            time.sleep(0.2)
+            self.peak_rss, self.window_peak_rss = max(self.peak_rss, rss), max(self.window_peak_rss, rss)
+            time.sleep(0.1)
 
     def stop(self) -> None:
         self._sampling = False
@@ -347,14 +368,24 @@ def main(argv=None) -> None:
     parser.add_argument("--request-timeout-s", type=float, default=300)
     parser.add_argument("--deadline-s", type=float, default=3600)
     parser.add_argument("--start-timeout-s", type=float, default=600)
+    parser.add_argument("--rounds", default=",".join(ROUNDS), help=f"some of {','.join(ROUNDS)}")
+    parser.add_argument("--probe-timeout-s", type=float, default=120,
+                        help="security round: how long another visitor's normal race may take after each case")
+    parser.add_argument("--max-pause-s", type=int, default=20, help="passed to the app (security round)")
+    parser.add_argument("--max-replay-s", type=int, default=20, help="passed to the app (security round)")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
+    rounds = args.rounds.split(",")
+    if set(rounds) - set(ROUNDS):
+        parser.error(f"--rounds takes some of {','.join(ROUNDS)}")
     if args.clients < 1 or args.races < args.warm_races or not 1 <= args.deadline_s <= 4 * 3600:
         parser.error("need clients >= 1, races >= warm-races, and a deadline of at most 4 hours")
 
     work = Path(tempfile.mkdtemp(prefix="dflash-load-"))
-    before = trace_folders()
-    server = Server(shlex.split(args.app_args), work / "app.log")
-    out: dict = {"app_args": args.app_args or "(default pair)", "max_new_tokens": args.max_new_tokens}
+    app_args = [*shlex.split(args.app_args), "--max-pause-s", str(args.max_pause_s),
+                "--max-replay-s", str(args.max_replay_s), *(["--mcp"] if "security" in rounds else [])]
+    server = Server(app_args, work / "app.log")
+    out: dict = {"app_args": " ".join(app_args), "max_new_tokens": args.max_new_tokens, "rounds": rounds}
     t0 = time.time()
     try:
         server.wait_ready(args.start_timeout_s)
@@ -365,9 +396,11 @@ def main(argv=None) -> None:
             ("hostile", runner.hostile),
             ("cancel", runner.cancellation),
             ("memory", lambda: runner.memory(server)),
+            ("security", lambda: load_attacks.run(runner, server, work)),
         ):
-            out[name] = run()
-        out["trace_files_on_server"] = count_trace_files(before)
+            if name in rounds:
+                out[name] = run()
+        out["trace_files_on_server"] = count_trace_files(server.tmp)
         out["deadline_hit"] = False
     except Deadline:
         out["deadline_hit"] = True
@@ -377,18 +410,21 @@ def main(argv=None) -> None:
         out["rss_peak_mb"] = round(server.peak_rss / 2**20, 1)
         server.stop()
         out["wall_s"] = round(time.time() - t0, 1)
-    print(json.dumps(out))
+    # SIGTERM closes the server, which deletes its trace files (and the copies it handed out).
+    out["trace_files_after_stop"] = count_trace_files(server.tmp)
+    out["trace_copies_after_stop"] = len(list(server.tmp.glob("gradio/*/dflash_trace.json")))
+    line = json.dumps(out)
+    print(line)
+    if args.out:
+        args.out.write_text(line + "\n")
 
 
-def trace_folders() -> set[Path]:
-    """The apps' trace folders (under Gradio's upload folder)."""
-    folder = Path(os.environ.get("GRADIO_TEMP_DIR", Path(tempfile.gettempdir()) / "gradio"))
-    return set(folder.glob("dflash-traces-*"))
+ROUNDS = ("concurrency", "hostile", "cancel", "memory", "security")
 
 
-def count_trace_files(before: set[Path]) -> int:
-    """Trace files the app under test holds on disk: those in folders that appeared since its start."""
-    return sum(1 for folder in trace_folders() - before for _ in folder.glob("*/dflash_trace.json"))
+def count_trace_files(tmp: Path) -> int:
+    """Trace files the app under test holds on disk (its private store, in its temporary folder)."""
+    return len(list(tmp.glob("dflash-traces-*/*/dflash_trace.json")))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from app.models import PairCache  # noqa: E402
 from app.pairs import cli_pair, load_pairs  # noqa: E402
-from app.ui import build_demo  # noqa: E402
+from app.ui import build_demo, launch_options  # noqa: E402
 
 
 def free_port() -> int:
@@ -24,5 +24,6 @@ def launch_app(target_dir, drafter_dir, limits=None, cache=None, **launch):
     pairs, _ = load_pairs()
     pair = cli_pair(str(target_dir), str(drafter_dir))
     demo = build_demo([pair, *pairs], pair.id, cache or PairCache("cpu"), limits)
-    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo), **launch)
     return demo, demo.local_url

@@ -5,6 +5,8 @@ Skips only when chromium or playwright is missing; CI installs both (no browser 
 
 from __future__ import annotations
 
+import functools
+import time
 from pathlib import Path
 
 import pytest
@@ -39,21 +41,43 @@ def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
     assert shot.stat().st_size > 10_000
 
 
+STEP_REPLY_DELAY_S = 2.0
+
+
+def _reply_late(handler, delay_s: float):
+    """`handler` acting at once but answering `delay_s` later, as a busy CPU delays a reply."""
+
+    @functools.wraps(handler)  # Gradio reads the signature to pass the gr.Request
+    def late(*args, **kwargs):
+        result = handler(*args, **kwargs)
+        time.sleep(delay_s)
+        return result
+
+    return late
+
+
 @pytest.fixture(scope="module")
 def replay_url(tiny_dirs, request):
     """An app with no model: the shipped traces offered on its landing page, else (a repository
-    without them) one recorded here on the tiny pair, preselected (never the default target's weights)."""
+    without them) one recorded here on the tiny pair, preselected (never the default target's weights).
+
+    Its Step button answers late, after the frame of the stepped cycle, as on a busy CPU: the next
+    click must count even while the previous one's reply is still on its way.
+    """
     from app.replay import shipped_traces
+    from app.stepping import Stepping
     from app.ui import build_demo
     from serve import free_port
 
     shipped = shipped_traces()
     path = shipped[0][0] if shipped else record_tiny_trace(tiny_dirs, request)
-    # No replay on page load: the test starts one itself (a page-load replay is what --replay adds).
-    demo = build_demo([], "", None, replay=None if shipped else str(path), live=False)
-    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield demo.local_url
-    demo.close()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Stepping, "step", _reply_late(Stepping.step, STEP_REPLY_DELAY_S))
+        # No replay on page load: the test starts one itself (a page-load replay is what --replay adds).
+        demo = build_demo([], "", None, replay=None if shipped else str(path), live=False)
+        demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+        yield demo.local_url
+        demo.close()
 
 
 def record_tiny_trace(tiny_dirs, request) -> Path:

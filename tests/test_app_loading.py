@@ -17,6 +17,7 @@ from app.ui import App
 from app.failures import failure_message
 from dflash_core.errors import user_message
 from dflash_core.hub import progress_tqdm
+from test_memory_need import FakeApi, not_found
 
 GB = 2**30
 
@@ -25,10 +26,20 @@ def spec_for(target, drafter, pair_id="p", label="tiny pair"):
     return PairSpec(id=pair_id, label=label, target=str(target), drafter=str(drafter))
 
 
+def hub_sizes(**entries):
+    """A fake `HfApi` for the size query: the two fake repos at `entries` (defaults: 3 and 1 GB of bf16)."""
+    table = {"fake-org/target": ({"BF16": 3 * GB // 2}, {}), "fake-org/drafter": ({"BF16": GB // 2}, {})}
+    table.update({f"fake-org/{name}": value for name, value in entries.items()})
+    return FakeApi(table)
+
+
 @pytest.fixture
 def fake_hub(monkeypatch, tiny_dirs, tmp_path):
-    """snapshot_download that reports 3 files and 3 GB through `tqdm_class`, then returns a tiny model."""
+    """snapshot_download that reports 3 files and 3 GB through `tqdm_class`, then returns a tiny model;
+    `HfApi` (the size query before download) answers from `hub_sizes()`."""
     import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", hub_sizes)
 
     local = {"fake-org/target": tiny_dirs[0], "fake-org/drafter": tiny_dirs[1]}
     calls = []
@@ -63,6 +74,50 @@ def test_download_progress_reaches_the_status_line(fake_hub):
     # The target's snapshot holds its weights, config and tokenizer; the drafter's its two files.
     assert fake_hub[0][0] == "fake-org/target" and "*.safetensors" in fake_hub[0][1]
     assert fake_hub[1] == ("fake-org/drafter", ("config.json", "model.safetensors"))
+
+
+def test_the_size_from_the_hub_reaches_the_status_line_before_the_download(fake_hub):
+    spec = spec_for("fake-org/target", "fake-org/drafter")
+    app = App([spec], spec.id, PairCache("cpu"))
+    lines = [status for status, _ in app.load_selected(spec.id)]
+    # 1.5 G and 0.5 G bf16 values, loaded as float32 on the CPU.
+    assert lines[1] == (
+        "Loading **tiny pair** on cpu (first time only): weights 8.0 GB (target 6.0 GB + drafter 2.00 GB, "
+        "from the Hub's metadata), about 10.0 GB with 25% for the KV caches and activations…"
+    )
+    assert "downloading" in lines[2]  # the size came first
+    assert lines[-1].startswith("✓ **tiny pair** ready on cpu") and "; weights 8.0 GB (target 6.0 GB" in lines[-1]
+
+
+GPU_PAIR = PairSpec(id="big", label="big pair", target="fake-org/big", drafter="fake-org/drafter", needs_gpu=True,
+                    dtype="bfloat16")
+
+
+def test_a_gpu_too_small_for_the_pair_is_refused_before_anything_downloads(fake_hub):
+    cache = PairCache("cuda:0", memory=lambda: (20 * GB, 24 * GB), hub_api=hub_sizes(big=({"BF16": 30 * GB}, {})))
+    app = App([GPU_PAIR], GPU_PAIR.id, cache)
+    *_, (status, _) = app.load_selected(GPU_PAIR.id)
+    assert status.startswith("⚠ **Could not load big pair:** big pair needs about 76.2 GB on cuda:0 (weights 61.0 GB")
+    assert "but cuda:0 has 20.0 GB free of 24.0 GB. The GPU is too small for this pair" in status
+    assert fake_hub == [] and not cache.is_loaded(GPU_PAIR)  # nothing downloaded, nothing loaded
+    with pytest.raises(gr.Error) as raised:  # a race on it says the same, and the app keeps serving
+        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, GPU_PAIR.id))
+    assert "The GPU is too small for this pair" in raised.value.message
+
+
+def test_a_pair_missing_from_the_hub_is_broken_not_too_big(fake_hub):
+    cache = PairCache("cuda:0", memory=lambda: (100 * GB, 141 * GB), hub_api=hub_sizes(big=not_found("fake-org/big")))
+    *_, (status, _) = App([GPU_PAIR], GPU_PAIR.id, cache).load_selected(GPU_PAIR.id)
+    assert "'fake-org/big' is not a model repository on the Hugging Face Hub" in status and fake_hub == []
+
+
+def test_an_unreachable_hub_says_so_and_the_pair_still_loads(fake_hub):
+    offline = hub_sizes(target=ConnectionError("[Errno -3] Temporary failure in name resolution"))
+    spec = spec_for("fake-org/target", "fake-org/drafter")
+    lines = [status for status, _ in App([spec], spec.id, PairCache("cpu", hub_api=offline)).load_selected(spec.id)]
+    assert "size unknown before download: the Hub could not be reached for fake-org/target (ConnectionError" in lines[1]
+    assert [repo for repo, _ in fake_hub] == ["fake-org/target", "fake-org/drafter"]  # downloaded anyway
+    assert lines[-1].startswith("✓ **tiny pair** ready on cpu") and "from the safetensors files" in lines[-1]
 
 
 def test_progress_is_counted_even_when_the_bar_is_not_shown():

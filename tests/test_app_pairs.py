@@ -19,6 +19,25 @@ def test_pairs_file_lists_the_offline_default_and_the_hub_pairs():
     assert not by_id[default_id].is_hub
 
 
+def test_pairs_file_lists_todays_released_pairs_with_their_template_and_memory():
+    by_id = {p.id: p for p in load_pairs()[0]}
+    today = {
+        "qwen3.5-4b": ("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash", {"enable_thinking": True}),
+        "qwen3.5-9b": ("Qwen/Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash", {"enable_thinking": True}),
+        "qwen3.6-35b-a3b": ("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", {"enable_thinking": True}),
+        "gpt-oss-20b": ("openai/gpt-oss-20b", "z-lab/gpt-oss-20b-DFlash", {}),
+        "qwen3.8-27b-dflash2": ("Qwen/Qwen3.8-27B", "z-lab/Qwen3.8-27B-DFlash2", {}),
+        "qwen3-8b": ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", {"enable_thinking": False}),
+    }
+    for pair_id, (target, drafter, args) in today.items():
+        spec = by_id[pair_id]
+        assert (spec.target, spec.drafter, spec.chat_template_args) == (target, drafter, args)
+        assert spec.needs_gpu and spec.dtype == "bfloat16" and spec.source
+    for spec in by_id.values():  # every GPU pair says how much memory it takes, in its label too
+        if spec.needs_gpu:
+            assert spec.memory_gb and f"about {spec.memory_gb:g} GB" in spec.label
+
+
 def test_hub_pairs_explain_that_they_need_a_gpu():
     pairs, _ = load_pairs()
     qwen = next(p for p in pairs if p.id == "qwen3-4b")

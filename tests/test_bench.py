@@ -186,3 +186,11 @@ def test_a_flag_that_became_a_subcommand_says_which(flag, now, capsys):
         main([flag])
     assert done.value.code == 2
     assert f"is now a subcommand: python -m dflash_core.bench {now}" in capsys.readouterr().err
+
+
+def test_peer_vllm_without_a_vllm_venv_says_how_to_make_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DFLASH_VLLM_VENV", str(tmp_path / "no-venv"))
+    with pytest.raises(SystemExit):
+        main(["--peer", "vllm", "--num-prompts", "1"])
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'no-venv'}/bin/python does not exist" in err and "scripts/setup.sh --vllm" in err

@@ -1,26 +1,31 @@
-"""vLLM loads every shipped drafter unchanged, and its greedy DFlash output equals this engine's plain decoding.
+"""vLLM loads every shipped drafter unchanged, its greedy DFlash output equals this engine's plain
+decoding, `bench --peer vllm` reports vLLM beside this engine, and the app races a vLLM server.
 
-vLLM runs in its own venv (`bash scripts/setup.sh --vllm` makes `.venv-vllm`), driven through
-`scripts/vllm_generate.py` in a subprocess; where that venv does not exist these tests are skipped.
-CI does not build it (see `.ci/run`). About a minute per drafter on a 2-core CPU.
+vLLM runs in its own venv (`bash scripts/setup.sh --vllm` makes `.venv-vllm`; `$DFLASH_VLLM_VENV`
+names another), driven through `scripts/vllm_generate.py` in a subprocess (`dflash_core/bench/vllm_peer.py`)
+or as servers (`scripts/serve_vllm.sh`); where that venv does not exist these tests are skipped.
+CI does not build it (see `.ci/run`). About a minute per drafter on a 2-core CPU, three for the app.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from dflash_core import Target, run
+from dflash_core.bench.vllm_peer import vllm_generate, vllm_venv
 from dflash_core.pair import fetch_target
 from dflash_core.prompting import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 DRAFTERS = sorted(path.parent.name for path in (ROOT / "assets" / "drafters").glob("*/config.json"))
 PROMPT_IDS = ("natural:math-01", "natural:code-01", "natural:writing-01", "natural:knowledge-01")
 MAX_NEW_TOKENS = 48
@@ -28,8 +33,9 @@ MAX_NEW_TOKENS = 48
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(
-        not VLLM_PYTHON.exists(),
-        reason="no .venv-vllm in the repository root: `bash scripts/setup.sh --vllm` builds it (CI does not, see .ci/run)",
+        not (vllm_venv() / "bin" / "python").exists(),
+        reason=f"no vLLM venv at {vllm_venv()}: `bash scripts/setup.sh --vllm` builds .venv-vllm "
+        "(CI does not, see .ci/run)",
     ),
 ]
 
@@ -48,26 +54,12 @@ def prompts(default_target) -> list[list[int]]:
     return [encode_prompt(target.tokenizer, by_id[i]) for i in PROMPT_IDS]
 
 
-def vllm_generate(tmp_path: Path, target_dir: str, drafter: Path, prompts: list[list[int]]) -> dict:
-    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
-    out, log = tmp_path / "vllm.json", tmp_path / "vllm.log"
-    # The test process's settings are not vLLM's: the Triton interpreter mode (conftest) and this
-    # venv's import path would both leak into the other interpreter.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-    cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "vllm_generate.py"), "--target", target_dir, "--drafter",
-           str(drafter), "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", str(MAX_NEW_TOKENS),
-           "--dtype", "float32", "--max-model-len", "1024", "--eager", "--out", str(out)]
-    with open(log, "w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900, check=False)
-    assert done.returncode == 0 and out.exists(), f"vLLM failed ({' '.join(cmd)}):\n{log.read_text()[-4000:]}"
-    return json.loads(out.read_text())
-
-
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_vllm_loads_the_shipped_drafter_and_matches_plain_decoding(tmp_path, default_target, prompts, name):
     target_dir, target = default_target
     drafter = ROOT / "assets" / "drafters" / name
-    result = vllm_generate(tmp_path, target_dir, drafter, prompts)
+    result = vllm_generate(target_dir, prompts, drafter=str(drafter), max_new_tokens=MAX_NEW_TOKENS,
+                           max_model_len=1024, eager=True, workdir=tmp_path)
     eos = target.tokenizer.eos_token_id
     for ids, out in zip(prompts, result["outputs"], strict=True):
         plain = run(target, ids, max_new_tokens=MAX_NEW_TOKENS, stop_ids=[eos]).output_ids
@@ -77,3 +69,84 @@ def test_vllm_loads_the_shipped_drafter_and_matches_plain_decoding(tmp_path, def
     steps = sum(o["spec_decode"]["num_spec_steps"] for o in result["outputs"])
     accepted = sum(o["spec_decode"]["num_accepted_draft_tokens"] for o in result["outputs"])
     assert steps > 0 and 1 + accepted / steps > 1.3, result["outputs"][0]["spec_decode"]
+
+
+def test_bench_peer_vllm_reports_vllm_beside_this_engine(capsys):
+    from dflash_core.bench.run import main
+
+    assert main(["--prompt-set", "natural", "--num-prompts", "2", "--max-new-tokens", "24", "--no-peers",
+                 "--threads", "2", "--peer", "vllm", "--vllm-eager"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    vllm = result["vllm"]
+    assert vllm["version"].startswith("0.32") and vllm["threads"] == 2 and vllm["dtype"] == "float32"
+    # Greedy, the same prompt ids: vLLM's outputs are ours, plain and DFlash.
+    assert vllm["plain"]["identical"] == 1.0 and vllm["dflash"]["identical"] == 1.0
+    d = vllm["dflash"]
+    assert 1.3 < d["tau"] <= 4 and d["tau_counters"] == pytest.approx(d["tau"])
+    assert d["tok_s"] > 0 and vllm["plain"]["tok_s"] > 0 and d["speedup"] == pytest.approx(d["tok_s"] / vllm["plain"]["tok_s"])
+    assert "vLLM plain" in out and "vLLM DFlash block 4" in out
+
+
+@pytest.fixture(scope="module")
+def vllm_servers(tmp_path_factory):
+    """scripts/serve_vllm.sh's two servers (DFlash, plain) on loopback, until the module's tests end."""
+    from serve import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    with open(log, "w") as f:
+        proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "serve_vllm.sh"), str(port)], cwd=ROOT, stdout=f,
+                                stderr=subprocess.STDOUT, env={**env, "LOGDIR": str(log.parent)},
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while log.read_text().count("ready: ") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_the_app_races_a_vllm_server_dflash_against_plain(vllm_servers):
+    gradio_client = pytest.importorskip("gradio_client")
+    from serve import free_port
+
+    from app.pairs import vllm_pair
+    from app.ui import build_demo
+
+    down = free_port()  # nothing listens there
+    pairs = [vllm_pair(vllm_servers, None, 4),
+             replace(vllm_pair(f"http://127.0.0.1:{down}", None, 4), id="vllm-down")]
+    demo = build_demo(pairs, "vllm", cache=None)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = gradio_client.Client(demo.local_url, verbose=False)
+        status, slider = client.predict("vllm", api_name="/select_pair")
+        assert "with DFlash at" in status and slider["value"] == 4
+        job = client.submit("whats 15% tip on a $64 dinner bill", 48, 4, 0.0, 1.0, 0, api_name="/compare")
+        result = job.result(timeout=600)
+        updates = job.outputs()
+        assert len(updates) >= 3, "the race should stream intermediate frames"
+        summary = result[-2]
+        assert summary["identical"] is True and summary["dflash_tokens"] == summary["plain_tokens"] == 48
+        # tau from vLLM's per-step record: accepted drafts + 1 per verify step, at most the block.
+        assert 1.3 < summary["tau"] <= 4 and summary["cycles"] < 47
+        assert "tok-accepted" in result[2] and "tok-plain" in result[5]
+        assert "vLLM does not report rejected drafts" in result[0]
+        trace = json.loads(Path(result[-1]).read_text())
+        blocks = trace["runs"]["dflash"]["blocks"]
+        assert sum(len(b["committed_ids"]) for b in blocks) + 1 == 48
+        # A server that is down: a message on selection and on Race, and the app keeps serving.
+        status, _ = client.predict("vllm-down", api_name="/select_pair")
+        assert f"no vLLM server answers at http://127.0.0.1:{down}" in status
+        with pytest.raises(Exception, match="no vLLM server answers"):
+            client.predict("hi", 8, 4, 0.0, 1.0, 0, api_name="/compare")
+        status, _ = client.predict("vllm", api_name="/select_pair")
+        assert "with DFlash at" in status
+    finally:
+        demo.close()

@@ -33,9 +33,10 @@ from ..cpu_linear import single_row_library
 from ..decoding import run
 from ..default_target import DEFAULT_TARGET
 from ..lossless import compare as lossless_check
-from ..pair import DTYPES, load_drafter, load_pair
+from ..pair import DTYPES, fetch_target, load_drafter, load_pair
 from ..prompting import encode_prompt
 from . import SUBCOMMANDS
+from .vllm_peer import VllmUnavailable, vllm_generate, vllm_python
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
 DEFAULT_DRAFTER = "assets/drafters/smollm2-135m-instruct-dflash"
@@ -162,11 +163,13 @@ def benchmark(args) -> dict:
     # Per method, one (seconds, new tokens) per prompt, in prompt order.
     rows = {"plain": [], **{name: [] for name in peers}, **{v: [] for v in variants}}
     summaries = {v: [] for v in variants}
+    plain_ids = []  # our plain output per prompt, which every other method must equal
     same = {v: [] for v in variants}
     verdicts = {v: [] for v in variants}
     for i, prompt_ids in enumerate(encoded):
         plain = decode(prompt_ids)
         rows["plain"].append((plain.total_s, len(plain.output_ids)))
+        plain_ids.append(list(plain.output_ids))
         for v in variants:
             s = decode(prompt_ids, v)
             summaries[v].append(s)
@@ -233,6 +236,7 @@ def benchmark(args) -> dict:
     tau_per_category = {(f"{name}/{c}" if prefix else c): r["tau"]
                         for name, s in sets.items() for c, r in s["per_category"].items()}
     versus = {"drafter": str(args.versus), **overall("versus"), "per_set": per_set("versus")} if args.versus else None
+    vllm = vllm_rows(args, encoded, plain_ids, block_sizes[0], plain_tok_s) if "vllm" in getattr(args, "peer", ()) else None
     return {
         "target": str(args.target),
         "drafter": str(args.drafter),
@@ -266,7 +270,33 @@ def benchmark(args) -> dict:
         "per_set": sets,
         "tau_per_category": tau_per_category,
         "versus": versus,
+        "vllm": vllm,
     }
+
+
+def vllm_rows(args, encoded: list[list[int]], plain_ids: list[list[int]], block_size: int, our_plain_tok_s: float) -> dict:
+    """vLLM plain and vLLM DFlash (the drafter at `block_size`) on the same prompt ids, dtype and
+    threads, after this engine's runs (one process on the cores at a time); outputs against ours."""
+    threads = torch.get_num_threads()
+    target_dir = fetch_target(args.target)
+    drafter = str(Path(args.drafter).resolve()) if Path(args.drafter).exists() else args.drafter
+    common = {"max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": threads, "eager": args.vllm_eager}
+    runs = {}
+    for name, extra in (("plain", {}), ("dflash", {"drafter": drafter, "num_speculative_tokens": block_size - 1})):
+        print(f"  vLLM {name}: {len(encoded)} prompts in {vllm_python().parent.parent.name}", file=sys.stderr, flush=True)
+        runs[name] = vllm_generate(target_dir, encoded, **common, **extra)
+
+    def row(run) -> dict:
+        outputs = [o["token_ids"] for o in run["outputs"]]
+        return {"tok_s": run["summary"]["tok_per_s"], "load_s": run["load_s"],
+                "speedup_over_our_plain": run["summary"]["tok_per_s"] / our_plain_tok_s,
+                "identical": sum(o == ours for o, ours in zip(outputs, plain_ids, strict=True)) / len(plain_ids)}
+
+    plain, dflash = row(runs["plain"]), row(runs["dflash"])
+    dflash.update(tau=runs["dflash"]["summary"]["tau"], tau_counters=runs["dflash"]["summary"]["tau_counters"],
+                  speedup=dflash["tok_s"] / plain["tok_s"], spec_decode_totals=runs["dflash"]["spec_decode_totals"])
+    return {"version": runs["plain"]["vllm"], "torch": runs["plain"]["torch"], "dtype": args.dtype, "threads": threads,
+            "eager": args.vllm_eager, "block_size": block_size, "plain": plain, "dflash": dflash}
 
 
 def print_table(result: dict) -> None:
@@ -292,6 +322,15 @@ def print_table(result: dict) -> None:
         if speedup is not None:
             print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
     print(f"{'HF assisted':<22}{'n/a: no same-tokenizer assistant available offline':>36}")
+    if vllm := result.get("vllm"):
+        p, d = vllm["plain"], vllm["dflash"]
+        print(f"{'vLLM plain':<22}{p['tok_s']:>9.1f}{1.0:>9.2f}{'':>7}{p['identical']:>11.2f}")
+        label = f"vLLM DFlash block {vllm['block_size']}"
+        print(f"{label:<22}{d['tok_s']:>9.1f}{d['speedup']:>9.2f}{d['tau']:>7.2f}{d['identical']:>11.2f}")
+        print(f"vLLM {vllm['version']} ({vllm['dtype']}, {vllm['threads']} threads"
+              + (", eager" if vllm["eager"] else ", torch.compile") + "): speedup over vLLM plain; identical: "
+              f"outputs equal to our plain decoding; tau from vLLM's per-request metrics "
+              f"({d['tau']:.3f}; its aggregate counters: {d['tau_counters']:.3f})")
     tables = [("", result["per_set"])]
     if versus:
         tables.append((f"versus ({Path(versus['drafter']).name}), ", versus["per_set"]))
@@ -329,10 +368,20 @@ def main(argv=None) -> int:
                         "switch, as the released DFlash drafters were trained)")
     parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
                         help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
+    parser.add_argument("--peer", action="append", choices=["vllm"], default=[],
+                        help="also race vLLM plain and vLLM DFlash on the same prompt ids, dtype and threads "
+                             "(vLLM runs in its own venv: scripts/setup.sh --vllm)")
+    parser.add_argument("--vllm-eager", action="store_true",
+                        help="with --peer vllm: skip vLLM's torch.compile (starts faster; for checks, not timing)")
     parser.add_argument("--versus", metavar="DRAFTER",
                         help="also race this drafter (e.g. the previous release) at the first block size, against "
                              "the same plain runs")
     args = parse(parser, argv)
+    if "vllm" in args.peer:
+        try:
+            vllm_python()  # a missing venv is named now, not after this engine's runs
+        except VllmUnavailable as exc:
+            parser.error(str(exc))
     result = benchmark(args)
     print_table(result)
     print(json.dumps(result))

@@ -1,0 +1,337 @@
+"""The load test's security round (issue 37): what a stranger on a shared server might try.
+
+`run(runner, server)` plays each case against the app under test and, after each, races a normal
+request from another client, which must finish within `--probe-timeout-s`; it returns one dict
+per group. Crafted traces are made from the shipped `assets/traces/math-greedy.json`; browser-only
+events (Pause, the cycle picker) are called the way the page calls them, by function index with
+a session hash of the caller's own. Loopback only, like the rest of the load test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "assets" / "traces" / "math-greedy.json"
+MAX_BYTES = 20_000_000  # dflash_core.trace.MAX_BYTES, the upload limit
+
+
+def crafted_traces() -> dict[str, tuple[bytes, str]]:
+    """name -> (file bytes, what the replay must answer: a part of its error, or "ok")."""
+    base = json.loads(SHIPPED.read_text())
+
+    def edit(change) -> bytes:
+        data = copy.deepcopy(base)
+        change(data)
+        return json.dumps(data).encode()
+
+    def block(t, i=0):
+        return t["runs"]["dflash"]["blocks"][i]
+
+    def long_clock(t):
+        for run in t["runs"].values():
+            run["blocks"][-1]["elapsed_s"] = run["total_s"] = 1e12
+
+    padded = json.dumps(base).encode()
+    padded = padded[:-1] + b', "padding": "' + b" " * (MAX_BYTES - len(padded) - 200) + b'"}'
+    return {
+        "block_size 10**7, no report": (edit(lambda t: (t["runs"]["dflash"].update(block_size=10**7), t.pop("report"))),
+                                        "block_size is 10000000"),
+        "accepted 10**6": (edit(lambda t: block(t).update(accepted=10**6)), "accepted is 1000000"),
+        "position 10**12": (edit(lambda t: block(t).update(position=10**12)), "position is 1000000000000"),
+        "40 extra top-k rows": (edit(lambda t: block(t)["explain"]["target_topk"].extend([[]] * 40)), "has 44 entries"),
+        "markup in first_difference": (edit(lambda t: t["report"].update(first_difference="<img src=x onerror=alert(1)>")),
+                                       "report.first_difference must be int"),
+        "markup in the verdict kind": (edit(lambda t: t["report"]["lossless"].update(kind="<script>x</script>")),
+                                       "report.lossless.kind must be one of"),
+        "report without its keys": (edit(lambda t: t.update(report={"tau": 1.0})), "report lacks speedup"),
+        "temperature 'hot'": (edit(lambda t: t["settings"].update(temperature="hot")), "settings.temperature must be"),
+        "token key 'abc'": (edit(lambda t: t["tokens"].update(abc="x")), "key 'abc' is not a token id"),
+        "400-digit token id": (edit(lambda t: t["runs"]["plain"]["output_ids"].append(10**400)), "401-digit integer"),
+        "nested 100 000 deep": (b'{"schema": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        "clocks at 1e12 s": (edit(long_clock), "ok"),
+        "20 MB, valid": (padded, "ok"),
+    }
+
+
+class Attacks:
+    def __init__(self, runner, server, work: Path):
+        self.runner, self.server, self.args = runner, server, runner.args
+        self.url = runner.url
+        self.api = self.url + "gradio_api"
+        self.work = work
+        self.config = httpx.get(self.url + "config", timeout=30).json()
+
+    # --- helpers --------------------------------------------------------------------------------
+    def probe(self) -> float:
+        """Seconds for a normal race from a fresh client; raises if it fails or takes too long."""
+        started = time.perf_counter()
+        result = {}
+
+        def race():
+            try:
+                result["report"] = self.runner.race(self.runner.client(), "hi", max_new_tokens=2)[0]
+            except Exception as exc:  # noqa: BLE001 - reported below
+                result["error"] = f"{type(exc).__name__}: {exc}"
+
+        worker = threading.Thread(target=race, daemon=True)
+        worker.start()
+        worker.join(self.args.probe_timeout_s)
+        if worker.is_alive():
+            raise AssertionError(f"a normal race did not finish within {self.args.probe_timeout_s} s")
+        if "error" in result:
+            raise AssertionError(f"a normal race failed: {result['error']}")
+        return round(time.perf_counter() - started, 2)
+
+    def fn_index(self, elem_id: str, api_name: str | None = None) -> int:
+        """The function index of the event fired by the component `elem_id` (or named `api_name`)."""
+        ids = {c["id"] for c in self.config["components"] if c.get("props", {}).get("elem_id") == elem_id}
+        for i, dep in enumerate(self.config["dependencies"]):
+            if api_name is not None and dep.get("api_name") == api_name:
+                return dep.get("id", i)
+            if api_name is None and any(target[0] in ids for target in dep["targets"]):
+                return dep.get("id", i)
+        raise LookupError(f"no event for {elem_id or api_name}")
+
+    def call(self, api_name: str, data: list, timeout: float = 120) -> tuple[str, str]:
+        """('ok' | 'error', message) of a named endpoint called over raw HTTP with `data` as sent."""
+        base = f"{self.api}/call/{api_name}"
+        with httpx.Client(timeout=timeout) as http:
+            posted = http.post(base, json={"data": data})
+            if posted.status_code != 200:
+                return "error", f"HTTP {posted.status_code}: {posted.text[:300]}"
+            text = http.get(f"{base}/{posted.json()['event_id']}").text
+        if "event: error" in text:
+            return "error", text.split("event: error", 1)[1].strip()[:400]
+        return ("ok", "") if "event: complete" in text else ("error", text[:300])
+
+    def upload(self, name: str, content: bytes) -> tuple[int, str | None]:
+        with httpx.Client(timeout=120) as http:
+            answer = http.post(f"{self.api}/upload", files={"files": (name, content, "application/json")})
+        return answer.status_code, (answer.json()[0] if answer.status_code == 200 else None)
+
+    # --- 1, 3, 5, 7, 8: crafted uploads ------------------------------------------------------------
+    def crafted(self) -> dict:
+        cases, failures = [], []
+        self.probe()  # the model warm, so that the window below measures the uploads
+        rss_before = self.server.rss()
+        self.server.window()
+        for name, (content, expected) in crafted_traces().items():
+            self.runner.check_time()
+            status, path = self.upload("crafted.json", content)
+            answer: dict = {}
+            t0 = time.perf_counter()
+
+            def replay(path=path, answer=answer, t0=t0):
+                answer["got"] = ("error", f"upload HTTP {status}") if path is None else self.call(
+                    "replay", ["math-greedy", {"path": path, "meta": {"_type": "gradio.FileData"}}, 4.0],
+                    timeout=self.args.max_replay_s + 60,
+                )
+                answer["s"] = round(time.perf_counter() - t0, 2)
+
+            worker = threading.Thread(target=replay, daemon=True)
+            worker.start()
+            case = {"case": name, "bytes": len(content)}
+            try:  # while the crafted replay is being handled, another visitor races
+                case["probe_s"] = self.probe()
+            except AssertionError as exc:
+                case["probe"] = str(exc)
+            worker.join(self.args.max_replay_s + 90)
+            outcome, message = answer.get("got", ("error", "no answer in time"))
+            ok = (outcome == "ok") if expected == "ok" else (outcome == "error" and expected in message)
+            ok = ok and "unexpected" not in message and str(ROOT) not in message and "probe" not in case
+            case.update(outcome=outcome, answer_s=answer.get("s"), ok=ok)
+            cases.append(case)
+            if not case["ok"]:
+                failures.append({**case, "expected": expected, "message": message[:300]})
+        # One byte past the limit: refused by the upload itself, before anything reads it.
+        status, _ = self.upload("big.json", b" " * (MAX_BYTES + 1))
+        cases.append({"case": "upload past 20 MB", "outcome": f"HTTP {status}", "ok": status == 413})
+        # A URL in place of a file: refused, never fetched (nothing listens on port 9).
+        outcome, message = self.call("replay", ["math-greedy", {"path": "http://127.0.0.1:9/x.json",
+                                                                "meta": {"_type": "gradio.FileData"}}, 4.0])
+        cases.append({"case": "a URL as the upload", "outcome": outcome,
+                      "ok": outcome == "error" and "does not download URLs" in message})
+        failures += [c for c in cases[-2:] if not c["ok"]]
+        return {
+            "cases": len(cases), "as_expected": sum(c["ok"] for c in cases), "failures": failures,
+            "detail": cases, "rss_before_mb": round(rss_before / 2**20, 1),
+            "rss_peak_mb": round(self.server.window_peak_rss / 2**20, 1),
+        }
+
+    # --- 2, 9: another session's trace, server paths --------------------------------------------------
+    def cross_session(self) -> dict:
+        from gradio_client import Client
+
+        alice = Client(self.url, verbose=False, download_files=False)
+        result = alice.predict("hi", 2, self.args.block_size, 0.0, 1.0, 0, api_name="/compare")
+        trace = result[-1]
+        alice_path = trace["path"] if isinstance(trace, dict) else str(trace)
+        checks = {}
+        with httpx.Client(timeout=30) as http:
+            checks["alice fetches her own link"] = http.get(f"{self.api}/file={alice_path}").status_code == 200
+            folder = Path(alice_path).parent
+            checks["alice's folder name is 32 random hex digits"] = bool(re.fullmatch(r"[0-9a-f]{32}", folder.name))
+            guesses = [folder.parent / f"{n:06d}" / "dflash_trace.json" for n in range(1, 21)]
+            checks["counter-numbered guesses are refused"] = all(
+                http.get(f"{self.api}/file={g}").status_code in (403, 404) for g in guesses
+            )
+            private = sorted(self.server.tmp.glob("dflash-traces-*/*/dflash_trace.json"))
+            checks["the private store is served to nobody"] = bool(private) and all(
+                http.get(f"{self.api}/file={p}").status_code in (403, 404) for p in private[-5:]
+            )
+            info = http.get(f"{self.api}/info?all_endpoints=true").text
+            checks["/gradio_api/info holds no server path"] = str(ROOT) not in info and tempfile.gettempdir() + "/" not in info
+            checks["one endpoint name per endpoint"] = "/replay_1" not in info and "/compare_1" not in info
+        outcome, message = self.call("replay", ["math-greedy", {"path": alice_path, "meta": {"_type": "gradio.FileData"}},
+                                                4.0])
+        checks["bob cannot replay alice's trace by path"] = outcome == "error" and "another visitor" in message
+        outcome, message = self.call("replay", [alice_path, None, 4.0])  # refused by the dropdown's choices
+        checks["bob cannot name it as a recorded run"] = outcome == "error" and "not in the list of choices" in message
+        checks["... nor /etc/passwd"] = self.call("replay", ["/etc/passwd", None, 4.0])[0] == "error"
+        probe = self.probe()
+        return {"checks": checks, "all_ok": all(checks.values()), "probe_s": probe}
+
+    # --- 4: a paused race left behind --------------------------------------------------------------
+    def pause_and_leave(self) -> dict:
+        """A race paused, then: its page closed ("left"), kept open and idle ("stays", until the
+        pause deadline), or kept open while 260 fresh sessions push it out of the pause table
+        ("evicted"). Each time another visitor's race, queued behind it, must finish."""
+        out = {}
+        for how in ("left", "stays", "evicted"):
+            self.runner.check_time()
+            page = Page(self, "Tell me a very short story about a cat.", self.args.cancel_tokens)
+            page.pause()
+            paused = time.perf_counter()
+            if how == "left":
+                page.leave()
+            if how == "evicted":
+                pick = self.fn_index("cycle-pick")
+                with httpx.Client(timeout=30) as http:
+                    for _ in range(260):
+                        http.post(f"{self.api}/run/predict", json={"data": [0], "fn_index": pick,
+                                                                    "session_hash": uuid.uuid4().hex[:11]})
+            try:
+                probe, ok = self.probe(), True
+            except AssertionError as exc:
+                probe, ok = str(exc), False
+            waited = round(time.perf_counter() - paused, 2)
+            page.leave()
+            # Leaving or eviction free the model well before the deadline; staying, at it.
+            if how == "stays":
+                ok = ok and self.args.max_pause_s <= waited < self.args.max_pause_s + self.args.probe_timeout_s
+            else:
+                ok = ok and waited < self.args.max_pause_s
+            out[how] = {"victim_done_after_s": waited, "probe_s": probe, "paused_frames": page.paused_frames, "ok": ok}
+        out["all_ok"] = all(v["ok"] for v in out.values())
+        return out
+
+    # --- 6: MCP callers -----------------------------------------------------------------------------
+    def mcp(self) -> dict:
+        try:
+            from mcp import ClientSession
+            from mcp.client.streamable_http import streamablehttp_client
+        except ImportError:
+            return {"skipped": "the mcp package is not installed"}
+        url = self.api + "/mcp/"
+
+        async def one(name: str, args: dict | None):
+            async with streamablehttp_client(url) as (read, write, _):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    if name == "list":
+                        return [t.name for t in (await session.list_tools()).tools]
+                    try:
+                        return await session.call_tool(name, args)
+                    except Exception as exc:  # noqa: BLE001 - a refused call, as the client saw it
+                        return exc
+
+        tools = asyncio.run(one("list", None))
+        refused = asyncio.run(one("replay", {"shipped": "math-greedy", "uploaded": "http://127.0.0.1:9/x", "speed": 4}))
+        refused_text = str(refused) if isinstance(refused, Exception) else " ".join(c.text for c in refused.content)
+        args = {"prompt": "hi", "max_new_tokens": 2, "block_size": self.args.block_size, "temperature": 0.0,
+                "top_p": 1.0, "seed": 0}
+        answers = [asyncio.run(one("compare", args)) for _ in range(5)]
+        links = [re.findall(r"https?://\S+?dflash_trace\.json", " ".join(c.text for c in a.content))
+                 for a in answers if not isinstance(a, Exception)]
+        with httpx.Client(timeout=30) as http:
+            alive = [bool(found) and http.get(found[-1]).status_code == 200 for found in links]
+        return {
+            "tools": tools, "only_compare": tools == ["compare"],
+            "replay_refused": "Unknown tool" in refused_text,
+            "agents": len(answers), "traces_still_there": sum(alive), "isolated": sum(alive) == 5,
+            "probe_s": self.probe(),
+        }
+
+
+def run(runner, server, work: Path) -> dict:
+    attacks = Attacks(runner, server, work)
+    out = {}
+    for name, case in (("crafted_uploads", attacks.crafted), ("cross_session", attacks.cross_session),
+                       ("pause_and_leave", attacks.pause_and_leave), ("mcp", attacks.mcp)):
+        try:
+            out[name] = case()
+        except Exception as exc:  # noqa: BLE001 - the group failed; the others still run
+            out[name] = {"aborted": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+class Page:
+    """A browser page imitated over HTTP: it starts a race in a session of its own and reads the
+    race's event stream in a thread until it `leave`s."""
+
+    def __init__(self, attacks: Attacks, prompt: str, max_new_tokens: int):
+        self.attacks, self.api = attacks, attacks.api
+        self.session = uuid.uuid4().hex[:11]
+        self.http = httpx.Client(timeout=attacks.args.request_timeout_s)
+        data = [prompt, max_new_tokens, attacks.args.block_size, 0.0, 1.0, 0, None]
+        joined = self.http.post(f"{self.api}/queue/join", json={
+            "data": data, "fn_index": attacks.fn_index("run", "compare"), "session_hash": self.session, "trigger_id": None,
+        })
+        joined.raise_for_status()
+        self.tokens = threading.Event()
+        self.paused_frames = 0
+        self._left = False
+        self._response = None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self.tokens.wait(attacks.args.request_timeout_s):
+            raise AssertionError("the race showed no token")
+
+    def _read(self) -> None:
+        try:
+            with self.http.stream("GET", f"{self.api}/queue/data", params={"session_hash": self.session}) as events:
+                self._response = events
+                for line in events.iter_lines():
+                    if self._left:
+                        return
+                    if 'class=\\"tok ' in line:
+                        self.tokens.set()
+                    if "Paused" in line:
+                        self.paused_frames += 1
+        except Exception:  # noqa: BLE001 - the page left (its stream was closed under the reader)
+            pass
+
+    def pause(self) -> None:
+        answer = self.http.post(f"{self.api}/run/predict", json={
+            "data": [], "fn_index": self.attacks.fn_index("pause"), "session_hash": self.session,
+        })
+        answer.raise_for_status()
+
+    def leave(self) -> None:
+        """Close the page: its event stream ends (Gradio then ends the session's running events)."""
+        self._left = True
+        if self._response is not None:
+            self._response.close()
+        self.http.close()
+        self._reader.join(10)
