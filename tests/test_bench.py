@@ -312,3 +312,22 @@ def test_methods_refuse_options_of_the_other_rows(capsys):
         main(["--methods", "plain,dflash", "--block-sizes", "4,8"])
     assert done.value.code == 2
     assert "--methods races one block size" in capsys.readouterr().err
+
+
+def test_methods_on_both_sets_report_each_set(methods_setup, tmp_path, monkeypatch, capsys):
+    from dflash_core.bench import run as bench
+
+    for name, prompt in (("natural", "whats 15% of 80"), ("generated", "Calculate 3 + 4.")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps({"category": "math", "prompt": prompt}))
+        monkeypatch.setitem(bench.PROMPT_SETS, name, path)
+    monkeypatch.setattr(bench, "DEFAULT_PROMPTS", bench.PROMPT_SETS["generated"])
+    i = methods_setup.index("--prompts")
+    argv = [*methods_setup[:i], *methods_setup[i + 2 :], "--prompt-set", "both"]
+    result, lines = run_methods(argv, capsys, methods="dflash,lookup")
+    assert result["prompt_sets"] == ["natural", "generated"] and result["num_prompts"] == 2
+    for name, rows in result["per_set"].items():
+        assert list(rows) == ["plain", "dflash", "lookup"] and all(r["num_prompts"] == 1 for r in rows.values())
+    # The whole run's cycles are the sets' cycles together.
+    assert result["methods"]["dflash"]["cycles"] == sum(rows["dflash"]["cycles"] for rows in result["per_set"].values())
+    assert any(line.startswith("natural: plain tau 1.00") for line in lines)
