@@ -194,3 +194,140 @@ def test_peer_vllm_without_a_vllm_venv_says_how_to_make_one(tmp_path, monkeypatc
         main(["--peer", "vllm", "--num-prompts", "1"])
     err = capsys.readouterr().err
     assert f"{tmp_path / 'no-venv'}/bin/python does not exist" in err and "scripts/setup.sh --vllm" in err
+
+
+@pytest.fixture(scope="module")
+def methods_setup(tiny_dirs, tmp_path_factory):
+    """The tiny pair, an autoregressive drafter for it and two prompts; returns main's argument list."""
+    from tiny import build_drafter
+
+    target_dir, drafter_dir = tiny_dirs
+    root = tmp_path_factory.mktemp("methods")
+    ar_dir = build_drafter(root / "ar", target_dir, block_size=8, architectures=["DFlashARDraftModel"])
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": c, "prompt": p}) for c, p in
+                                 [("math", "What is 2+3? 1 + 2 = 3"), ("code", "def add(a, b):\n    return a + b")]))
+    return ["--target", str(target_dir), "--drafter", str(drafter_dir), "--ar-drafter", str(ar_dir),
+            "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "16", "--block-sizes", "4",
+            "--threads", "1"]
+
+
+def run_methods(argv, capsys, methods="plain,dflash,ar,lookup", code=0):
+    assert main([*argv, "--methods", methods]) == code
+    lines = capsys.readouterr().out.strip().splitlines()
+    return json.loads(lines[-1]), lines
+
+
+def test_methods_rows_side_by_side(methods_setup, capsys):
+    result, lines = run_methods(methods_setup, capsys)
+    rows = result["methods"]
+    assert list(rows) == ["plain", "dflash", "ar", "lookup"] and result["block_size"] == 4
+    assert result["all_identical"] is True and result["threads"] == 1 and result["num_prompts"] == 2
+    for method, r in rows.items():
+        assert r["num_prompts"] == 2 and r["identical"] == 2 and r["tok_s"] > 0 and r["verify_ms_per_cycle"] > 0
+        # tau = 1 + the expected number of accepted drafts = 1 + the sum over slots of P(slot accepted).
+        assert r["tau"] == pytest.approx(1 + sum(r["per_position_acceptance"]))
+        acceptance = r["per_position_acceptance"]
+        assert all(1 >= a >= b >= 0 for a, b in zip(acceptance, acceptance[1:] + [0]))
+        assert (len(acceptance), r["draft_passes_per_cycle"]) == {
+            "plain": (0, 0), "dflash": (3, 1), "ar": (3, 3), "lookup": (3, 0)}[method]
+        if method != "plain":
+            assert r["lossless"] == {"identical": 2, "near_tie": 0, "diverged": 0} and r["differences"] == []
+    plain = rows["plain"]
+    assert plain["tau"] == 1.0 and plain["speedup"] == 1.0 and plain["cycles"] == plain["tokens"] - 2
+    for method in ("dflash", "ar", "lookup"):
+        assert rows[method]["speedup"] == pytest.approx(rows[method]["tok_s"] / plain["tok_s"])
+    header = next(i for i, line in enumerate(lines) if line.startswith("method"))
+    assert [line.split()[0] for line in lines[header + 1 : header + 5]] == ["plain", "DFlash", "AR", "prompt"]
+
+
+def test_methods_per_position_acceptance_counts_the_blocks(methods_setup, monkeypatch, capsys):
+    """The slot shares are the blocks' own: recompute them from every Block the runs yielded."""
+    from dflash_core.bench import methods as bench_methods
+
+    seen = {}
+
+    def recording_run(target, prompt_ids, drafter, **kwargs):
+        summary = run(target, prompt_ids, drafter, **kwargs)
+        if len(prompt_ids) > 8:  # not the warm-up
+            seen.setdefault(summary.method, []).extend(summary.blocks)
+        return summary
+
+    run = bench_methods.run
+    monkeypatch.setattr(bench_methods, "run", recording_run)
+    result, _ = run_methods(methods_setup, capsys, methods="lookup,ar,dflash")
+    assert list(result["methods"]) == ["plain", "dflash", "ar", "lookup"]  # plain always: rows compare with it
+    # Prompt lookup copies the prompts' repeats, so some slot shares are above 0 and the check can fail.
+    assert result["methods"]["lookup"]["per_position_acceptance"][0] > 0
+    for method in ("dflash", "ar", "lookup"):
+        blocks, r = seen[method], result["methods"][method]
+        assert r["cycles"] == len(blocks)
+        for k, share in enumerate(r["per_position_acceptance"], start=1):
+            assert share == sum(b.accepted >= k for b in blocks) / len(blocks)
+        assert r["draft_ms_per_cycle"] == pytest.approx(1000 * sum(b.draft_s for b in blocks) / len(blocks))
+
+
+def test_methods_report_an_output_that_differs_from_plain(methods_setup, monkeypatch, capsys):
+    """A method whose output differs from plain decoding's is counted, explained, and fails the run."""
+    from dataclasses import replace
+
+    from dflash_core.bench import methods as bench_methods
+
+    def corrupting_run(target, prompt_ids, drafter, **kwargs):
+        summary = run(target, prompt_ids, drafter, **kwargs)
+        if summary.method == "lookup" and len(prompt_ids) > 8:
+            ids = list(summary.output_ids)
+            ids[3] = (ids[3] + 1) % target.vocab_size
+            summary = replace(summary, output_ids=tuple(ids))
+        return summary
+
+    run = bench_methods.run
+    monkeypatch.setattr(bench_methods, "run", corrupting_run)
+    result, lines = run_methods(methods_setup, capsys, code=1)
+    lookup = result["methods"]["lookup"]
+    assert lookup["identical"] == 0 and result["all_identical"] is False
+    assert lookup["lossless"]["identical"] == 0 and len(lookup["differences"]) == 2
+    assert {d["position"] for d in lookup["differences"]} == {3}
+    assert result["methods"]["ar"]["identical"] == 2
+    assert any("DIVERGED at token 3" in line for line in lines)
+    assert any(line.startswith("NOT all outputs equal plain decoding") for line in lines)
+
+
+def test_plain_always_joins_the_methods(methods_setup, capsys):
+    result, _ = run_methods(methods_setup, capsys, methods="dflash")
+    assert list(result["methods"]) == ["plain", "dflash"] and result["ar_drafter"] is None
+
+
+@pytest.mark.parametrize("methods", ["plain,eagle", "dflash,,AR", ","])
+def test_methods_reject_unknown_names_naming_the_allowed_ones(methods, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--methods", methods])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --methods: unknown method" in err and "choose from plain, dflash, ar, lookup" in err
+
+
+def test_methods_refuse_options_of_the_other_rows(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--methods", "plain,dflash", "--block-sizes", "4,8"])
+    assert done.value.code == 2
+    assert "--methods races one block size" in capsys.readouterr().err
+
+
+def test_methods_on_both_sets_report_each_set(methods_setup, tmp_path, monkeypatch, capsys):
+    from dflash_core.bench import run as bench
+
+    for name, prompt in (("natural", "whats 15% of 80"), ("generated", "Calculate 3 + 4.")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps({"category": "math", "prompt": prompt}))
+        monkeypatch.setitem(bench.PROMPT_SETS, name, path)
+    monkeypatch.setattr(bench, "DEFAULT_PROMPTS", bench.PROMPT_SETS["generated"])
+    i = methods_setup.index("--prompts")
+    argv = [*methods_setup[:i], *methods_setup[i + 2 :], "--prompt-set", "both"]
+    result, lines = run_methods(argv, capsys, methods="dflash,lookup")
+    assert result["prompt_sets"] == ["natural", "generated"] and result["num_prompts"] == 2
+    for name, rows in result["per_set"].items():
+        assert list(rows) == ["plain", "dflash", "lookup"] and all(r["num_prompts"] == 1 for r in rows.values())
+    # The whole run's cycles are the sets' cycles together.
+    assert result["methods"]["dflash"]["cycles"] == sum(rows["dflash"]["cycles"] for rows in result["per_set"].values())
+    assert any(line.startswith("natural: plain tau 1.00") for line in lines)

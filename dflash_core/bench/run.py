@@ -12,6 +12,10 @@ Prompts come from the natural set (`assets/prompts/natural.jsonl`, written by ha
 plus the app's examples, never trained on), the generated split (`heldout.jsonl`, held out from the
 training prompt sources) or both; tau, speedup and identical are reported per set and per category.
 
+`--methods plain,dflash,ar,lookup` races the engine's methods instead (DFlash, the autoregressive
+drafter with the same KV injection, prompt lookup) against plain decoding on the same prompts
+(`methods.py`).
+
 The other measurements are subcommands (`python -m dflash_core.bench SUBCOMMAND --help`, listed in
 `__main__.py`); the pair and prompt options here are theirs too.
 """
@@ -36,6 +40,7 @@ from ..lossless import compare as lossless_check
 from ..pair import DTYPES, fetch_target, load_drafter, load_pair
 from ..prompting import encode_prompt
 from . import SUBCOMMANDS
+from .methods import DEFAULT_AR_DRAFTER, METHODS, benchmark_methods, parse_methods, print_methods_table
 from .vllm_peer import VllmUnavailable, vllm_generate, vllm_python
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
@@ -136,8 +141,11 @@ def load_pair_of(args, **options):
                      static_cache=args.static_cache, cuda_graphs=args.cuda_graphs, **options)
 
 
+BATCH_INVARIANT = {"on": True, "off": False, "auto": None}  # --batch-invariant -> load_pair's batch_invariant
+
+
 def benchmark(args) -> dict:
-    pair = load_pair_of(args, batch_invariant={"on": True, "off": False, "auto": None}[args.batch_invariant])
+    pair = load_pair_of(args, batch_invariant=BATCH_INVARIANT[args.batch_invariant])
     target, drafter, tokenizer = pair.target, pair.drafter, pair.tokenizer
     block_sizes = args.block_sizes or [drafter.block_size]
     eos = tokenizer.eos_token_id if tokenizer is not None else None
@@ -376,7 +384,21 @@ def main(argv=None) -> int:
     parser.add_argument("--versus", metavar="DRAFTER",
                         help="also race this drafter (e.g. the previous release) at the first block size, against "
                              "the same plain runs")
+    parser.add_argument("--methods", type=parse_methods, metavar="LIST",
+                        help=f"race these methods instead, side by side on the same prompts ({','.join(METHODS)}; "
+                        "plain always runs: every row is compared with it), at the first block size")
+    parser.add_argument("--ar-drafter", default=DEFAULT_AR_DRAFTER,
+                        help="with --methods: the autoregressive drafter with DFlash's KV injection (method ar)")
     args = parse(parser, argv)
+    if args.methods:
+        if args.versus or args.peer or (args.block_sizes and len(args.block_sizes) > 1):
+            parser.error("--methods races one block size of its own rows: without --versus, --peer or several --block-sizes")
+        pair = load_pair_of(args, batch_invariant=BATCH_INVARIANT[args.batch_invariant])
+        result = benchmark_methods(args, pair, select_prompts(args.prompts, args.prompt_set, args.num_prompts))
+        print_methods_table(result)
+        print(json.dumps(result))
+        # A clear divergence from plain decoding at T=0 is a bug (a near-tie is rounding: lossless.py).
+        return 1 if any(r.get("lossless", {}).get("diverged") for r in result["methods"].values()) else 0
     if "vllm" in args.peer:
         try:
             vllm_python()  # a missing venv is named now, not after this engine's runs
