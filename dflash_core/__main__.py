@@ -6,7 +6,6 @@ Example::
         --max-new-tokens 64 --explain --trace-json trace.json
 
 The trace is a "dflash-trace/1" file (`trace.py`) with a per-block CSV beside it.
-`python -m dflash_core bench ...` is `python -m dflash_core.bench ...` (the benchmarks, `bench/`).
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ def parse_ids(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dflash_core", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("bench", help="the benchmarks: the same as python -m dflash_core.bench (its --help)")
     gen = commands.add_parser("generate", help="decode one prompt with DFlash (or plainly with --plain)")
     gen.add_argument("--target", required=True, help="target model directory or Hub id (default:smollm2 for the offline default)")
     gen.add_argument("--drafter", help="DFlash drafter directory or Hub id")
@@ -73,11 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        from .bench.__main__ import main as bench
-
-        return bench(argv[1:])
     args = build_parser().parse_args(argv)
     if not args.plain and not args.drafter:
         print("error: --drafter is required unless --plain is given", file=sys.stderr)

@@ -83,12 +83,3 @@ def test_errors_exit_nonzero_with_a_message(cli, golden_dir, args, message):
     done = cli("--target", golden_dir / "target", *args)
     assert done.returncode != 0
     assert message in done.stderr
-
-
-def test_bench_is_the_benchmark_command(capsys):
-    """`python -m dflash_core bench ...` hands its arguments to `python -m dflash_core.bench`."""
-    with pytest.raises(SystemExit) as done:
-        main(["bench", "--methods", "plain,eagle"])
-    assert done.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("usage: python -m dflash_core.bench") and "choose from plain, dflash, ar, lookup" in err

@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import dflash_core.decoding
+import dflash_core.drafting
 from dflash_core import DFlashDrafter, SamplingParams, Target, fallbacks, load_pair, run
 from dflash_core.__main__ import main as cli_main
 from dflash_core.bench.__main__ import main as bench_main
@@ -269,7 +269,7 @@ def test_graphs_off_never_touch_the_graph_machinery(golden_pair, monkeypatch):
     for name in ("__init__", "__call__", "clear"):
         monkeypatch.setattr(StepGraphs, name, untouchable)
     monkeypatch.setattr(CudaGraphBackend, "capture", untouchable)
-    monkeypatch.setattr(dflash_core.decoding, "static_slots", untouchable)  # nor the drafter's static path
+    monkeypatch.setattr(dflash_core.drafting, "static_slots", untouchable)  # nor the drafter's static path
     monkeypatch.setattr(DrafterCache, "write_at", untouchable)
     for static_cache in (False, True):
         target = Target(plain.model, static_cache=static_cache)
