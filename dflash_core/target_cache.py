@@ -8,7 +8,9 @@ back in its own way (`TargetCache.crop`):
   drops the rejected positions and trims the window back;
 - gated delta-net linear attention (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): the convolution state goes
   back the same way; the recurrent state, which no crop can undo, is kept before and after every
-  position of each forward (`RecurrentStates`), and the one at the accepted length is copied back;
+  position of each forward, and the one at the accepted length is put back. From transformers 5.25
+  the library keeps them itself (`activate_past_recording(recurrent_states_to_keep=n)`, restored
+  by `crop`); before it, `RecurrentStates` keeps them and copies the accepted one back;
 - attention sinks (gpt-oss) are weights, not state, and KV-sharing layers (gemma4) cache nothing.
 A target forward still runs once per cycle: accepted tokens never go through the target again.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 from contextvars import ContextVar
 
@@ -35,6 +38,17 @@ from .errors import ConfigError
 FULL, SLIDING, LINEAR, NONE = "full attention", "sliding-window attention", "gated delta-net", "no cache"
 # The functions a gated delta-net layer calls for its recurrence, looked up in its modeling module.
 CHUNK_RULE, RECURRENT_RULE = "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"
+
+
+def library_keeps_recurrent_states() -> bool:
+    """Whether transformers' past recording keeps per-position recurrent states (5.25 on).
+
+    From 5.25 a gated delta-net layer under past recording asks the cache how many of a forward's
+    last positions to run one at a time (`get_recurrent_states_to_keep`), keeps their states, and
+    `crop` puts the accepted one back; a wrapper around its rules would then see only part of them.
+    """
+    activate = getattr(cache_utils.LinearAttentionCacheLayerMixin, "activate_past_recording", None)
+    return activate is not None and "recurrent_states_to_keep" in inspect.signature(activate).parameters
 
 
 def architecture(model) -> str:
@@ -225,7 +239,9 @@ class TargetCache:
         self.exact_anywhere = set(self.kinds) <= {FULL, NONE}  # may crop to any earlier length
         deltas = gated_delta_nets(model)
         linear = {i: deltas[i] for i, kind in enumerate(self.kinds) if kind == LINEAR}
-        self.recurrent = RecurrentStates(linear) if linear else None
+        # Whether transformers keeps every position's recurrent state (5.25 on), or `RecurrentStates` does.
+        self.library_states = bool(linear) and library_keeps_recurrent_states()
+        self.recurrent = RecurrentStates(linear) if linear and not self.library_states else None
         self.cache = None
         self.length = 0  # positions decoding keeps
         self.capacity = 0
@@ -285,6 +301,9 @@ class TargetCache:
         """Around a forward of `n` positions: the pending rollback before it, the recording of every
         position's state in it (after the prefill), the bookkeeping after it."""
         self._roll_back()
+        if self._past and self.library_states:
+            # All n positions, so that any accepted length of this forward can be put back.
+            self.cache.activate_past_recording(recurrent_states_to_keep=n)
         recording = self._past and self.recurrent is not None
         with self.recurrent.recording() if recording else contextlib.nullcontext():
             yield

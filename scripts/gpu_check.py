@@ -1,7 +1,9 @@
 """One prepared device check: what a user with an H200 and the released Qwen3 drafters meets, in one call.
 
     python -u scripts/gpu_check.py --shape qwen3-8b --device cuda --out $OUT     # the device, < 9 min
+    python -u scripts/gpu_check.py --shape qwen3.5-9b --device cuda --out $OUT   # the hybrid, < 9 min
     python scripts/gpu_check.py --shape tiny --device cpu --out DIR             # CPU dry run (test suite)
+    python scripts/gpu_check.py --shape tiny-hybrid --device cpu --out DIR      # the hybrid's dry run
 
 Writes DIR/gpu_check.json after every part (so a part that fails or overruns still leaves the
 others' results) and exits 0 when every part passed or was skipped as not applicable. Each part
@@ -11,19 +13,22 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
 - golden: the reference traces (tests/golden) reproduced in float32 on the device, kernels on and off;
 - kernels: the Triton kernels against their PyTorch references on the device (CUDA only);
 - hub_load: a random target and a DFlash drafter in the exact shapes of Qwen3-8B and its released
-  drafter, written in the released formats into a fake offline Hub cache and loaded by Hub id
-  through the app's `PairCache` (dtype "auto", the pair's chat template arguments);
+  drafter (or of Qwen3.5-9B, a gated delta-net hybrid, and a drafter of the same build), written in
+  the released formats into a fake offline Hub cache and loaded by Hub id through the app's
+  `PairCache` (dtype "auto", the pair's chat template arguments);
 - exactness: an oracle drafter (`dflash_core/diagnostics/oracle.py`) proposes plain decoding's continuation
   with slots corrupted on a fixed schedule; in float32 the output must equal plain decoding and
   the acceptance lengths the schedule, kernels on and off, greedy and top-k-1 sampling (both draft
-  modes), dynamic and static KV cache; seeded sampling must repeat itself;
+  modes), dynamic and static KV cache (a hybrid must refuse the static one: it rolls back on the
+  dynamic cache only); seeded sampling must repeat itself;
 - speed: bf16 plain decoding against DFlash with the oracle at tau 4, 6.5 and 8 (speedup, speedup
   over tau, per-cycle draft/verify/bookkeeping from the engine's CUDA-event timings, host syncs per
   cycle, peak memory), the three-way lossless verdict of each run, and `bench.cycle.time_cycle`'s
-  split of one cycle against one plain step with the targets of issue 4;
+  split of one cycle against one plain step with the targets of issue 4 (the static cache's run:
+  not for a hybrid);
 - cuda_graphs: the speed part's plain and oracle runs on the static KV cache with CUDA graphs off
   and on (`dflash_core/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
-  identical either way, and no failed capture (CUDA only);
+  identical either way, and no failed capture (CUDA only, not for a hybrid);
 - race: the app's race path without the web server (`app.race`, `app.report`, the lossless check);
 - kernel_tests: tests/test_kernels*.py under pytest on the device, with whatever time is left.
 
@@ -43,11 +48,12 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET_ID = "gpu-check/Qwen3-8B"
-DRAFTER_ID = "gpu-check/Qwen3-8B-DFlash-b16"
+TARGET_ID = "gpu-check/target"
+DRAFTER_ID = "gpu-check/drafter"
 PROMPT = "Write a quicksort in Python."
 SCHEDULE = [1, 16, 3, 9, 2, 16, 5, 12, 7, 16, 4, 11]  # acceptance lengths per cycle, repeated
 TAUS = (4, 6.5, 8)
@@ -59,7 +65,20 @@ BUDGETS = {
     "kernel_tests": (150, 10),
 }
 # Tokens per run at each shape: (exactness, speed).
-TOKENS = {"qwen3-8b": (96, 128), "qwen3-4b": (96, 128), "tiny": (32, 24)}
+TOKENS = {"qwen3-8b": (96, 128), "qwen3-4b": (96, 128), "tiny": (32, 24), "qwen3.5-9b": (96, 128),
+          "tiny-hybrid": (32, 24)}
+# Gated delta-net hybrids (transformers' Qwen3_5ForCausalLM: three linear-attention layers to each
+# full-attention one), beside the Qwen3 shapes of `dflash_core.bench.cycle.SHAPES`. Their drafter
+# is the Qwen3-8B drafter's build at the target's hidden size: `drafter` overrides the target's
+# attention shape for it.
+HYBRID_SHAPES = {
+    "qwen3.5-9b": dict(hidden=4096, intermediate=12288, layers=32, heads=16, kv_heads=4, head_dim=256,
+                       linear_key_heads=16, linear_value_heads=32, linear_head_dim=128, vocab=248320,
+                       drafter=dict(heads=32, kv_heads=8, head_dim=128), draft_layers=5, block=16, context=384),
+    "tiny-hybrid": dict(hidden=256, intermediate=768, layers=8, heads=4, kv_heads=2, head_dim=64,
+                        linear_key_heads=2, linear_value_heads=4, linear_head_dim=32, vocab=4099,
+                        drafter=dict(heads=4, kv_heads=2, head_dim=64), draft_layers=2, block=16, context=256),
+}
 
 
 class PartTimeout(Exception):
@@ -68,7 +87,7 @@ class PartTimeout(Exception):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=("qwen3-8b", "qwen3-4b", "tiny"), default="qwen3-8b")
+    parser.add_argument("--shape", choices=("qwen3-8b", "qwen3-4b", "tiny", *HYBRID_SHAPES), default="qwen3-8b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))
     parser.add_argument("--work", help="scratch directory for the fake Hub cache (default: a new temp dir)")
@@ -89,28 +108,65 @@ def hub_snapshot(cache: Path, repo_id: str) -> Path:
     return snapshot
 
 
-def write_fake_hub(cache: Path, shape: str, device: str) -> dict:
-    """Random target (Qwen3ForCausalLM) and drafter of `shape`, saved by Hub id into `cache`."""
+def shape_spec(shape: str) -> dict:
+    """The sizes of `shape`: a hybrid's here, a Qwen3 one's from `dflash_core.bench.cycle.SHAPES`."""
+    from dflash_core.bench.cycle import SHAPES
+
+    return HYBRID_SHAPES.get(shape) or SHAPES[shape]
+
+
+def random_target(shape: str, device: str):
+    """A random bf16 target of `shape`: Qwen3ForCausalLM, or Qwen3_5ForCausalLM for a hybrid."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from dflash_core.bench.cycle import _qwen3_dict
+
+    s = shape_spec(shape)
+    if shape not in HYBRID_SHAPES:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        with torch.device(device):  # initialised where it is fast; saved from there
+            return Qwen3ForCausalLM._from_config(Qwen3Config(**_qwen3_dict(s, s["layers"])), dtype=torch.bfloat16)
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+        num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        head_dim=s["head_dim"], linear_num_key_heads=s["linear_key_heads"],
+        linear_num_value_heads=s["linear_value_heads"], linear_key_head_dim=s["linear_head_dim"],
+        linear_value_head_dim=s["linear_head_dim"], max_position_embeddings=8192, tie_word_embeddings=False,
+    )
+    with torch.device(device):
+        target = Qwen3_5ForCausalLM._from_config(config, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for module in target.modules():
+            if type(module).__name__.endswith("GatedDeltaNet"):
+                # Random initialisation draws most decay rates so high that the state forgets within a
+                # token; A = e^-4 keeps most of it, so a rejected draft left behind changes the output.
+                module.A_log.fill_(-4.0)
+    return target
+
+
+def write_fake_hub(cache: Path, shape: str, device: str) -> dict:
+    """Random target (`random_target`) and drafter of `shape`, saved by Hub id into `cache`."""
+    import torch
 
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny import THINKING_CHATML, build_tokenizer  # a Qwen3-style template with enable_thinking
 
-    from dflash_core.bench.cycle import SHAPES, _qwen3_dict
+    from dflash_core.bench.cycle import _qwen3_dict
     from dflash_core.config import default_target_layer_ids, parse_drafter_config
     from dflash_core.drafter import DFlashDrafter
 
-    s = SHAPES[shape]
+    s = shape_spec(shape)
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    with torch.device(device):  # initialised where it is fast; saved from there
-        target = Qwen3ForCausalLM._from_config(Qwen3Config(**_qwen3_dict(s, s["layers"])), dtype=torch.bfloat16)
+    target = random_target(shape, device)
     target_dir = hub_snapshot(cache, TARGET_ID)
     target.save_pretrained(target_dir)
     build_tokenizer(chat_template=THINKING_CHATML).save_pretrained(target_dir)
     del target
-    raw = _qwen3_dict(s, s["draft_layers"])
+    raw = _qwen3_dict({**s, **s.get("drafter", {})}, s["draft_layers"])
     raw.update(block_size=s["block"], num_target_layers=s["layers"],
                dflash_config=dict(mask_token_id=s["vocab"] - 1,
                                   target_layer_ids=default_target_layer_ids(s["layers"], s["draft_layers"])))
@@ -256,6 +312,7 @@ def part_hub_load(state) -> dict:
         **written, "load_s": round(time.perf_counter() - t0, 1), "target_dtype": str(pair.target.dtype),
         "drafter_dtype": str(pair.drafter.dtype), "chat_template": pair.chat_template,
         "progress_reports": len(progress), "layers": pair.target.num_layers, "vocab": pair.target.vocab_size,
+        "cache_layers": dict(Counter(pair.target.kv.kinds)),
         "status": "passed" if ok else "failed",
     }
 
@@ -275,6 +332,7 @@ def _oracle_runs(target, drafter, prompt, plan, n, schedule, kernels_mode, **kwa
 
 def part_exactness(state) -> dict:
     from dflash_core import SamplingParams, Target, load_pair, run
+    from dflash_core.errors import ConfigError
     from dflash_core.lossless import compare
 
     device, n = state["device"], TOKENS[state["shape"]][0]
@@ -288,9 +346,17 @@ def part_exactness(state) -> dict:
         s, lengths = _oracle_runs(target, drafter, prompt, plan, n, SCHEDULE, mode)
         greedy[mode] = s
         checks[f"greedy kernels={mode}"] = list(s.output_ids) == plan[:n] and s.acceptance_lengths == lengths
-    static = Target(target.model, static_cache=True)  # the preallocated cache, same weights
-    s, lengths = _oracle_runs(static, drafter, prompt, plan, n, SCHEDULE, "auto")
-    checks["greedy, static KV cache"] = list(s.output_ids) == plan[:n] and s.acceptance_lengths == lengths
+    if state["shape"] in HYBRID_SHAPES:
+        try:
+            Target(target.model, static_cache=True)
+            refused = ""
+        except ConfigError as exc:
+            refused = str(exc)
+        checks["static KV cache refused, the dynamic one used"] = "Use the dynamic cache" in refused
+    else:
+        static = Target(target.model, static_cache=True)  # the preallocated cache, same weights
+        s, lengths = _oracle_runs(static, drafter, prompt, plan, n, SCHEDULE, "auto")
+        checks["greedy, static KV cache"] = list(s.output_ids) == plan[:n] and s.acceptance_lengths == lengths
     checks["lossless verdict identical"] = compare(target, prompt, greedy["auto"].output_ids, plan[:n]).kind == "identical"
     point_mass = SamplingParams(temperature=0.7, top_k=1, seed=11)  # the sampled paths, with a known answer
     for draft_mode in ("sample", "argmax"):
@@ -328,7 +394,7 @@ def part_speed(state) -> dict:
     import torch
 
     from dflash_core import Block, Target, generate, run
-    from dflash_core.bench.cycle import SHAPES, TARGETS, time_cycle
+    from dflash_core.bench.cycle import TARGETS, time_cycle
     from dflash_core.lossless import compare
     from dflash_core.diagnostics.oracle import OracleDrafter, schedule_for_tau
     from dflash_core.diagnostics.syncs import SyncCounter, host_reads_per_cycle
@@ -376,7 +442,7 @@ def part_speed(state) -> dict:
             "max_syncs_per_cycle": max(syncs), "lossless": verdict.to_dict(),
         }
         ok = ok and max(syncs) <= sync_bound and verdict.kind != "diverged"
-    split = time_cycle(target, drafter, SHAPES[state["shape"]]["context"], b, iters=10 if cuda else 3, taus=TAUS)
+    split = time_cycle(target, drafter, shape_spec(state["shape"])["context"], b, iters=10 if cuda else 3, taus=TAUS)
     result["cycle_split"] = {k: split[k] for k in ("plain_ms", "draft_ms", "verify_ms", "bookkeeping_ms", "cycle_ms",
                                                    "ratios", "speedup", "draft_cuda_graph_ms", "kernels")}
     result["targets"] = {ratio: {"value": split["ratios"][ratio], "target": bound, "met": split["ratios"][ratio] <= bound}
@@ -384,11 +450,15 @@ def part_speed(state) -> dict:
     six = result["oracle"]["6.5"]["speedup_over_tau"]
     result["targets"]["speedup/tau at tau 6.5"] = {"value": six, "target": 0.8, "met": six >= 0.8}
     # Last: the static cache is the newest path, and a failure here keeps the figures above.
-    static = Target(target.model, static_cache=True)
-    oracle = OracleDrafter(drafter, plan, schedule_for_tau(6.5, b), target.vocab_size)
-    run(static, prompt, oracle, max_new_tokens=8)
-    s = run(static, prompt, oracle, max_new_tokens=n)
-    result["static_cache_tau_6.5"] = {"tau": s.tau, "tok_s": _decode_rate(s), "speedup": _decode_rate(s) / plain_rate}
+    if state["shape"] in HYBRID_SHAPES:
+        result["static_cache_tau_6.5"] = {"skipped": "a hybrid rolls back on the dynamic cache only"}
+    else:
+        static = Target(target.model, static_cache=True)
+        oracle = OracleDrafter(drafter, plan, schedule_for_tau(6.5, b), target.vocab_size)
+        run(static, prompt, oracle, max_new_tokens=8)
+        s = run(static, prompt, oracle, max_new_tokens=n)
+        result["static_cache_tau_6.5"] = {"tau": s.tau, "tok_s": _decode_rate(s),
+                                          "speedup": _decode_rate(s) / plain_rate}
     if cuda:
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(torch.device(device)) / 2**30
     return {**result, "status": "passed" if ok else "failed"}
@@ -399,6 +469,9 @@ def part_cuda_graphs(state) -> dict:
     if not state["device"].startswith("cuda"):
         return {"status": "skipped", "why": "CUDA graphs need CUDA; tests/test_cuda_graphs.py checks their logic "
                                             "on CPU through a fake graph backend"}
+    if state["shape"] in HYBRID_SHAPES:
+        return {"status": "skipped", "why": "CUDA graphs need the static KV cache, and a hybrid rolls back on the "
+                                            "dynamic cache only"}
     from dflash_core import Block, Target, generate, run
     from dflash_core.fallbacks import NOTICES
     from dflash_core.lossless import compare
@@ -575,7 +648,7 @@ def main(argv=None) -> int:
     try:
         for name in names:
             left = deadline - time.perf_counter()
-            budget = min(BUDGETS[name][0 if args.shape != "tiny" else 1], left)
+            budget = min(BUDGETS[name][1 if args.shape.startswith("tiny") else 0], left)
             if budget < 5:
                 result = {"status": "timeout", "error": "no time left before the deadline", "seconds": 0.0}
             else:

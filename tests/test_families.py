@@ -191,3 +191,15 @@ def test_a_crop_before_the_last_forward_is_refused_where_it_cannot_be_exact(fami
             target.crop(start)
     with pytest.raises(ValueError, match="it holds"):
         target.crop(start + 4)
+
+
+def test_the_hybrid_rollback_follows_the_installed_transformers(family):
+    """From 5.25 transformers keeps the recurrent states (and the rules stay unwrapped); before, the engine does."""
+    from packaging.version import Version
+
+    name, target, _ = family
+    if LINEAR not in KINDS[name]:
+        pytest.skip("no gated delta-net layers")
+    library = Version(transformers.__version__).release >= (5, 25)
+    assert target.kv.library_states == library
+    assert (target.kv.recurrent is None) == library

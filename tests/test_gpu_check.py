@@ -11,22 +11,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_gpu_check_dry_run_on_cpu(tmp_path):
+def dry_run(out: Path, shape: str, *args: str):
+    """scripts/gpu_check.py at `shape` on CPU: (the finished process, its JSON's parts)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-u", "scripts/gpu_check.py", "--shape", "tiny", "--device", "cpu", "--out", str(tmp_path)],
+        [sys.executable, "-u", "scripts/gpu_check.py", "--shape", shape, "--device", "cpu", "--out", str(out), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
-    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    result = json.loads((out / "gpu_check.json").read_text())
     parts = result["parts"]
     assert done.returncode == 0, {n: p.get("error") for n, p in parts.items() if p["status"] != "passed"}
+    assert result["failed"] == [] and "=== done: all parts passed" in done.stdout
+    return done, parts
+
+
+def test_gpu_check_dry_run_on_cpu(tmp_path):
+    done, parts = dry_run(tmp_path, "tiny")
     assert {n: p["status"] for n, p in parts.items()} == {
         "environment": "passed", "golden": "passed", "kernels": "skipped", "hub_load": "passed",
         "exactness": "passed", "speed": "passed", "cuda_graphs": "skipped", "race": "passed",
         "kernel_tests": "skipped",
     }
     assert parts["cuda_graphs"]["why"].startswith("CUDA graphs need CUDA")
-    assert result["failed"] == [] and "=== done: all parts passed" in done.stdout
     assert parts["golden"]["kernels=auto"]["different"] == 0
     hub = parts["hub_load"]
     assert hub["layers"] == 8 and hub["chat_template"].endswith("thinking off (enable_thinking=False)")
@@ -44,6 +50,23 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
         assert figures["lossless"]["kind"] == "identical"
     assert speed["static_cache_tau_6.5"]["tau"] == 6.5
     assert set(speed["targets"]) == {"draft/verify", "bookkeeping/cycle", "verify/plain", "speedup/tau at tau 6.5"}
+    assert parts["race"]["report"]["lossless"]["kind"] in ("identical", "near_tie")
+
+
+def test_gpu_check_dry_run_of_the_hybrid_on_cpu(tmp_path):
+    """The Qwen3.5 shape at tiny size: every part that depends on the target, on the dynamic cache."""
+    _, parts = dry_run(tmp_path, "tiny-hybrid", "--parts", "hub_load,exactness,speed,cuda_graphs,race")
+    assert {n: p["status"] for n, p in parts.items()} == {
+        "hub_load": "passed", "exactness": "passed", "speed": "passed", "cuda_graphs": "skipped", "race": "passed",
+    }
+    assert parts["hub_load"]["cache_layers"] == {"gated delta-net": 6, "full attention": 2}
+    exact = parts["exactness"]["checks"]
+    assert len(exact) == 8 and all(exact.values()) and "static KV cache refused, the dynamic one used" in exact
+    speed = parts["speed"]
+    for tau, figures in speed["oracle"].items():
+        assert figures["tau"] == float(tau) and figures["lossless"]["kind"] == "identical"
+        assert figures["max_syncs_per_cycle"] == speed["syncs_allowed_per_cycle"]
+    assert speed["static_cache_tau_6.5"] == {"skipped": "a hybrid rolls back on the dynamic cache only"}
     assert parts["race"]["report"]["lossless"]["kind"] in ("identical", "near_tie")
 
 
