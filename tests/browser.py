@@ -88,7 +88,7 @@ def _bonus_count(page) -> int:
 
 
 def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: float = 60.0) -> dict:
-    """In an app without models: replay the recorded run offered first at 0.25x, Pause, Step `steps`
+    """In an app without models: replay the recorded run offered first at real time, Pause, Step `steps`
     cycles, open "Inside a cycle", hover a rejected draft token; screenshots (replay, cycle view,
     hover box) go to `artifacts`. Returns what the page showed at each point."""
     from playwright.sync_api import sync_playwright
@@ -105,11 +105,8 @@ def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: floa
             page.wait_for_selector("#replay-run", timeout=timeout_ms)
             # The panes are rewritten every frame while a replay plays, so they are waited for by
             # counting in the page, never by holding on to one token element.
-            box = page.locator("#replay-speed input[type=number]")
-            box.fill("0.25")
-            box.press("Enter")
             page.locator("#replay-run").click()
-            page.wait_for_selector("#summary :text('at 0.25×')", timeout=timeout_ms)
+            page.wait_for_selector("#summary :text('at 1×')", timeout=timeout_ms)
             page.wait_for_function(
                 "document.querySelectorAll('#dflash-tokens .tok-bonus').length >= 1", timeout=timeout_ms
             )

@@ -6,6 +6,7 @@ Skips only when chromium or playwright is missing; CI installs both (no browser 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 
@@ -42,6 +43,20 @@ def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
 
 
 STEP_REPLY_DELAY_S = 2.0
+# The replayed run's clocks are stretched this much: on a busy 2-core CPU chromium fell 10 s behind
+# the stream while painting its frames, and the replay must not end before Pause lands.
+SLOWER = 10
+
+
+def _stretched(value, factor: float):
+    """A trace with every recorded duration `factor` times as long (its rates divided by it)."""
+    if isinstance(value, dict):
+        return {k: (v / factor if k.endswith(("per_s", "tok_s")) else v * factor)
+                if k.endswith("_s") and isinstance(v, (int, float)) and not isinstance(v, bool)
+                else _stretched(v, factor) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_stretched(v, factor) for v in value]
+    return value
 
 
 def _reply_late(handler, delay_s: float):
@@ -57,7 +72,7 @@ def _reply_late(handler, delay_s: float):
 
 
 @pytest.fixture(scope="module")
-def replay_url(tiny_dirs, request):
+def replay_url(tiny_dirs, request, tmp_path_factory):
     """An app with no model: the shipped traces offered on its landing page, else (a repository
     without them) one recorded here on the tiny pair, preselected (never the default target's weights).
 
@@ -71,10 +86,13 @@ def replay_url(tiny_dirs, request):
 
     shipped = shipped_traces()
     path = shipped[0][0] if shipped else record_tiny_trace(tiny_dirs, request)
+    slow = tmp_path_factory.mktemp("slow") / path.name
+    slow.write_text(json.dumps(_stretched(json.loads(path.read_text()), SLOWER)))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Stepping, "step", _reply_late(Stepping.step, STEP_REPLY_DELAY_S))
+        patch.setattr("app.ui.shipped_traces", lambda: [(slow, f"{path.stem}, {SLOWER}x slower")])
         # No replay on page load: the test starts one itself (a page-load replay is what --replay adds).
-        demo = build_demo([], "", None, replay=None if shipped else str(path), live=False)
+        demo = build_demo([], "", None, replay=None, live=False)
         demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
         yield demo.local_url
         demo.close()
