@@ -1,4 +1,4 @@
-"""vLLM loads every shipped drafter unchanged, its greedy DFlash output equals this engine's plain
+"""vLLM loads every shipped DFlash drafter unchanged (and refuses the autoregressive one by name), its greedy DFlash output equals this engine's plain
 decoding, `bench --peer vllm` reports vLLM beside this engine, and the app races a vLLM server.
 
 vLLM runs in its own venv (`bash scripts/setup.sh --vllm` makes `.venv-vllm`; `$DFLASH_VLLM_VENV`
@@ -21,12 +21,20 @@ import pytest
 import torch
 
 from dflash_core import Target, run
-from dflash_core.bench.vllm_peer import vllm_generate, vllm_venv
+from dflash_core.bench.vllm_peer import VllmUnavailable, vllm_generate, vllm_venv
 from dflash_core.pair import fetch_target
 from dflash_core.prompting import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
-DRAFTERS = sorted(path.parent.name for path in (ROOT / "assets" / "drafters").glob("*/config.json"))
+# vLLM's "dflash" method serves these architectures; the shipped autoregressive drafter
+# (`DFlashARDraftModel`, issue 36's ablation) is this engine's own and vLLM refuses it by name.
+VLLM_ARCHITECTURES = {"DFlashDraftModel", "DFlash2DraftModel"}
+SHIPPED = {
+    path.parent.name: json.loads(path.read_text())["architectures"][0]
+    for path in sorted((ROOT / "assets" / "drafters").glob("*/config.json"))
+}
+DRAFTERS = [name for name, arch in SHIPPED.items() if arch in VLLM_ARCHITECTURES]
+OWN_DRAFTERS = [name for name, arch in SHIPPED.items() if arch not in VLLM_ARCHITECTURES]
 PROMPT_IDS = ("natural:math-01", "natural:code-01", "natural:writing-01", "natural:knowledge-01")
 MAX_NEW_TOKENS = 48
 
@@ -69,6 +77,14 @@ def test_vllm_loads_the_shipped_drafter_and_matches_plain_decoding(tmp_path, def
     steps = sum(o["spec_decode"]["num_spec_steps"] for o in result["outputs"])
     accepted = sum(o["spec_decode"]["num_accepted_draft_tokens"] for o in result["outputs"])
     assert steps > 0 and 1 + accepted / steps > 1.3, result["outputs"][0]["spec_decode"]
+
+
+@pytest.mark.parametrize("name", OWN_DRAFTERS)
+def test_vllm_refuses_the_engine_only_drafters_by_their_architecture(tmp_path, default_target, prompts, name):
+    target_dir, _ = default_target
+    with pytest.raises(VllmUnavailable, match=SHIPPED[name]):
+        vllm_generate(target_dir, prompts[:1], drafter=str(ROOT / "assets" / "drafters" / name), max_new_tokens=4,
+                      max_model_len=1024, eager=True, workdir=tmp_path)
 
 
 def test_bench_peer_vllm_reports_vllm_beside_this_engine(capsys):

@@ -92,5 +92,11 @@ def vllm_generate(target_dir: str, prompts: list[list[int]], *, drafter: str | N
             except subprocess.TimeoutExpired:
                 raise VllmUnavailable(f"vLLM did not finish within {TIMEOUT_S} s: {' '.join(cmd)}") from None
         if done.returncode != 0 or not out.exists():
-            raise VllmUnavailable(f"vLLM failed (exit {done.returncode}): {' '.join(cmd)}\n{log.read_text()[-4000:]}")
+            raise VllmUnavailable(f"vLLM failed (exit {done.returncode}): {' '.join(cmd)}\n{log_tail(log.read_text())}")
         return json.loads(out.read_text())
+
+
+def log_tail(text: str, lines: int = 40, width: int = 600) -> str:
+    """The end of a vLLM log, each line cut to `width`: its errors name the cause at a line's start
+    (an unsupported architecture comes before the list of every supported one)."""
+    return "\n".join(line if len(line) <= width else line[:width] + " ..." for line in text.splitlines()[-lines:])
