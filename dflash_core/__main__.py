@@ -5,7 +5,7 @@ Example::
     python -m dflash_core generate --target ./target --drafter ./drafter --prompt-ids 1,2,3 \\
         --max-new-tokens 64 --explain --trace-json trace.json
 
-The trace is a "dflash-trace/1" file (`trace.py`) with a per-block CSV beside it.
+The trace is a "dflash-trace/2" file (`trace.py`) with a per-block CSV beside it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .events import Block, Prefill, Summary
 from .pair import DTYPES, load_pair
 from .prompting import IncrementalDecoder, encode_prompt
 from .sampling import SamplingParams
-from .trace import build_trace, settings_of, write_trace
+from .trace import build_trace, lane_of, settings_of, write_trace
 
 
 def parse_ids(text: str) -> list[int]:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Qwen3-style thinking in the chat template (default: off where the template has the switch, "
         "as the released DFlash drafters were trained)",
     )
-    gen.add_argument("--trace-json", help="write the trace (dflash-trace/1: ids, blocks, metrics) here, and a CSV beside it")
+    gen.add_argument("--trace-json", help="write the trace (dflash-trace/2: ids, blocks, metrics) here, and a CSV beside it")
     gen.add_argument(
         "--explain", type=int, nargs="?", const=5, default=0, metavar="K",
         help="explain every cycle in the trace (drafter and target top-K, decision, caches, times); K defaults to 5",
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
                                  explain=args.explain),
             pair={"id": None, "target": args.target, "drafter": None if drafter is None else args.drafter,
                   "trained_block_size": None if drafter is None else drafter.block_size},
-            runs={"plain" if drafter is None else "dflash": summary},
+            runs={lane_of(summary.method): summary},
             vocab_size=pair.target.vocab_size,
             text_of=None if tokenizer is None else lambda t: tokenizer.decode([t], skip_special_tokens=False),
             device=pair.target.device,

@@ -233,6 +233,7 @@ class Summary:
             "prompt_len": self.prompt_len,
             "block_size": self.block_size,
             "acceptance_lengths": self.acceptance_lengths,
+            "method": self.method,
             "prefill": asdict(self.prefill),
             "blocks": [_block_trace(b) for b in self.blocks],
             **self.metrics(),

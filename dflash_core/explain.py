@@ -21,6 +21,8 @@ def _topk_lists(probs: torch.Tensor, k: int, chosen: list[int | None]) -> tuple[
     None. `topk` and `argmax` break exact ties differently, so among ids tied in probability the
     chosen one is listed first: the list then agrees with the decision it explains.
     """
+    if probs.shape[0] == 0:  # a cycle with nothing drafted (prompt lookup found no match)
+        return ()
     k = min(k, probs.shape[-1])
     values, ids = torch.topk(probs, k, dim=-1)
     picks = [chosen[row] if row < len(chosen) else None for row in range(probs.shape[0])]

@@ -1,16 +1,17 @@
-"""The trace file, schema "dflash-trace/1": one or both sides of a run with everything a replay needs.
+"""The trace file, schema "dflash-trace/2": the runs of a race with everything a replay needs.
 
 `build_trace` is the one builder (the CLI and the app's `compare` use it); `validate_trace` checks a
 file without importing or executing anything from it; `trace_csv` flattens per-block metrics.
 
-    schema     "dflash-trace/1"
+    schema     "dflash-trace/2" ("dflash-trace/1", with only the dflash and plain runs, is still read)
     settings   prompt, prompt_ids, max_new_tokens, block_size, temperature, top_p, top_k, seed, ...
     pair       id, target, drafter, trained_block_size
     hardware   device, cpu, threads, gpu
     versions   dflash-studio, torch, transformers, python
     vocab_size every token id in the file is below it
-    runs       {"dflash": Summary.to_trace(), "plain": ...}, either may be absent
-    report     the race report when both sides ran, else absent
+    runs       {lane: Summary.to_trace()} for some of the lanes dflash, ar, lookup and plain; each run
+               names its `method` (dflash, dflash2, ar, lookup or plain)
+    report     the race report when a race ran, else absent
     tokens     {str(id): text} for every id in the runs, so a replay needs no tokenizer
 """
 
@@ -36,10 +37,14 @@ if TYPE_CHECKING:
 # torch is imported only by the builders: validating and replaying a trace must not load it
 # (the app's --replay serves a recorded race within seconds, without torch).
 
-SCHEMA = "dflash-trace/1"
+SCHEMA = "dflash-trace/2"
+READS = (SCHEMA, "dflash-trace/1")  # /1: the same fields, only the dflash and plain runs, no run methods
 MAX_BYTES = 20_000_000  # 20 MB: far above any real race (the shipped 128-token ones are listed in docs/benchmarks.md)
-SIDES = ("dflash", "plain")
-CSV_COLUMNS = ["side", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s", "elapsed_s"]
+# The lanes a race may hold, in the order they are shown: DFlash, the autoregressive drafter with
+# DFlash's KV injection, prompt lookup, plain decoding.
+RUNS = ("dflash", "ar", "lookup", "plain")
+METHODS = ("dflash", "dflash2", "ar", "lookup", "plain")
+CSV_COLUMNS = ["lane", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s", "elapsed_s"]
 
 
 class TraceError(DFlashError):
@@ -151,6 +156,11 @@ def _block_ids(block: dict):
                 yield slot["target"]
 
 
+def lane_of(method: str) -> str:
+    """The lane a run of `method` sits in: a DFlash2 drafter races in DFlash's lane."""
+    return "dflash" if method == "dflash2" else method
+
+
 def token_ids(runs: dict) -> set[int]:
     """Every token id the runs of a trace mention."""
     ids: set[int] = set()
@@ -189,14 +199,14 @@ def build_trace(
     report: dict | None = None,
     digits: int = 4,
 ) -> dict:
-    """The dflash-trace/1 dict of one run or a race.
+    """The dflash-trace/2 dict of one run or a race.
 
-    runs: {"dflash": Summary, "plain": Summary}, at least one. text_of: one token's text (None when
+    runs: {lane: Summary} for at least one of `RUNS`. text_of: one token's text (None when
     there is no tokenizer: tokens then read "<id>"). digits: rounding of explain probabilities.
     """
-    unknown = sorted(set(runs) - set(SIDES))
+    unknown = sorted(set(runs) - set(RUNS))
     if not runs or unknown:
-        raise TraceFieldError(f"runs must be some of {SIDES}, got {sorted(runs)}")
+        raise TraceFieldError(f"runs must be some of {RUNS}, got {sorted(runs)}")
     sides = {}
     for name, summary in runs.items():
         side = summary.to_trace()
@@ -211,7 +221,7 @@ def build_trace(
         "hardware": hardware(device),
         "versions": versions(),
         "vocab_size": int(vocab_size),
-        "runs": sides,
+        "runs": {name: sides[name] for name in RUNS if name in sides},
     }
     if report is not None:
         trace["report"] = report
@@ -221,13 +231,13 @@ def build_trace(
 
 
 def trace_csv(trace: dict) -> str:
-    """Per-block metrics of every side: one row per block."""
+    """Per-block metrics of every lane: one row per block."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
-    for side in SIDES:
-        for b in trace["runs"].get(side, {}).get("blocks", []):
-            row = [side, b["index"], b["position"], b["accepted"], b["accepted"] + 1, b["bonus_id"]]
+    for lane in RUNS:
+        for b in trace["runs"].get(lane, {}).get("blocks", []):
+            row = [lane, b["index"], b["position"], b["accepted"], b["accepted"] + 1, b["bonus_id"]]
             writer.writerow(row + [f"{b[f]:.6f}" for f in ("draft_s", "verify_s", "elapsed_s")])
     return out.getvalue()
 
@@ -398,6 +408,8 @@ def _run(run: dict, where: str) -> None:
     _field(run, "block_size", int, where)
     _ints(run, "acceptance_lengths", where)
     _seconds(run, "total_s", where)
+    if run.get("method") is not None and run["method"] not in METHODS:
+        raise TraceFieldError(f"{where}.method is {_show(run['method'])}; expected one of {METHODS}")
     if run.get("stop_reason") is not None and run["stop_reason"] not in STOP_REASONS:
         raise TraceFieldError(f"{where}.stop_reason is {_show(run['stop_reason'])}; expected one of {STOP_REASONS}")
     prefill = _field(run, "prefill", dict, where)
@@ -432,14 +444,15 @@ def _settings(settings: dict) -> None:
 
 def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None:
     """A run whose counts agree with each other: what sizes a replay's work is checked against
-    what the file holds (every block holds its block_size - 1 drafts, the output is the prefill
-    token and every block's committed tokens)."""
+    what the file holds (every block holds its block_size - 1 drafts, or up to that many for
+    prompt lookup, the output is the prefill token and every block's committed tokens)."""
     if run["prompt_len"] != prompt_len:
         raise TraceFieldError(f"{where}.prompt_len is {_show(run['prompt_len'])}, but the prompt has {prompt_len} ids")
     size = run["block_size"]
     high = 1 if plain else MAX_BLOCK_SIZE
     if not 1 <= size <= high:
         raise TraceFieldError(f"{where}.block_size is {_show(size)}; it must be from 1 to {high}")
+    lookup = run.get("method") == "lookup"  # a cycle drafts what the context's match offers, maybe nothing
     blocks = run["blocks"]
     output = [run["prefill"]["token_id"]]
     clock = run["prefill"]["seconds"]
@@ -448,8 +461,9 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         drafts = len(block["draft_ids"])
         if block["index"] != i:
             raise TraceFieldError(f"{at}.index is {_show(block['index'])}; blocks are numbered from 0 in order")
-        if drafts != size - 1:
-            raise TraceFieldError(f"{at}.draft_ids holds {drafts} drafts; block_size {size} drafts {size - 1}")
+        if drafts != size - 1 and not (lookup and drafts < size):
+            most = f"up to {size - 1}" if lookup else f"{size - 1}"
+            raise TraceFieldError(f"{at}.draft_ids holds {drafts} drafts; block_size {size} drafts {most}")
         if not 0 <= block["accepted"] <= drafts:
             raise TraceFieldError(f"{at}.accepted is {_show(block['accepted'])}; a block of {drafts} drafts accepts 0 to {drafts}")
         if block["position"] != prompt_len + len(output) - 1:
@@ -485,9 +499,9 @@ def _consistent_explain(info: dict, where: str, size: int) -> None:
 
 
 def _pieces(pieces, runs: dict) -> None:
-    """The app's per-token pane text: one string per output token of a side."""
-    if not isinstance(pieces, dict) or set(pieces) - set(SIDES):
-        raise TraceFieldError(f"trace.pieces must map some of the sides {SIDES} to lists of strings")
+    """The app's per-token pane text: one string per output token of a lane."""
+    if not isinstance(pieces, dict) or set(pieces) - set(RUNS):
+        raise TraceFieldError(f"trace.pieces must map some of the lanes {RUNS} to lists of strings")
     for side, texts in pieces.items():
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise TraceFieldError(f"trace.pieces.{side} must be a list of strings")
@@ -508,8 +522,8 @@ def validate_trace(source: str | os.PathLike | bytes) -> dict:
     trace = _load(source)
     if "schema" not in trace:
         raise TraceSchemaError(f'missing field "schema": expected "{SCHEMA}"')
-    if trace["schema"] != SCHEMA:
-        raise TraceSchemaError(f'schema is {_show(trace["schema"])}; this version reads "{SCHEMA}"')
+    if trace["schema"] not in READS:
+        raise TraceSchemaError(f'schema is {_show(trace["schema"])}; this version reads "{SCHEMA}" and "{READS[1]}"')
     for name in ("settings", "pair", "hardware", "versions", "runs", "tokens"):
         _field(trace, name, dict, "trace")
     vocab = _field(trace, "vocab_size", int, "trace")
@@ -518,8 +532,9 @@ def validate_trace(source: str | os.PathLike | bytes) -> dict:
     _settings(trace["settings"])
     runs = trace["runs"]
     sides = sorted(runs)
-    if not sides or set(sides) - set(SIDES):
-        raise TraceFieldError(f"trace.runs must hold some of {SIDES}, got {_show(sides)}")
+    lanes = RUNS if trace["schema"] == SCHEMA else ("dflash", "plain")
+    if not sides or set(sides) - set(lanes):
+        raise TraceFieldError(f"trace.runs must hold some of {lanes}, got {_show(sides)}")
     for side in sides:
         _run(_field(runs, side, dict, "trace.runs"), f"trace.runs.{side}")
     used = token_ids(runs) | set(trace["settings"]["prompt_ids"])

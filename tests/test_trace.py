@@ -1,4 +1,4 @@
-"""The dflash-trace/1 file: built from runs, validated with one clear error per fault, CSV beside it."""
+"""The dflash-trace/2 file: built from runs, validated with one clear error per fault, CSV beside it."""
 
 import copy
 import csv
@@ -12,6 +12,7 @@ from dflash_core import SamplingParams, run
 from dflash_core import trace as tr
 from dflash_core.__main__ import main
 from dflash_core.errors import DFlashError
+from dflash_core.prompt_lookup import PromptLookup
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,7 @@ def race_trace(golden_pair, golden_expected):
     sampling = SamplingParams(temperature=0.7, seed=0)
     runs = {
         "dflash": run(target, prompt, drafter, max_new_tokens=24, block_size=4, sampling=sampling, explain=5),
+        "lookup": run(target, prompt, PromptLookup(block_size=4), max_new_tokens=24, sampling=sampling, explain=5),
         "plain": run(target, prompt, None, max_new_tokens=24, sampling=sampling, explain=5),
     }
     return tr.build_trace(
@@ -39,13 +41,41 @@ def as_bytes(trace) -> bytes:
 
 
 def test_a_built_trace_validates_from_bytes_and_from_a_file(race_trace, tmp_path):
-    assert race_trace["schema"] == "dflash-trace/1"
+    assert race_trace["schema"] == "dflash-trace/2"
+    assert [(lane, run["method"]) for lane, run in race_trace["runs"].items()] == [
+        ("dflash", "dflash"), ("lookup", "lookup"), ("plain", "plain")]
     assert tr.validate_trace(as_bytes(race_trace)) == race_trace
     json_path, csv_path = tr.write_trace(race_trace, tmp_path / "race.json")
     assert tr.validate_trace(json_path) == race_trace
     assert csv_path == tmp_path / "race.csv"
     assert set(race_trace["hardware"]) == {"device", "cpu", "threads", "gpu"}
     assert set(race_trace["versions"]) == {"dflash-studio", "torch", "transformers", "python"}
+
+
+def test_a_lookup_run_may_draft_fewer_tokens_than_its_block_and_no_other_may(race_trace):
+    lookup = race_trace["runs"]["lookup"]["blocks"]
+    assert any(len(b["draft_ids"]) < 3 for b in lookup)  # a cycle with no full match: this trace tests the rule
+    assert tr.validate_trace(as_bytes(race_trace))
+    broken = copy.deepcopy(race_trace)
+    block = broken["runs"]["dflash"]["blocks"][0]
+    block["draft_ids"] = block["draft_ids"][: block["accepted"]]
+    with pytest.raises(tr.TraceFieldError, match=r"trace.runs.dflash.blocks\[0\].draft_ids holds \d drafts; block_size 4 drafts 3"):
+        tr.validate_trace(as_bytes(broken))
+    renamed = copy.deepcopy(race_trace)
+    renamed["runs"]["lookup"]["method"] = "telepathy"
+    with pytest.raises(tr.TraceFieldError, match="trace.runs.lookup.method is 'telepathy'; expected one of"):
+        tr.validate_trace(as_bytes(renamed))
+
+
+def test_a_first_format_trace_is_still_read_with_its_two_runs(race_trace):
+    old = copy.deepcopy(race_trace)
+    old["schema"] = "dflash-trace/1"
+    for run_ in old["runs"].values():
+        del run_["method"]
+    with pytest.raises(tr.TraceFieldError, match=r"trace.runs must hold some of \('dflash', 'plain'\)"):
+        tr.validate_trace(as_bytes(old))  # /1 had no lookup lane
+    del old["runs"]["lookup"]
+    assert tr.validate_trace(as_bytes(old))["runs"].keys() == {"dflash", "plain"}
 
 
 def test_tokens_cover_every_id_and_probabilities_are_rounded(race_trace):
@@ -59,15 +89,16 @@ def test_tokens_cover_every_id_and_probabilities_are_rounded(race_trace):
     assert block["decision"]["rule"] == "rejection"
 
 
-def test_csv_has_one_row_per_block_per_side(race_trace):
+def test_csv_has_one_row_per_block_per_lane(race_trace):
     rows = list(csv.DictReader(io.StringIO(tr.trace_csv(race_trace))))
     runs = race_trace["runs"]
-    assert len(rows) == len(runs["dflash"]["blocks"]) + len(runs["plain"]["blocks"])
+    assert len(rows) == sum(len(run["blocks"]) for run in runs.values())
     assert list(rows[0]) == tr.CSV_COLUMNS
     first = runs["dflash"]["blocks"][0]
-    assert rows[0]["side"] == "dflash" and int(rows[0]["acceptance_length"]) == first["accepted"] + 1
+    assert rows[0]["lane"] == "dflash" and int(rows[0]["acceptance_length"]) == first["accepted"] + 1
     assert float(rows[0]["elapsed_s"]) == pytest.approx(first["elapsed_s"], abs=1e-6)
-    assert rows[-1]["side"] == "plain" and rows[-1]["acceptance_length"] == "1"
+    assert [row["lane"] for row in rows].count("lookup") == len(runs["lookup"]["blocks"])
+    assert rows[-1]["lane"] == "plain" and rows[-1]["acceptance_length"] == "1"
 
 
 def broken(trace, edit):
@@ -168,9 +199,13 @@ def test_shipped_traces_validate_and_cover_every_example_at_both_temperatures():
         settings = trace["settings"]
         assert (settings["prompt"], settings["temperature"], settings["block_size"]) == (entry["prompt"], entry["temperature"], 4)
         assert settings["max_new_tokens"] == 128 and settings["seed"] == 0
-        assert set(trace["runs"]) == {"dflash", "plain"}
+        assert list(trace["runs"]) == ["dflash", "ar", "lookup", "plain"]  # every lane, in the order shown
+        assert all(run["method"] == lane for lane, run in trace["runs"].items())
         assert all("explain" in b for run in trace["runs"].values() for b in run["blocks"])
         assert trace["report"]["tau"] == entry["tau"]
-        if entry["temperature"] == 0.0:  # lossless: a replay shows the same text on both sides
+        if entry["temperature"] == 0.0:  # lossless: a replay shows the same text in every pane
             assert trace["report"]["identical"] is True
+            plain = trace["runs"]["plain"]["output_ids"]
+            assert all(run["output_ids"] == plain for run in trace["runs"].values())
+            assert all(lane["identical"] is True for lane in trace["report"]["lanes"].values())
             assert trace["runs"]["dflash"]["output_ids"] == trace["runs"]["plain"]["output_ids"]
