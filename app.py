@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--share", action="store_true", help="create a public gradio.live link")
     parser.add_argument("--target", help="target model directory or Hub id (with --drafter)")
     parser.add_argument("--drafter", help="DFlash drafter directory or Hub id (with --target)")
+    parser.add_argument("--ar-drafter", help="an autoregressive drafter (DFlashARDraftModel) for the --target/--drafter "
+                        "pair's AR drafter lane")
     parser.add_argument(
         "--dtype", default="auto",
         help="target dtype for the --target/--drafter pair: float32, bfloat16, float16, or auto (bfloat16 on "
@@ -92,7 +94,7 @@ def main(argv=None) -> None:
 
     pairs, default_id = load_pairs()
     if args.target:
-        pair = cli_pair(args.target, args.drafter, args.dtype)
+        pair = cli_pair(args.target, args.drafter, args.dtype, args.ar_drafter or "")
         pairs, default_id = [pair, *pairs], pair.id
     if args.vllm_url:
         pair = vllm_pair(args.vllm_url, args.vllm_plain_url, args.vllm_block_size)

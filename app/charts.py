@@ -1,4 +1,5 @@
-"""Plotly figures of a race, rebuilt from the blocks shown so far (so they grow live).
+"""Plotly figures of a race, rebuilt from the blocks shown so far (so they grow live), one trace per
+lane in the lane's color.
 
 Metrics come from the engine's `Summary` properties (over a provisional summary while running),
 so the charts and the trace download always agree. Figures are built from plain dicts without
@@ -14,10 +15,8 @@ from itertools import accumulate
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from .lanes import COLORS, LABELS
 from .race import SideView
-
-DFLASH_COLOR = "#2f9e44"
-PLAIN_COLOR = "#4c6ef5"
 
 
 @lru_cache(maxsize=1)
@@ -43,95 +42,63 @@ def _figure(title: str, x_title: str, y_title: str, traces: list[dict], **axes) 
     return go.Figure({"data": traces, "layout": layout}, _validate=False)
 
 
-def acceptance_figure(view: SideView) -> go.Figure:
-    lengths = [b.acceptance_length for b in view.blocks]
-    running = [total / (i + 1) for i, total in enumerate(accumulate(lengths))]  # linear: a long trace stays cheap
-    x = list(range(len(lengths)))
-    traces = (
-        [
-            {
-                "type": "bar",
-                "x": x,
-                "y": lengths,
-                "name": "acceptance length",
-                "marker": {"color": DFLASH_COLOR},
-                "opacity": 0.7,
-            },
-            {
-                "type": "scatter",
-                "x": x,
-                "y": running,
-                "mode": "lines",
-                "line": {"color": "#222"},
-                "name": f"tau (running mean) = {running[-1]:.2f}" if running else "tau",
-            },
-        ]
-        if lengths
-        else []
-    )
-    return _figure(
-        "Acceptance length per block",
-        "block",
-        "tokens accepted (incl. bonus)",
-        traces,
-        yaxis={"range": [0, view.block_size + 0.5]},
-    )
-
-
-def speed_figure(dflash: SideView, plain: SideView) -> go.Figure:
+def acceptance_figure(lanes: dict[str, SideView]) -> go.Figure:
+    """Per drafting lane (by name): each block's acceptance length (bars, one lane alone) and the running tau."""
     traces = []
-    for view, name, color in ((dflash, "DFlash", DFLASH_COLOR), (plain, "plain", PLAIN_COLOR)):
+    alone = len(lanes) == 1
+    for name, view in lanes.items():
+        lengths = [b.acceptance_length for b in view.blocks]
+        if not lengths:
+            continue
+        running = [total / (i + 1) for i, total in enumerate(accumulate(lengths))]  # linear: a long trace stays cheap
+        x = list(range(len(lengths)))
+        if alone:  # with several lanes the bars would hide each other; their running means say it
+            traces.append({"type": "bar", "x": x, "y": lengths, "name": "acceptance length",
+                           "marker": {"color": COLORS[name]}, "opacity": 0.7})
+        label = "tau (running mean)" if alone else f"{LABELS[name]} tau"
+        traces.append({"type": "scatter", "x": x, "y": running, "mode": "lines", "name": f"{label} = {running[-1]:.2f}",
+                       "line": {"color": "#222" if alone else COLORS[name]}})
+    top = max((view.block_size for view in lanes.values()), default=1)
+    return _figure(
+        "Acceptance length per block", "block", "tokens accepted (incl. bonus)", traces, yaxis={"range": [0, top + 0.5]},
+    )
+
+
+def speed_figure(lanes: dict[str, SideView]) -> go.Figure:
+    """Every lane's tokens per second over its own compute time."""
+    traces = []
+    for name, view in lanes.items():
         points = [(t, n / t) for t, n in view.timeline if t > 0]
         if points:
-            traces.append(
-                {
-                    "type": "scatter",
-                    "mode": "lines",
-                    "name": name,
-                    "line": {"color": color},
-                    "x": [p[0] for p in points],
-                    "y": [p[1] for p in points],
-                }
-            )
+            traces.append({
+                "type": "scatter", "mode": "lines", "name": LABELS[name] if name != "dflash" else "DFlash",
+                "line": {"color": COLORS[name]}, "x": [p[0] for p in points], "y": [p[1] for p in points],
+            })
     return _figure("Tokens per second over time", "compute time (s)", "tokens/s", traces)
 
 
-def histogram_figure(view: SideView) -> go.Figure:
-    summary = view.as_summary()
+def histogram_figure(lanes: dict[str, SideView]) -> go.Figure:
+    """Per drafting lane, how many blocks had each acceptance length."""
     traces = []
-    if summary is not None and summary.blocks:
-        counts = summary.acceptance_histogram
-        traces.append(
-            {
-                "type": "bar",
-                "x": list(range(1, len(counts))),
-                "y": counts[1:],
-                "name": "blocks",
-                "marker": {"color": DFLASH_COLOR},
-            }
-        )
+    for name, view in lanes.items():
+        summary = view.as_summary()
+        if summary is not None and summary.blocks:
+            counts = summary.acceptance_histogram
+            traces.append({"type": "bar", "x": list(range(1, len(counts))), "y": counts[1:],
+                           "name": "blocks" if len(lanes) == 1 else LABELS[name], "marker": {"color": COLORS[name]}})
     return _figure("Histogram of acceptance lengths", "acceptance length", "blocks", traces, xaxis={"dtick": 1})
 
 
-def position_figure(view: SideView) -> go.Figure:
-    summary = view.as_summary()
+def position_figure(lanes: dict[str, SideView]) -> go.Figure:
+    """Per drafting lane, the fraction of cycles whose draft slot k was accepted."""
     traces = []
-    if summary is not None and summary.blocks and summary.block_size > 1:
-        rates = summary.per_position_acceptance
-        traces.append(
-            {
-                "type": "bar",
-                "x": list(range(1, len(rates) + 1)),
-                "y": rates,
-                "name": "accepted",
-                "marker": {"color": DFLASH_COLOR},
-            }
-        )
+    for name, view in lanes.items():
+        summary = view.as_summary()
+        if summary is not None and summary.blocks and summary.block_size > 1:
+            rates = summary.per_position_acceptance
+            traces.append({"type": "bar", "x": list(range(1, len(rates) + 1)), "y": rates,
+                           "name": "accepted" if len(lanes) == 1 else LABELS[name], "marker": {"color": COLORS[name]}})
     return _figure(
-        "Acceptance rate per draft position",
-        "slot in block",
-        "accepted fraction",
-        traces,
-        xaxis={"dtick": 1},
-        yaxis={"range": [0, 1.05]},
+        "Acceptance rate per draft position", "slot in block", "accepted fraction", traces,
+        xaxis={"dtick": 1}, yaxis={"range": [0, 1.05]},
     )

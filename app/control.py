@@ -31,8 +31,8 @@ class Viewer:
 
     @property
     def shown(self) -> int:
-        """DFlash cycles on screen."""
-        return len(self.latest.dflash.blocks) if self.latest is not None else 0
+        """Cycles of the race's lead lane (DFlash) on screen."""
+        return len(self.latest.lead.blocks) if self.latest is not None else 0
 
 
 # Why a paused race was let go (`Control.released`): its viewer left it paused past the deadline,

@@ -4,7 +4,8 @@
 features injected into every drafter layer; 3 the drafter's single pass proposing every slot (its
 top-3 per slot); 4 the target's verdict per slot (its own top-3); 5 the accepted prefix and the
 bonus token; 6 the cache lengths kept; 7 the cycle's time split against one plain decoding step,
-beside the passes an autoregressive drafter would have needed. All text is escaped here.
+beside an autoregressive drafter's cycle: measured when the race has an AR lane, else estimated
+from DFlash's pass. All text is escaped here.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def _bar(label: str, parts: list[tuple[str, float, str]], scale: float) -> str:
     )
 
 
-def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) -> str:
-    """The view of DFlash cycle `index` (None or past the end: the latest shown)."""
+def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str], ar=None) -> str:
+    """The view of DFlash cycle `index` (None or past the end: the latest shown); `ar`: the AR
+    drafter lane's view, when the race has one (its measured cycles go beside this one)."""
     style = f"<style>{CYCLE_CSS}</style>"
     if dflash is None or not dflash.blocks:
         return style + '<div class="cycle" style="color:#667">No DFlash cycle yet: start a race or a replay.</div>'
@@ -107,7 +109,7 @@ def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str]) 
         f"<h4>5 · accepted prefix and bonus</h4><div>{accepted_text} + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
         f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>"
         f"<h4>6 · caches kept</h4><div>{_caches(explain)}</div>"
-        f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index)}</div>"
+        f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index, ar)}</div>"
     )
 
 
@@ -205,29 +207,53 @@ def _caches(explain: CycleExplanation | None) -> str:
     )
 
 
-def _time_split(dflash, plain, index: int) -> str:
+def _ar_cycle_s(ar) -> tuple[int, float, float, float, float] | None:
+    """(cycles, passes, draft, verify, other seconds) per cycle of the AR lane shown so far, means."""
+    if ar is None or not ar.blocks or ar.prefill is None:
+        return None
+    n = len(ar.blocks)
+    draft = sum(b.draft_s for b in ar.blocks) / n
+    verify = sum(b.verify_s for b in ar.blocks) / n
+    cycle = (ar.blocks[-1].elapsed_s - ar.prefill.seconds) / n
+    return n, sum(b.draft_passes for b in ar.blocks) / n, draft, verify, max(cycle - draft - verify, 0.0)
+
+
+def _time_split(dflash, plain, index: int, ar=None) -> str:
     """Bars of this cycle's draft / verify / other time, one plain step, and an autoregressive
-    drafter's estimate (one drafter pass per slot, the rest as measured)."""
+    drafter's cycle: the AR lane's measured mean when it races, else an estimate (one of DFlash's
+    passes per slot, the rest as DFlash's)."""
     block = dflash.blocks[index]
     drafts = len(block.draft_ids)
     draft_s, verify_s, other_s = _cycle_times(dflash, index)
     step = plain_step_s(plain)
     cycle = draft_s + verify_s + other_s
-    scale = max(cycle, step or 0.0, drafts * draft_s + verify_s + other_s) or 1.0
+    measured = _ar_cycle_s(ar)
+    if measured is not None:
+        cycles, passes, ar_draft, ar_verify, ar_other = measured
+        ar_label = f"AR drafter, {passes:.3g} passes (measured, mean of {cycles} cycles)"
+        ar_parts = [(f"{passes:.3g}× draft", ar_draft, SPLIT_COLORS["draft"]), ("verify", ar_verify, SPLIT_COLORS["verify"]),
+                    ("other", ar_other, SPLIT_COLORS["other"])]
+    else:
+        ar_label = f"AR drafter, {drafts} passes (estimate)"
+        ar_parts = [(f"{drafts}× draft", drafts * draft_s, SPLIT_COLORS["draft"]), ("verify", verify_s, SPLIT_COLORS["verify"]),
+                    ("other", other_s, SPLIT_COLORS["other"])]
+    scale = max(cycle, step or 0.0, sum(s for _, s, _ in ar_parts)) or 1.0
     rest = [("verify", verify_s, SPLIT_COLORS["verify"]), ("other", other_s, SPLIT_COLORS["other"])]
     bars = _bar("this DFlash cycle", [("draft", draft_s, SPLIT_COLORS["draft"]), *rest], scale)
     if step:
         bars += _bar("one plain decoding step", [("plain step", step, SPLIT_COLORS["plain"])], scale)
-    bars += _bar(
-        f"AR drafter, {drafts} passes (estimate)", [(f"{drafts}× draft", drafts * draft_s, SPLIT_COLORS["draft"]), *rest], scale
-    )
+    bars += _bar(ar_label, ar_parts, scale)
     n = block.acceptance_length
     per_plain = (
         f". This cycle cost {cycle / step:.2f} plain steps and committed {n} token{'s' if n > 1 else ''}" if step else ""
     )
+    if measured is not None:
+        ar_text = (f"the autoregressive drafter racing beside it took <b>{passes:.3g}</b> passes per cycle, "
+                   f"{1000 * ar_draft:.1f} ms of drafting against DFlash's {1000 * draft_s:.1f} ms here")
+    else:
+        ar_text = f"an autoregressive (EAGLE-style) drafter would need <b>{drafts}</b> passes, one per slot"
     return (
-        f"{bars}<div>The block-diffusion drafter proposed all {drafts} slots in <b>1</b> pass; an autoregressive "
-        f"(EAGLE-style) drafter would need <b>{drafts}</b> passes, one per slot{per_plain}.</div>"
+        f"{bars}<div>The block-diffusion drafter proposed all {drafts} slots in <b>1</b> pass; {ar_text}{per_plain}.</div>"
     )
 
 

@@ -1,8 +1,10 @@
 """The race's outputs as frames: the `Frame` dataclass, and the code that builds one from a snapshot.
 
 A frame is one update of every output of a race (live or replayed), in the order of the `compare`
-endpoint's outputs. Frames are plain data, so that they cross process boundaries (ZeroGPU) by
-pickle. The charts and the hover boxes are heavy to ship, so they go out only in some frames.
+endpoint's outputs (`FRAME_FIELDS`): every lane of `LANES` has a pane (its column's visibility, its
+stats, tokens and draft strip) whether it races or not, so the outputs are the same for every race.
+Frames are plain data, so that they cross process boundaries (ZeroGPU) by pickle. The charts and
+the hover boxes are heavy to ship, so they go out only in some frames.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import gradio as gr
 from . import charts, render, texts
 from .control import PAUSE_EXPIRED, Control, Viewer
 from .cycle_view import cycle_html
+from .lanes import LABELS, LANES, lane_title
 from .race import Snapshot
 from .report import RaceReport
 from .speedup import speedup_figure
@@ -27,15 +30,25 @@ def _keep():
 
 
 @dataclass
+class Pane:
+    """One lane's outputs in a frame."""
+
+    column: object = _keep()  # the update of its column (shown while the lane races)
+    stats: object = _keep()
+    tokens: object = _keep()
+    strip: object = _keep()
+
+
+PANE_PARTS = tuple(f.name for f in fields(Pane))
+
+
+@dataclass
 class Frame:
-    """One update of the race's outputs; a field left at its default (`gr.skip()`) keeps what is shown."""
+    """One update of the race's outputs; a field left at its default (`gr.skip()`) keeps what is
+    shown, and so does every part of a lane left out of `panes`."""
 
     summary: object = _keep()  # HTML of the summary numbers, or of a status line
-    dflash_stats: object = _keep()
-    dflash_tokens: object = _keep()
-    dflash_strip: object = _keep()
-    plain_stats: object = _keep()
-    plain_tokens: object = _keep()
+    panes: dict[str, Pane] = field(default_factory=dict)  # by lane
     acceptance_chart: object = _keep()  # plotly figures
     speed_chart: object = _keep()
     histogram_chart: object = _keep()
@@ -49,10 +62,26 @@ class Frame:
     trace_file: object = _keep()
 
     def values(self) -> tuple:
-        return tuple(getattr(self, name) for name in FRAME_FIELDS)
+        """The outputs in the order of `FRAME_FIELDS`."""
+        out = []
+        for name in _FIELDS:
+            if name == "panes":
+                for lane in LANES:
+                    pane = self.panes.get(lane) or Pane()
+                    out.extend(getattr(pane, part) for part in PANE_PARTS)
+            else:
+                out.append(getattr(self, name))
+        return tuple(out)
 
 
-FRAME_FIELDS = tuple(f.name for f in fields(Frame))
+_FIELDS = tuple(f.name for f in fields(Frame))
+# The outputs' names: the frame's fields, each lane's pane spelled out as "<lane>_<part>".
+FRAME_FIELDS = tuple(
+    part for name in _FIELDS
+    for part in ([f"{lane}_{p}" for lane in LANES for p in PANE_PARTS] if name == "panes" else [name])
+)
+# What an API client receives: the outputs but the columns (layout updates are not API values).
+API_FIELDS = tuple(name for name in FRAME_FIELDS if not name.endswith("_column"))
 
 
 class ChartPacer:
@@ -72,14 +101,18 @@ class ChartPacer:
         return False
 
 
-def start_frame(text: str) -> Frame:
-    """The frame a race opens with: empty panes and `text`, so old tokens and numbers never mix
-    with new ones. The charts are kept until the first chart frame: rebuilding them now costs time."""
+def start_frame(text: str, lanes=("dflash", "plain")) -> Frame:
+    """The frame a race of `lanes` opens with: their panes shown and empty, the others hidden, and
+    `text`, so old tokens and numbers never mix with new ones. The charts are kept until the first
+    chart frame: rebuilding them now costs time."""
     waiting = render.tokens_html([], [], str)
+    panes = {
+        lane: Pane(gr.update(visible=True), "", waiting, "") if lane in lanes else Pane(gr.update(visible=False), "", "", "")
+        for lane in LANES
+    }
     return Frame(
-        summary=render.summary_html(None, text), dflash_stats="", dflash_tokens=waiting, dflash_strip="",
-        plain_stats="", plain_tokens=waiting, report=gr.update(value=None), trace_file=gr.update(value=None),
-        trace_csv=gr.update(value=None),
+        summary=render.summary_html(None, text), panes=panes, report=gr.update(value=None),
+        trace_file=gr.update(value=None), trace_csv=gr.update(value=None),
     )
 
 
@@ -103,7 +136,7 @@ def race_frame(
 ) -> Frame:
     """The frame that shows `snap`; `report` once the race has finished.
 
-    pieces: per side, the pane text of its tokens (`extend(ids)`, see `tokens.py`).
+    pieces: per lane, the pane text of its tokens (`extend(ids)`, see `tokens.py`).
     viewer: the viewer's state, where Pause / Step reach the race: `snap` becomes its latest, and
     the frame carries the cycle view and the control status line.
     note: the line under the summary numbers; running: the status line while the race runs.
@@ -115,35 +148,54 @@ def race_frame(
     if report is not None and report.stopped:
         note = texts.STOPPED_SHOWN.format(dflash=d.num_tokens, plain=p.num_tokens) + note
     frame.summary = render.summary_html(report, note) if report else render.summary_html(None, running or texts.RACING)
+    lanes = snap.lanes
+    drafted = {name: view for name, view in lanes.items() if name != "plain"}
     if with_charts:
-        frame.acceptance_chart = charts.acceptance_figure(d)
-        frame.speed_chart = charts.speed_figure(d, p)
-        frame.histogram_chart = charts.histogram_figure(d)
-        frame.positions_chart = charts.position_figure(d)
+        frame.acceptance_chart = charts.acceptance_figure(drafted)
+        frame.speed_chart = charts.speed_figure(lanes)
+        frame.histogram_chart = charts.histogram_figure(drafted)
+        frame.positions_chart = charts.position_figure(drafted)
     if report is not None or snap.paused:  # a model of the whole run: drawn when it stands still
-        frame.speedup_chart = speedup_figure(d.as_summary(), p.as_summary(), None if report is None else report.speedup)
+        measured = None if report is None else {name: lane.speedup for name, lane in report.lanes.items()} or {
+            "dflash": report.speedup}
+        frame.speedup_chart = speedup_figure(
+            {name: view.as_summary() for name, view in drafted.items()}, p.as_summary(), measured
+        )
     if viewer is not None:
         _show_to(viewer, frame, snap, text_of, report, with_charts)
     return frame
 
 
 def _panes(snap: Snapshot, pieces, text_of, report: RaceReport | None) -> Frame:
-    """Both panes' stats, tokens and the draft strip; the report's JSON and no trace file yet."""
-    diff = None if report is None else report.first_difference
-    d, p = snap.dflash, snap.plain
+    """Every lane's stats, tokens and draft strip; the report's JSON and no trace file yet."""
     # Hover boxes with top-k lists are heavy; they go out when the viewer can hover: paused or done.
     tips = snap.paused or report is not None
-    d_tips = render.dflash_tips(d, text_of) if tips else None
-    p_tips = render.plain_tips(p, text_of) if tips else None
-    return Frame(
-        dflash_stats=render.side_stats_html(d, f"DFlash (block {d.block_size})"),
-        dflash_tokens=render.tokens_html(render.dflash_marks(d), pieces["dflash"].extend(d.output_ids), text_of, diff, d_tips),
-        dflash_strip=render.draft_strip_html(d, text_of, tips=tips),
-        plain_stats=render.side_stats_html(p, "Plain decoding"),
-        plain_tokens=render.tokens_html(render.plain_marks(p), pieces["plain"].extend(p.output_ids), text_of, diff, p_tips),
-        report=None if report is None else report.to_dict(),
-        trace_file=None,
-    )
+    panes = {}
+    # The plain pane outlines where any drafting lane first parts from it.
+    others = "DFlash" if len(snap.lanes) == 2 else "a drafting lane"
+    for name, view in snap.lanes.items():
+        diff = _difference(report, name)
+        plain = name == "plain"
+        marks = render.plain_marks(view) if plain else render.lane_marks(view)
+        hover = (render.plain_tips(view, text_of) if plain else render.lane_tips(view, text_of)) if tips else None
+        panes[name] = Pane(
+            stats=render.side_stats_html(view, lane_title(name, view.block_size)),
+            tokens=render.tokens_html(marks, pieces[name].extend(view.output_ids), text_of, diff, hover,
+                                      others if plain else LABELS[name]),
+            strip="" if plain else render.draft_strip_html(view, text_of, tips=tips),
+        )
+    return Frame(panes=panes, report=None if report is None else report.to_dict(), trace_file=None)
+
+
+def _difference(report: RaceReport | None, lane: str) -> int | None:
+    """Where `lane` first differs from plain decoding (plain: where any lane does), to outline."""
+    if report is None:
+        return None
+    if lane == "plain":
+        return min((r.first_difference for r in report.lanes.values() if r.first_difference is not None),
+                   default=report.first_difference)
+    found = report.lanes.get(lane)
+    return found.first_difference if found is not None else report.first_difference
 
 
 def _show_to(viewer: Viewer, frame: Frame, snap: Snapshot, text_of, report: RaceReport | None, with_charts: bool) -> None:
@@ -151,7 +203,7 @@ def _show_to(viewer: Viewer, frame: Frame, snap: Snapshot, text_of, report: Race
     viewer.latest = snap
     # The cycle view goes out with the charts (a few times a second), not with every frame.
     if viewer.follow and d.blocks and with_charts:
-        frame.cycle_view = cycle_html(d, snap.plain, None, text_of)
+        frame.cycle_view = cycle_html(d, snap.plain, None, text_of, snap.lanes.get("ar"))
         frame.cycle_pick = gr.update(maximum=max(len(d.blocks) - 1, 1), value=len(d.blocks) - 1)
     if snap.paused:
         frame.control_status = texts.PAUSED_AT.format(cycle=len(d.blocks))

@@ -47,7 +47,7 @@ SECTIONS = [
         "the token after slot i. Greedy: drafts are kept while they equal the target's argmax. Sampling: "
         "each draft is accepted with probability min(1, p/q), and the first rejected slot is resampled from "
         "the residual. Either way the output has exactly the distribution plain decoding of the target has: "
-        "at temperature 0 the race's two panes are token for token identical.",
+        "at temperature 0 the race's panes are token for token identical.",
     ),
     (
         "tau-speedup",

@@ -111,6 +111,27 @@ def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperatur
     return Request(prompt, max_new_tokens, block_size, sampling)
 
 
+ADDED_LANES = ("ar", "lookup")  # the lanes a visitor may add; DFlash and plain decoding always race
+
+
+def check_lanes(lanes) -> tuple[str, ...]:
+    """The lanes of a race, DFlash and plain decoding included, in the order they are shown; or
+    ValueError naming the bad value. `lanes`: the ones added, a list of names (None: none)."""
+    if lanes is None or lanes == "":
+        lanes = []
+    if isinstance(lanes, str):
+        lanes = [lanes]
+    if not isinstance(lanes, (list, tuple)) or not all(isinstance(name, str) for name in lanes):
+        raise ValueError(f"lanes must be a list of lane names ({', '.join(ADDED_LANES)}), got {_shown(lanes)}.")
+    unknown = [name for name in lanes if name not in ADDED_LANES]
+    if unknown:
+        raise ValueError(
+            f"Unknown lane {unknown[0][:40]!r}: the lanes a race can add are {', '.join(ADDED_LANES)} "
+            "(DFlash and plain decoding always race)."
+        )
+    return ("dflash", *(name for name in ADDED_LANES if name in lanes), "plain")
+
+
 def check_prompt_tokens(num_tokens: int, limits: Limits, context: int | None) -> None:
     """ValueError when the templated prompt is longer than the flag allows or the target can hold."""
     over_flag = num_tokens > limits.max_prompt_tokens

@@ -17,7 +17,7 @@ from .callers import is_mcp, session_of
 from .control import Control, Controls
 from .failures import failure_message, visitor_error
 from .frames import ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
-from .limits import Limits, check_prompt_tokens, check_request
+from .limits import Limits, check_lanes, check_prompt_tokens, check_request
 from .loading import PairLoading
 from .session import RaceSession
 from .space import gpu_errors_as_messages, gpu_task
@@ -43,20 +43,26 @@ class LiveRace:
     def pairs(self):
         return self.loading.pairs
 
-    def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, pair_id=None, request: gr.Request = None):
+    def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, lanes=None, pair_id=None,
+                request: gr.Request = None):
         """Race DFlash speculative decoding against plain decoding of the same target on one prompt.
 
-        Both sides decode the same prompt (sent through the target's chat template) with the same
+        Every lane decodes the same prompt (sent through the target's chat template) with the same
         target model; DFlash drafts a block of tokens per cycle and the target verifies it in one
-        pass. Updates stream while the race runs; the last one carries the summary and the trace.
+        pass. `lanes` adds other drafters to the race. Updates stream while the race runs; the last
+        one carries the summary and the trace.
 
         Args:
             prompt: the user message to answer (plain text, not empty); the server wraps it in the target's chat template.
-            max_new_tokens: tokens each side generates at most (a whole number from 1 to the server's limit).
+            max_new_tokens: tokens each lane generates at most (a whole number from 1 to the server's limit).
             block_size: tokens DFlash verifies per cycle, 1 to the drafter's trained block size (1 = no drafting).
             temperature: 0 for greedy decoding, where both outputs must be identical; above 0 samples.
             top_p: nucleus sampling mass in (0, 1]; 1 keeps the whole distribution.
             seed: random seed for sampling (a whole number >= 0).
+            lanes: drafters to race beside DFlash and plain decoding, a list of names: "ar" (an
+                autoregressive drafter with DFlash's KV injection, one pass per draft; only pairs
+                that ship one) and "lookup" (prompt lookup: copies what followed an earlier match
+                in the context, no model). Empty or omitted: DFlash and plain decoding only.
 
         Returns:
             The race's outputs; the `report` one is a JSON summary: `tau` (mean tokens accepted per
@@ -65,7 +71,9 @@ class LiveRace:
             temperature 0, whether both outputs are the same tokens; null when sampling or stopped
             before both sides reached the same length), `first_difference`, `dflash_tok_s`,
             `plain_tok_s`, the times to first token, token counts, `cycles`, `stopped`, the
-            acceptance histogram and per-position acceptance. `trace_file` is the full trace (JSON).
+            acceptance histogram and per-position acceptance, and `lanes`: per lane raced, its
+            method, tau, speedup, tok/s, draft passes and milliseconds per cycle, and whether its
+            output equals plain decoding's. `trace_file` is the full trace (JSON).
         """
         cache = self.loading.cache
         if cache is None:
@@ -75,19 +83,25 @@ class LiveRace:
             raise visitor_error(texts.UNKNOWN_MODEL_PAIR.format(pair_id=pair_id))
         try:
             req = check_request(self.limits, prompt, max_new_tokens, block_size, temperature, top_p, seed)
+            names = check_lanes(lanes)
         except (ValueError, OverflowError) as exc:  # DFlashError is a ValueError too
             raise visitor_error(str(exc)) from None
         if spec.kind == "vllm":  # nothing loads here: the servers decode (vllm_race.py)
-            yield start_frame(texts.RACING).values()
-            yield from self._stream(spec, req, [], session_of(request), mcp=is_mcp(request))
+            if names != ("dflash", "plain"):
+                raise visitor_error(texts.VLLM_LANES)
+            yield start_frame(texts.RACING, names).values()
+            yield from self._stream(spec, req, [], names, session_of(request), mcp=is_mcp(request))
             return
+        if "ar" in names and not spec.ar_drafter:
+            offered = [p.label for p in self.pairs.values() if p.ar_drafter]
+            raise visitor_error(texts.NO_AR_DRAFTER.format(label=spec.label, pairs="; ".join(offered) or "none"))
         if req.block_size == 1:
             gr.Warning(texts.NO_DRAFTING)
         # Clear the previous race at once, so old tokens and numbers never mix with new ones.
         loading = texts.RACE_LOADING.format(label=spec.label)
-        yield start_frame(loading if not cache.is_loaded(spec) else texts.RACING).values()
+        yield start_frame(loading if not cache.is_loaded(spec) else texts.RACING, names).values()
         try:
-            pair = yield from self.loading.load(spec, lambda line: start_frame(f"{loading} {line}").values())
+            pair = yield from self.loading.load(spec, lambda line: start_frame(f"{loading} {line}", names).values())
             prompt_ids = pair.encode(req.prompt)
         except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
             raise visitor_error(failure_message(exc, cache.device_for(spec))) from None
@@ -95,9 +109,9 @@ class LiveRace:
             check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
         except ValueError as exc:  # the visitor's prompt, said as it is
             raise visitor_error(str(exc)) from None
-        yield from self._stream(spec, req, prompt_ids, session_of(request), mcp=is_mcp(request))
+        yield from self._stream(spec, req, prompt_ids, names, session_of(request), mcp=is_mcp(request))
 
-    def _stream(self, spec, req, prompt_ids: list[int], session: str | None, mcp: bool = False):
+    def _stream(self, spec, req, prompt_ids: list[int], lanes: tuple[str, ...], session: str | None, mcp: bool = False):
         """The frames of the race of a checked request, its trace written once it has finished.
 
         mcp: an agent's call, in a session of its own for this one race: no Pause / Step.
@@ -112,7 +126,7 @@ class LiveRace:
             control = self.controls.get(session) if in_process and not mcp else None
             kwargs = {"control": control} if control is not None else {}
             stream = self.race_stream(
-                *args, prompt=req.prompt, stop=stop.is_set if in_process else None, **kwargs
+                *args, prompt=req.prompt, lanes=lanes, stop=stop.is_set if in_process else None, **kwargs
             )
             try:
                 for frame, data in gpu_errors_as_messages(stream):
@@ -127,7 +141,7 @@ class LiveRace:
                 stream.close()
 
     def race_frames(self, pair_id, prompt_ids, max_new_tokens, block_size, temperature, top_p, seed, prompt=None,
-                    stop=None, control: Control | None = None):
+                    lanes=("dflash", "plain"), stop=None, control: Control | None = None):
         """The model work of one race: yields (Frame, None) while it runs, then (Frame, trace).
 
         Takes and yields only plain data, so that it can run in a GPU worker process (ZeroGPU);
@@ -140,7 +154,7 @@ class LiveRace:
         sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
         try:
             race = vllm_session(spec, prompt, max_new_tokens, sampling) if spec.kind == "vllm" else RaceSession(
-                self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size, sampling)
+                self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes)
         except Exception as exc:  # noqa: BLE001 - a server down or serving another model reaches the visitor
             raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None

@@ -1,7 +1,7 @@
 """Loading model pairs once and keeping them: one cached `LoadedPair` per registry entry.
 
-The plain-decoding side gets its own `Target` wrapper around the same weights, so the two sides
-of a race keep separate KV caches while sharing memory.
+Every lane of a race but DFlash's gets its own `Target` wrapper around the same weights, so the
+lanes keep separate KV caches while sharing memory.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
 from dflash_core.hub import resolve_model_dir
 from dflash_core.memory_need import PairSize, check_fits, pair_size
-from dflash_core.pair import fetch_target, parse_dtype
+from dflash_core.pair import fetch_target, load_drafter, parse_dtype
 from dflash_core.batch_invariant import describe
 from dflash_core.chat_template import describe_template, template_args
 from dflash_core.default_target import DefaultTargetError, resolve_target
@@ -39,6 +39,24 @@ class LoadedPair:
     template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
     size: PairSize | None = None  # its weights and what they need (dflash_core/memory_need.py)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
+    ar_drafter: DFlashDrafter | None = None  # the autoregressive drafter of `spec.ar_drafter`, if the pair has one
+    _lane_targets: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def lanes(self) -> tuple[str, ...]:
+        """The lanes this pair can race (dflash_core.trace.RUNS order)."""
+        return ("dflash", *(("ar",) if self.ar_drafter is not None else ()), "lookup", "plain")
+
+    def lane_target(self, lane: str) -> Target:
+        """The target instance `lane` decodes with: DFlash the pair's own, plain its second, every
+        other lane one of its own over the same weights (each holds its own KV caches)."""
+        if lane == "dflash":
+            return self.target
+        if lane == "plain":
+            return self.plain
+        if lane not in self._lane_targets:
+            self._lane_targets[lane] = Target(self.target.model, self.target.tokenizer)
+        return self._lane_targets[lane]
 
     @property
     def tokenizer(self):
@@ -108,6 +126,8 @@ def _warm_up(pair: LoadedPair) -> None:
     prompt_ids = pair.encode("Hi")
     run(pair.target, prompt_ids, pair.drafter, max_new_tokens=2)
     run(pair.plain, prompt_ids, None, max_new_tokens=2)
+    if pair.ar_drafter is not None:
+        run(pair.lane_target("ar"), prompt_ids, pair.ar_drafter, max_new_tokens=2)
 
 
 @dataclass(frozen=True)
@@ -197,7 +217,13 @@ class PairCache:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
             args = template_args(pair.tokenizer, None, spec.chat_template_args)
-            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args, size)
+            ar_drafter = None
+            if spec.ar_drafter:
+                ar_dir = resolve_model_dir(spec.location(spec.ar_drafter), ("config.json", "model.safetensors"),
+                                           progress=progress)
+                ar_drafter = load_drafter(pair.target, str(ar_dir), pair.drafter.dtype)
+            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args, size,
+                                ar_drafter=ar_drafter)
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)
             self._pairs[spec.id] = loaded

@@ -39,6 +39,9 @@ class PairSpec:
     vllm_url: str = ""
     vllm_plain_url: str = ""
     block_size: int | None = None  # a vllm pair's K + 1, which the server fixes
+    # An autoregressive drafter with the DFlash drafter's KV injection, for the race's "AR drafter"
+    # lane (dflash_core/drafting.py); "": the pair has none.
+    ar_drafter: str = ""
 
     @property
     def is_hub(self) -> bool:
@@ -46,9 +49,14 @@ class PairSpec:
 
     def drafter_location(self) -> str:
         """Drafter path as the engine should load it: repo-relative paths made absolute."""
-        if _is_hub_id(self.drafter):
-            return self.drafter
-        path = Path(self.drafter).expanduser()
+        return self.location(self.drafter)
+
+    @staticmethod
+    def location(name: str) -> str:
+        """A model path or Hub id as the engine should load it: repo-relative paths made absolute."""
+        if _is_hub_id(name):
+            return name
+        path = Path(name).expanduser()
         return str(path if path.is_absolute() else REPO_ROOT / path)
 
 
@@ -66,14 +74,15 @@ def load_pairs(path: Path = PAIRS_FILE) -> tuple[list[PairSpec], str]:
     return pairs, data.get("default", pairs[0].id)
 
 
-def cli_pair(target: str, drafter: str, dtype: str = "float32") -> PairSpec:
-    """A pair given on the command line (`app.py --target ... --drafter ...`)."""
+def cli_pair(target: str, drafter: str, dtype: str = "float32", ar_drafter: str = "") -> PairSpec:
+    """A pair given on the command line (`app.py --target ... --drafter ... [--ar-drafter ...]`)."""
     return PairSpec(
         id="cli",
         label=f"{Path(target).name or target} + {Path(drafter).name or drafter} (command line)",
         target=target,
         drafter=drafter,
         dtype=dtype,
+        ar_drafter=ar_drafter,
     )
 
 

@@ -133,22 +133,24 @@ class Playback:
     def _play(self, recording, speed: float, control, run: int):
         control.viewer.text_of = recording.text_of
         note = texts.REPLAY_NOTE.format(name=recording.name)
-        recorded_s = max(recording.dflash.total_s, recording.plain.total_s)
+        recorded_s = max(run.total_s for run in recording.runs.values())
         if recorded_s / speed > self.limits.max_replay_s:
             played = recorded_s / self.limits.max_replay_s
             note = texts.REPLAY_CAPPED.format(
                 recorded_s=recorded_s / speed, speed=speed, played=played, limit_s=self.limits.max_replay_s
             ) + " " + note
             speed = played
-        yield start_frame(texts.REPLAY_START.format(label=recording.label(), speed=speed)).values()
-        pieces = {side: RecordedPieces(recording, side) for side in ("dflash", "plain")}
+        lanes = tuple(recording.runs)
+        yield start_frame(texts.REPLAY_START.format(label=recording.label(), speed=speed), lanes).values()
+        pieces = {lane: RecordedPieces(recording, lane) for lane in lanes}
         running = texts.REPLAYING.format(name=recording.name, speed=speed)
-        tokens = len(recording.dflash.output_ids) + len(recording.plain.output_ids)
-        blocks = len(recording.dflash.blocks) + len(recording.plain.blocks)
+        tokens = sum(len(run.output_ids) for run in recording.runs.values())
+        blocks = sum(len(run.blocks) for run in recording.runs.values())
         pacer = ChartPacer(max(CHART_EVERY_S, blocks / BLOCKS_CHARTED_PER_S))
         snapshot = None
         for snapshot in race(
-            recording.events("dflash"), recording.events("plain"), dflash_block_size=recording.block_size,
+            {lane: recording.events(lane) for lane in lanes},
+            block_sizes={lane: summary.block_size for lane, summary in recording.runs.items()},
             speed=speed, control=control, stop=lambda: control.superseded(run),
             frame_s=max(FRAME_S, tokens / TOKENS_DRAWN_PER_S),
         ):

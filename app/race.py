@@ -1,22 +1,23 @@
-"""The race: DFlash and plain decoding advanced in one worker, each on its own compute clock.
+"""The race: its lanes (DFlash, plain decoding, and any other drafters) advanced in one worker,
+each on its own compute clock.
 
-Running both sides at once on a CPU would make them compete for the same cores, so the worker
-interleaves their steps instead, always advancing the side whose clock (prefill seconds plus the
-draft and verify seconds of its blocks) is behind. An event is released to the viewer once the
-display clock reaches its timestamp, so at every frame both panes show the same moment of
+Running the lanes at once on a CPU would make them compete for the same cores, so the worker
+interleaves their steps instead, always advancing the lane whose clock (prefill seconds plus the
+draft and verify seconds of its blocks) is furthest behind. An event is released to the viewer once
+the display clock reaches its timestamp, so at every frame every pane shows the same moment of
 compute time and the on-screen race matches the measured speeds. The snapshots it yields are
 plain data; rendering them is someone else's job.
 
 A replay feeds recorded events through the same race: their timestamps are the recorded compute
 clocks, and `speed` paces the display at a multiple of real time. A `Control` (see `control.py`)
-pauses the race and steps it one DFlash cycle at a time.
+pauses the race and steps it one cycle of its lead lane (the first, DFlash) at a time.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from dflash_core.events import Block, Prefill, StopReason, Summary
@@ -80,8 +81,7 @@ class SideView:
 
 @dataclass(frozen=True)
 class Snapshot:
-    dflash: SideView
-    plain: SideView
+    lanes: dict[str, SideView]  # every lane's view, by name, the lead lane first
     wall_s: float  # since the race started
     done: bool
     stopped: bool = False  # the race was cut short by `stop`: what is shown is all there is
@@ -92,9 +92,17 @@ class Snapshot:
     released: str | None = None  # why a paused race was let go, when that ended it (see control.py)
 
     @property
-    def lanes(self) -> dict[str, SideView]:
-        """Each side's view, by lane name."""
-        return {"dflash": self.dflash, "plain": self.plain}
+    def lead(self) -> SideView:
+        """The lane whose cycles Pause / Step count (DFlash in the app's races)."""
+        return next(iter(self.lanes.values()))
+
+    @property
+    def dflash(self) -> SideView:
+        return self.lanes["dflash"]
+
+    @property
+    def plain(self) -> SideView:
+        return self.lanes["plain"]
 
 
 class _Runner:
@@ -162,10 +170,9 @@ class _Runner:
 
 
 def race(
-    dflash_events: Iterator[Event],
-    plain_events: Iterator[Event],
+    lanes: Mapping[str, Iterator[Event]],
     *,
-    dflash_block_size: int,
+    block_sizes: Mapping[str, int],
     pace: bool = True,
     frame_s: float = FRAME_S,
     clock: Callable[[], float] = time.perf_counter,
@@ -175,23 +182,30 @@ def race(
     control: Control | None = None,
     keepalive_s: float = 1.0,
 ) -> Iterator[Snapshot]:
-    """Yield snapshots of both sides until both have finished on screen, or until `stop()`.
+    """Yield snapshots of every lane until all have finished on screen, or until `stop()`.
+
+    lanes: each lane's events by name, the lead lane first; block_sizes: each drafting lane's
+    block size (a lane left out decodes one token per cycle).
 
     stop: asked before every engine step (one cycle of one side); once it returns True the race
     computes nothing more and ends with a snapshot of what is on screen, marked `stopped`.
 
     speed: for recorded events (a replay): show compute time at `speed` times real time.
     control: pause / step / continue; the race then runs on `control.clock`, which stops while
-    paused, and while paused shows at most the DFlash cycles the control allows. A race the
+    paused, and while paused shows at most the lead lane's cycles the control allows. A race the
     control releases while paused (see `Control.hold`) ends like a stopped one, `released` set.
     keepalive_s: the longest stretch without a snapshot (paused, or waiting for the next recorded
     event); the ones that only keep the stream alive are marked `idle`.
-    pace: after the faster side finishes, only one side is left to compute, so its events would
-    arrive twice as fast as during the shared phase; pacing keeps the on-screen clock running at
+    pace: after the fastest lane finishes, fewer lanes are left to compute, so their events would
+    arrive faster than during the shared phase; pacing keeps the on-screen clock running at
     the rate of the shared phase (compute seconds shown per second spent computing), so that the
     race the viewer sees stays proportional to the measured times.
     """
-    runners = [_Runner("dflash", dflash_events, dflash_block_size), _Runner("plain", plain_events, 1)]
+    runners = [_Runner(name, events, block_sizes.get(name, 1)) for name, events in lanes.items()]
+    lead = runners[0]
+
+    def views() -> dict[str, SideView]:
+        return {r.name: r.view(display) for r in runners}
     if control is not None:
         clock = control.clock
     t0 = clock()
@@ -204,20 +218,20 @@ def race(
     display = 0.0
     last_yield = 0.0  # wall time of the last snapshot of any kind
     while True:
-        shown = len(runners[0].blocks)
+        shown = len(lead.blocks)
         released = None
         if control is not None and control.holding(shown) and not stop():
             # Show what was released (the stepped cycle) and mark the pause, then wait.
             dirty, last_frame = False, clock() - t0
-            yield Snapshot(runners[0].view(display), runners[1].view(display), last_frame, False, paused=True)
+            yield Snapshot(views(), last_frame, False, paused=True)
             while control.holding(shown) and not stop():
                 control.hold(shown, until=stop, for_s=keepalive_s)
                 if control.holding(shown) and not stop():
-                    yield Snapshot(runners[0].view(display), runners[1].view(display), last_frame, False, paused=True,
+                    yield Snapshot(views(), last_frame, False, paused=True,
                                    idle=True)
             released = control.released
         if stop() or released:
-            yield Snapshot(runners[0].view(display), runners[1].view(display), clock() - t0, True, stopped=True,
+            yield Snapshot(views(), clock() - t0, True, stopped=True,
                            released=released)
             return
         active = [r for r in runners if not r.finished]
@@ -235,19 +249,19 @@ def race(
                 rate, anchor = computed / busy, (wall, computed)
             display = computed if not (pace and rate) else min(computed, anchor[1] + rate * (wall - anchor[0]))
         allowed = control.cap() if control is not None else None
-        if allowed is not None and allowed <= len(runners[0].block_stamps):
-            # Paused: no further than the end of the last cycle allowed, on both sides.
-            display = min(display, runners[0].block_stamps[allowed - 1] if allowed else 0.0)
+        if allowed is not None and allowed <= len(lead.block_stamps):
+            # Paused: no further than the end of the last cycle allowed, on every lane.
+            display = min(display, lead.block_stamps[allowed - 1] if allowed else 0.0)
         released = [r.release(display) for r in runners]  # every side, no short-circuit
         dirty = any(released) or dirty
         finished = not active and not any(r.pending for r in runners)
         # The first tokens go out at once (time to first visible token); later ones in frames.
         if finished or (dirty and (not shown_any or wall - last_frame >= frame_s)):
             shown_any, dirty, last_frame, last_yield = True, False, wall, wall
-            yield Snapshot(runners[0].view(display), runners[1].view(display), wall, finished)
+            yield Snapshot(views(), wall, finished)
         elif wall - last_yield >= keepalive_s:
             last_yield = wall
-            yield Snapshot(runners[0].view(display), runners[1].view(display), wall, False, idle=True)
+            yield Snapshot(views(), wall, False, idle=True)
         if finished:
             return
         if not active:

@@ -1,4 +1,5 @@
-"""HTML for the race panes: colored tokens, the per-block draft strip, the legend and the stats.
+"""HTML for the race panes: colored tokens, the per-block draft strip, the legend, the stats and the
+summary (with a row per lane when more than DFlash and plain decoding raced).
 
 Token kinds come from the engine's events by position (a block's committed ids are its accepted
 draft tokens followed by the target's bonus token), never by searching decoded text. Every piece
@@ -11,6 +12,8 @@ import html
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .lanes import COLORS as LANE_COLORS
+from .lanes import LABELS
 from .race import SideView
 from .report import RaceReport
 from .tips import plain_tip, token_tip
@@ -43,7 +46,8 @@ class TokenMark:
     rejected: tuple[int, ...] = ()  # drafts this bonus token replaced (bonus tokens only)
 
 
-def dflash_marks(view: SideView) -> list[TokenMark]:
+def lane_marks(view: SideView) -> list[TokenMark]:
+    """A drafting lane's tokens: the prefill's, then per block its accepted drafts and its bonus."""
     marks = [TokenMark("first", None, None, True)] if view.prefill else []
     for block in view.blocks:
         for i, _ in enumerate(block.committed_ids):
@@ -64,8 +68,8 @@ def plain_marks(view: SideView) -> list[TokenMark]:
     return [TokenMark("plain", i, None, False) for i in range(view.num_tokens)]
 
 
-def dflash_tips(view: SideView, text_of: Callable[[int], str]) -> list[str]:
-    """Hover boxes for the DFlash pane's tokens, in output order (see `tips.py`)."""
+def lane_tips(view: SideView, text_of: Callable[[int], str]) -> list[str]:
+    """Hover boxes for a drafting lane's tokens, in output order (see `tips.py`)."""
     tips = ['<span class="tip"><b>first token</b> · from the prefill: the target\'s own</span>'] if view.prefill else []
     for block in view.blocks:
         for i, token in enumerate(block.committed_ids):
@@ -81,7 +85,7 @@ def plain_tips(view: SideView, text_of: Callable[[int], str]) -> list[str]:
     return tips
 
 
-def _title(mark: TokenMark, position: int, text_of: Callable[[int], str], diff: bool) -> str:
+def _title(mark: TokenMark, position: int, text_of: Callable[[int], str], diff: bool, lane: str) -> str:
     if mark.block is None:
         parts = ["first token (from the prefill, the target's own)"]
     elif mark.kind == "plain":
@@ -92,7 +96,7 @@ def _title(mark: TokenMark, position: int, text_of: Callable[[int], str], diff: 
         if mark.rejected:
             parts.append(f"drafter proposed {text_of(mark.rejected[0])!r} here (rejected)")
     if diff:
-        parts.append("first position where DFlash and plain decoding differ")
+        parts.append(f"first position where {lane} and plain decoding differ")
     return "; ".join(parts)
 
 
@@ -102,9 +106,11 @@ def tokens_html(
     text_of: Callable[[int], str],
     diff_at: int | None = None,
     tips: list[str] | None = None,
+    lane: str = "DFlash",
 ) -> str:
     """One span per token; `pieces[i]` is the decoded text of token i, `tips[i]` its hover box
-    (already escaped HTML from `tips.py`; without one the browser's title tooltip is used)."""
+    (already escaped HTML from `tips.py`; without one the browser's title tooltip is used);
+    `lane` names the pane's lane where the first difference is outlined."""
     if not marks:
         return f'<div class="dflash-pane" style="{_PANE}"><span style="color:#889">waiting for tokens…</span></div>'
     spans = []
@@ -114,7 +120,7 @@ def tokens_html(
             style += f";border-left:2px solid {BOUNDARY};padding-left:1px;margin-left:1px"
         if i == diff_at:
             style += f";outline:2px solid {DIFF}"
-        title = html.escape(_title(mark, i, text_of, i == diff_at), quote=True)
+        title = html.escape(_title(mark, i, text_of, i == diff_at, lane), quote=True)
         data = (
             ""
             if mark.block is None
@@ -133,7 +139,8 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
 
     tips: give each chip its hover box (top-k and verdict) instead of a title.
     """
-    if not view.blocks or not view.blocks[0].draft_ids:
+    # A lookup lane's first cycles may find no match: the strip shows once any block has drafts.
+    if not any(block.draft_ids for block in view.blocks):
         return ""
     rows = []
     shown = view.blocks[-last:]
@@ -224,6 +231,38 @@ def _ms(seconds) -> str:
     return _text(seconds * 1000, ".0f") if isinstance(seconds, (int, float)) else _text(seconds)
 
 
+def _lane_lossless(lane) -> str:
+    if lane.identical is None:
+        return "not checked"
+    if lane.identical:
+        return '<span style="color:#127a2a">identical ✓</span>'
+    if lane.lossless == "near_tie":
+        return f'<span style="color:#9a6700">near-tie at token {_text(lane.first_difference)}</span>'
+    return f'<span style="color:{DIFF}">✗ differs at token {_text(lane.first_difference)}</span>'
+
+
+def _lanes_table(report: RaceReport) -> str:
+    """One row per lane raced: the numbers that compare the methods, on each lane's own clock."""
+    head = ("lane", "tau", "drafter passes / cycle", "draft ms / cycle", "tok/s", "speedup", "same output as plain")
+    rows = []
+    for name, lane in report.lanes.items():
+        cells = (
+            f'<span style="color:{LANE_COLORS.get(name, "#111")};font-weight:600">{html.escape(LABELS.get(name, name))}</span>',
+            _text(lane.tau, ".2f") if name != "plain" else "1",
+            _text(lane.draft_passes_per_cycle, ".2g") if name != "plain" else "–",
+            _text(lane.draft_ms_per_cycle, ".1f") if name != "plain" else "–",
+            _text(lane.tok_s, ".1f"),
+            f"{_text(lane.speedup, '.2f')}×",
+            _lane_lossless(lane) if name != "plain" else "–",
+        )
+        rows.append("<tr>" + "".join(f'<td style="padding:2px 10px">{c}</td>' for c in cells) + "</tr>")
+    header = "".join(f'<th style="padding:2px 10px;text-align:left;color:#667;font-weight:500">{h}</th>' for h in head)
+    return (
+        f'<table class="lanes-table" style="font-size:14px;border-collapse:collapse;margin:4px 0">'
+        f"<tr>{header}</tr>{''.join(rows)}</table>"
+    )
+
+
 def summary_html(report: RaceReport | None, note: str = "") -> str:
     if report is None:
         return f'<div class="race-summary" style="color:#667">{html.escape(note) or "Run a prompt to start the race."}</div>'
@@ -258,4 +297,5 @@ def summary_html(report: RaceReport | None, note: str = "") -> str:
         for k, v in cells
     )
     extra = f'<div style="color:#667;font-size:12px">{html.escape(note)}</div>' if note else ""
-    return f'<div class="race-summary" style="display:flex;flex-wrap:wrap;gap:6px">{body}</div>{extra}'
+    table = _lanes_table(report) if len(report.lanes) > 2 else ""
+    return f'<div class="race-summary" style="display:flex;flex-wrap:wrap;gap:6px">{body}</div>{table}{extra}'

@@ -1,6 +1,6 @@
-"""Replay a recorded race from its trace file (`dflash-trace/1`), with no model and no torch.
+"""Replay a recorded race from its trace file (`dflash-trace/2`, or a `/1` one), with no model and no torch.
 
-The trace holds both sides' events (prefill, every block with its compute clock, the summary)
+The trace holds every lane's events (prefill, every block with its compute clock, the summary)
 and the text of every token they name, so the replay rebuilds the engine's own events and runs
 them through the same race, renderers and charts as a live run: the colours, the draft strip,
 the summary and every explanation view come out as they did live. Token text comes from the
@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from dflash_core.events import Block, CycleExplanation, Prefill, Summary
-from dflash_core.trace import TraceError, validate_trace
+from dflash_core.lossless import Verdict
+from dflash_core.trace import RUNS, TraceError, validate_trace
 
 from .report import RaceReport, first_difference, race_report
 
@@ -30,15 +31,22 @@ class ReplayError(ValueError):
 
 @dataclass(frozen=True)
 class Recording:
-    """Both sides of a recorded race, as the engine's events, and how to name their tokens."""
+    """Every lane of a recorded race, as the engine's events, and how to name their tokens."""
 
     name: str
     settings: dict
-    dflash: Summary
-    plain: Summary
+    runs: dict[str, Summary]  # by lane, in the order of `RUNS`; dflash and plain always
     tokens: dict[int, str]
-    pieces: dict[str, list[str]]  # side -> the live pane's text per output token, when recorded
+    pieces: dict[str, list[str]]  # lane -> the live pane's text per output token, when recorded
     recorded_report: RaceReport | None = None  # the race's report as shown live (its lossless verdict too)
+
+    @property
+    def dflash(self) -> Summary:
+        return self.runs["dflash"]
+
+    @property
+    def plain(self) -> Summary:
+        return self.runs["plain"]
 
     def text_of(self, token_id: int) -> str:
         return self.tokens.get(int(token_id), f"<{int(token_id)}>")
@@ -51,9 +59,9 @@ class Recording:
     def temperature(self) -> float:
         return float(self.settings.get("temperature", 0.0) or 0.0)
 
-    def events(self, side: str):
-        """The side's events in the order the engine yielded them."""
-        summary = self.dflash if side == "dflash" else self.plain
+    def events(self, lane: str):
+        """The lane's events in the order the engine yielded them."""
+        summary = self.runs[lane]
         yield summary.prefill
         yield from summary.blocks
         yield summary
@@ -63,7 +71,11 @@ class Recording:
         needed the model) and the stop flag come from the recorded report, when there is one."""
         recorded = self.recorded_report
         verdict, stopped = (None, False) if recorded is None else (recorded.lossless, recorded.stopped)
-        return race_report(self.dflash, self.plain, self.temperature, self.block_size, verdict, stopped=stopped)
+        lanes = {} if recorded is None else recorded.lanes
+        verdicts = {name: Verdict(lane.lossless, position=lane.first_difference)
+                    for name, lane in lanes.items() if lane.lossless is not None and name != "dflash"}
+        return race_report(self.dflash, self.plain, self.temperature, self.block_size, verdict, stopped=stopped,
+                           lanes=self.runs, verdicts=verdicts)
 
     def label(self) -> str:
         prompt = " ".join(str(self.settings.get("prompt", "")).split())
@@ -105,13 +117,12 @@ def load_trace(path) -> Recording:
     except TraceError as exc:
         raise ReplayError(f"{path.name}: {str(exc).replace(str(path), path.name)}") from None
     runs = data["runs"]
-    missing = [side for side in ("dflash", "plain") if side not in runs]
+    missing = [lane for lane in ("dflash", "plain") if lane not in runs]
     if missing:
-        raise ReplayError(f"{path.name} holds no {' and no '.join(missing)} run: a race replay needs both sides")
+        raise ReplayError(f"{path.name} holds no {' and no '.join(missing)} run: a race replay needs DFlash and plain decoding")
     tokens = {int(k): v for k, v in data["tokens"].items()}
-    recording = Recording(
-        path.stem, data["settings"], _summary(runs["dflash"]), _summary(runs["plain"]), tokens, data.get("pieces", {})
-    )
+    summaries = {lane: _summary(runs[lane], lane) for lane in RUNS if lane in runs}
+    recording = Recording(path.stem, data["settings"], summaries, tokens, data.get("pieces", {}))
     if "report" not in data:
         return recording
     try:
@@ -136,7 +147,7 @@ def _check_verdict(recorded: RaceReport, recording: Recording, name: str) -> Non
         raise ReplayError(f"{name}: trace.report.lossless says {verdict.kind} at token {verdict.position}, but {where}")
 
 
-def _summary(run: dict) -> Summary:
+def _summary(run: dict, lane: str) -> Summary:
     prefill = Prefill(int(run["prompt_len"]), int(run["prefill"]["token_id"]), float(run["prefill"]["seconds"]))
     blocks = []
     for raw in run["blocks"]:
@@ -154,16 +165,17 @@ def _summary(run: dict) -> Summary:
         prefill=prefill,
         blocks=tuple(blocks),
         total_s=float(run["total_s"]),
+        method=str(run.get("method") or lane),  # traces before dflash-trace/2 name no method
     )
 
 
 class RecordedPieces:
     """Pane text per token for a replay, with the `extend(ids)` interface of `TokenPieces`."""
 
-    def __init__(self, recording: Recording, side: str):
+    def __init__(self, recording: Recording, lane: str):
         self.recording = recording
-        self.recorded = recording.pieces.get(side) or []  # checked by validate_trace; else "tokens"
-        self.final = list((recording.dflash if side == "dflash" else recording.plain).output_ids)
+        self.recorded = recording.pieces.get(lane) or []  # checked by validate_trace; else "tokens"
+        self.final = list(recording.runs[lane].output_ids)
 
     def extend(self, ids) -> list[str]:
         ids = [int(i) for i in ids]

@@ -1,9 +1,10 @@
 """One live race of a model pair, with no Gradio: the lanes' `generate` runs raced against each
 other (`race.py`), their snapshots, then a typed result (lossless verdict, report, trace).
 
-A lane is one named decoder of the same prompt with the same target (today DFlash and plain
-decoding); what is kept per lane is kept by name, so a race of more lanes adds entries, not code.
-Takes and gives only plain data: on ZeroGPU it runs in a GPU worker process.
+A lane is one named decoder of the same prompt with the same target: DFlash and plain decoding
+always, and the autoregressive drafter and prompt lookup when the visitor adds them (`LANES`).
+What is kept per lane is kept by name. Takes and gives only plain data: on ZeroGPU it runs in a
+GPU worker process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from dflash_core.events import Summary
 from dflash_core.lossless import Verdict
 from dflash_core.lossless import compare as lossless_check
+from dflash_core.trace import RUNS as LANES
 from dflash_core.trace import build_trace, settings_of
 
 from .control import Control
@@ -34,10 +36,23 @@ class Lane:
     block_size: int = 1
 
 
-def pair_lanes(pair, block_size: int) -> dict[str, Lane]:
-    """The lanes a pair races: its drafter at `block_size` on its target, and plain decoding on the
-    pair's second target."""
-    return {"dflash": Lane(pair.target, pair.drafter, block_size), "plain": Lane(pair.plain)}
+def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, Lane]:
+    """The lanes `names` of a pair, in the order of `LANES`: its DFlash drafter at `block_size`, its
+    autoregressive drafter (at most at its trained size), prompt lookup, and plain decoding, each on
+    a target instance of its own (`LoadedPair.lane_target`)."""
+    from dflash_core.prompt_lookup import PromptLookup  # torch only for a live race
+
+    def lane(name: str) -> Lane:
+        target = pair.lane_target(name)
+        if name == "dflash":
+            return Lane(target, pair.drafter, block_size)
+        if name == "ar":
+            return Lane(target, pair.ar_drafter, min(block_size, pair.ar_drafter.block_size))
+        if name == "lookup":
+            return Lane(target, PromptLookup(block_size=block_size), block_size)
+        return Lane(target)
+
+    return {name: lane(name) for name in LANES if name in names}
 
 
 @dataclass(frozen=True)
@@ -47,24 +62,24 @@ class RaceResult:
     summaries: dict[str, Summary]  # by lane: the engine's summary, or one over what was shown
     verdict: Verdict | None  # the lossless check of a greedy race that ran to its end
     report: RaceReport
-    trace: dict  # the dflash-trace/1 dict, with the panes' exact text per token under "pieces"
+    trace: dict  # the dflash-trace/2 dict, with the panes' exact text per token under "pieces"
 
 
 class RaceSession:
     """One race of `pair` on one prompt; `snapshots()` runs it, `result()` sums it up."""
 
     def __init__(self, pair, device, prompt: str | None, prompt_ids: list[int], max_new_tokens: int,
-                 block_size: int, sampling):
+                 block_size: int, sampling, lanes=("dflash", "plain")):
         self.pair, self.device = pair, device
         self.prompt, self.prompt_ids = prompt, prompt_ids
         self.max_new_tokens, self.block_size, self.sampling = max_new_tokens, block_size, sampling
-        self.lanes = pair_lanes(pair, block_size)
+        self.lanes = pair_lanes(pair, block_size, lanes)
         self.pieces = {name: TokenPieces(pair.tokenizer) for name in self.lanes}
         self.text_of = single_token_text(pair.tokenizer)
         self.last: Snapshot | None = None  # the newest snapshot
 
     def snapshots(self, stop: Callable[[], bool] | None = None, control: Control | None = None) -> Iterator[Snapshot]:
-        """The race's snapshots until both lanes have finished on screen, or until `stop()`.
+        """The race's snapshots until every lane has finished on screen, or until `stop()`.
 
         control: Pause / Step; it is reset for this run, a newer run of its viewer ends this one,
         and its viewer names tokens with this pair's tokenizer.
@@ -83,10 +98,8 @@ class RaceSession:
             for name, lane in self.lanes.items()
         }
         with self.pair.lock:  # a pair's targets hold the KV caches of one race at a time
-            for self.last in race(
-                events["dflash"], events["plain"], dflash_block_size=self.lanes["dflash"].block_size,
-                stop=stop or _never, control=control,
-            ):
+            block_sizes = {name: lane.block_size for name, lane in self.lanes.items()}
+            for self.last in race(events, block_sizes=block_sizes, stop=stop or _never, control=control):
                 yield self.last
 
     def result(self) -> RaceResult | None:
@@ -97,10 +110,13 @@ class RaceSession:
         if any(summary is None for summary in summaries.values()):
             return None
         d, p = summaries["dflash"], summaries["plain"]
-        verdict = None
+        verdicts = {}
         if self.sampling.greedy and not self.last.stopped:
-            verdict = lossless_check(self.lanes["plain"].target, self.prompt_ids, d.output_ids, p.output_ids)
-        report = race_report(d, p, self.sampling.temperature, self.block_size, verdict, stopped=self.last.stopped)
+            plain_target = self.lanes["plain"].target
+            verdicts = {name: lossless_check(plain_target, self.prompt_ids, summary.output_ids, p.output_ids)
+                        for name, summary in summaries.items() if name != "plain"}
+        report = race_report(d, p, self.sampling.temperature, self.block_size, verdicts.get("dflash"),
+                             stopped=self.last.stopped, lanes=summaries, verdicts=verdicts)
         spec = self.pair.spec
         trace = build_trace(
             settings=settings_of(
@@ -108,7 +124,8 @@ class RaceSession:
                 target_dtype=self.pair.target.dtype, drafter_dtype=self.pair.drafter.dtype, explain=EXPLAIN_TOP_K,
             ),
             pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
-                  "trained_block_size": self.pair.trained_block_size, "chat_template": self.pair.chat_template},
+                  "trained_block_size": self.pair.trained_block_size, "chat_template": self.pair.chat_template,
+                  **({"ar_drafter": spec.ar_drafter} if "ar" in self.lanes else {})},
             runs=summaries,
             vocab_size=self.pair.target.vocab_size,
             text_of=self.text_of,
@@ -118,7 +135,7 @@ class RaceSession:
         # The panes' exact text per token: a replay shows it as it was shown live (a byte-level
         # token that completes a character decodes differently on its own).
         trace["pieces"] = {name: self.pieces[name].extend(summary.output_ids) for name, summary in summaries.items()}
-        return RaceResult(summaries, verdict, report, trace)
+        return RaceResult(summaries, verdicts.get("dflash"), report, trace)
 
 
 def _never() -> bool:

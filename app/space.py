@@ -60,11 +60,12 @@ def default_limits():
     return SPACE_LIMITS if on_space() or on_zerogpu() else Limits()
 
 
-def race_seconds(pair_id: str, prompt_ids, max_new_tokens: int, *_args, **_kwargs) -> int:
-    """GPU seconds to ask ZeroGPU for one race (called with the race function's own arguments)."""
+def race_seconds(pair_id: str, prompt_ids, max_new_tokens: int, *_args, lanes=("dflash", "plain"), **_kwargs) -> int:
+    """GPU seconds to ask ZeroGPU for one race (called with the race function's own arguments):
+    each lane decodes `max_new_tokens` at most, one after another in the race's one worker."""
     per_token = GPU_S_PER_TOKEN.get(pair_id, GPU_S_PER_TOKEN_DEFAULT)
     prefill = len(prompt_ids) / 2000  # a prefill runs thousands of tokens per second
-    return min(GPU_S_MAX, math.ceil(GPU_S_BASE + prefill + 2 * int(max_new_tokens) * per_token))
+    return min(GPU_S_MAX, math.ceil(GPU_S_BASE + prefill + len(lanes) * int(max_new_tokens) * per_token))
 
 
 def gpu_task(fn: Callable[..., Iterator], pairs=()) -> tuple[Callable[..., Iterator], Callable[[str], bool]]:

@@ -42,11 +42,11 @@ class Stepping:
         viewer.follow = False
         if viewer.latest is None:
             return cycle_html(None, None, None, str), False
-        return cycle_html(viewer.latest.dflash, viewer.latest.plain, index, viewer.text_of), False
+        return cycle_html(viewer.latest.dflash, viewer.latest.plain, index, viewer.text_of, viewer.latest.lanes.get("ar")), False
 
     def follow_latest(self, follow, request: gr.Request = None):
         viewer = self.control(request).viewer
         viewer.follow = bool(follow)
         if viewer.latest is None or not follow:
             return gr.skip()
-        return cycle_html(viewer.latest.dflash, viewer.latest.plain, None, viewer.text_of)
+        return cycle_html(viewer.latest.dflash, viewer.latest.plain, None, viewer.text_of, viewer.latest.lanes.get("ar"))

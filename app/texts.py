@@ -6,8 +6,10 @@ Templates with `{name}` fields are filled with `str.format` where they are shown
 INTRO = """# ⚡ DFlash Studio
 Speculative decoding with a **block-diffusion drafter**: the drafter proposes a whole block of tokens
 in one pass, the target verifies it in one pass and keeps the longest agreeing prefix plus one token of
-its own. Both panes decode the same prompt with the same target; the race is paced on each side's own
-compute time, so what you see matches the measured speeds.
+its own. Every pane decodes the same prompt with the same target; the race is paced on each lane's own
+compute time, so what you see matches the measured speeds. Add lanes to race DFlash against an
+autoregressive drafter (one pass per drafted token, the same injected target features) and prompt lookup
+(copying from the context, no model).
 
 Block size is a hardware trade-off: a bigger block lets more tokens be accepted per cycle, but on a
 CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half), so here the block-4 pair is the
@@ -37,16 +39,24 @@ READY = (
 # --- the race ---------------------------------------------------------------------------------------
 NO_MODEL = "This app was started with --replay: no model is loaded. Replay a recorded run instead."
 UNKNOWN_MODEL_PAIR = "Unknown model pair {pair_id!r}."
-NO_DRAFTING = "Block size 1 means no drafting: both sides decode plainly, one token per step."
+NO_DRAFTING = "Block size 1 means no drafting: every lane decodes plainly, one token per step."
 RACE_LOADING = "Loading {label}… (first time only)"
 RACING = "Racing…"
 STOPPED = "Stopped."
-STOPPED_EARLY = "Stopped before both sides had a token."
+STOPPED_EARLY = "Stopped before every lane had a token."
 OWN_CLOCKS = (
-    "Times are each side's own compute time: the two runs were interleaved in one worker, "
-    "so neither slowed the other down."
+    "Times are each lane's own compute time: the lanes ran interleaved in one worker, "
+    "so none slowed another down."
 )
 STOPPED_SHOWN = "Stopped: {dflash} DFlash and {plain} plain tokens shown, numbers up to there. "
+LANES_CHOICE = "Also race (DFlash and plain decoding always race)"
+NO_AR_DRAFTER = (
+    "{label} has no autoregressive drafter, so it cannot race the AR drafter lane. Pairs with one: {pairs}."
+)
+VLLM_LANES = (
+    "A vLLM pair races the server's DFlash against its plain decoding only: the AR drafter and prompt "
+    "lookup lanes run in this engine, on the app's local pairs."
+)
 
 # --- a replay ---------------------------------------------------------------------------------------
 BAD_SPEED = "replay speed must be between 0.25x and 4x, got {speed:g}x"

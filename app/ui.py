@@ -31,7 +31,7 @@ from .live import LiveRace
 from .loading import PairLoading
 from .pairs import PairSpec
 from .playback import Playback
-from .race import SideView
+from .lanes import CHOICES, LANES
 from .replay import ReplayError, load_trace, shipped_traces
 from .speedup import FORMULA_MD, speedup_figure
 from .stepping import Stepping
@@ -168,7 +168,7 @@ class LiveTab:
     pair_state: gr.State
     pair_choice: gr.Dropdown
     status: gr.Markdown
-    inputs: list  # the `compare` inputs but the pair: prompt, max new tokens, block size, temperature, top-p, seed
+    inputs: list  # the `compare` inputs but the pair: prompt, max new tokens, block size, temperature, top-p, seed, lanes
     block_size: gr.Slider
     run_button: gr.Button
     stop_button: gr.Button
@@ -207,10 +207,11 @@ def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits) -> LiveTab:
                 temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
             seed = gr.Number(value=0, precision=0, label="Seed (sampling only)")
+            lanes = gr.CheckboxGroup(CHOICES, value=[], label=texts.LANES_CHOICE, elem_id="lanes-choice")
             with gr.Row():
                 run_button = gr.Button("Race ▶", variant="primary", elem_id="run", scale=3)
                 stop_button = gr.Button("Stop ■", variant="stop", elem_id="stop", scale=1)
-    inputs = [prompt, max_new_tokens, block_size, temperature, top_p, seed]
+    inputs = [prompt, max_new_tokens, block_size, temperature, top_p, seed, lanes]
     return LiveTab(pair_state, pair_choice, status, inputs, block_size, run_button, stop_button)
 
 
@@ -235,7 +236,7 @@ def howto_tab() -> None:
 
 
 def race_area() -> RaceArea:
-    """Under the tabs: the controls, both panes, the cycle view, the charts, the summary and the downloads."""
+    """Under the tabs: the controls, the lanes' panes, the cycle view, the charts, the summary and the downloads."""
     with gr.Row(elem_id="race-controls"):
         pause_button = gr.Button("Pause", elem_id="pause", size="sm")
         step_button = gr.Button("Step one cycle", elem_id="step", size="sm")
@@ -243,27 +244,27 @@ def race_area() -> RaceArea:
         control_status = gr.Markdown("", elem_id="control-status")
     gr.HTML(render.legend_html())
     summary = gr.HTML(render.summary_html(None), elem_id="summary")
-    with gr.Row(equal_height=False):
-        with gr.Column():
-            d_stats = gr.HTML(elem_id="dflash-stats")
-            d_tokens = gr.HTML(elem_id="dflash-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
-            d_strip = gr.HTML(elem_id="dflash-strip", css_template=TIP_CSS, js_on_load=TIP_JS)
-        with gr.Column():
-            p_stats = gr.HTML(elem_id="plain-stats")
-            p_tokens = gr.HTML(elem_id="plain-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
+    panes = {}
+    with gr.Row(equal_height=False, elem_id="lanes"):
+        for lane in LANES:  # every lane's pane exists; a race shows those it races (`frames.start_frame`)
+            with gr.Column(visible=lane in ("dflash", "plain"), elem_id=f"{lane}-pane", min_width=280) as column:
+                panes[f"{lane}_column"] = column
+                panes[f"{lane}_stats"] = gr.HTML(elem_id=f"{lane}-stats")
+                panes[f"{lane}_tokens"] = gr.HTML(elem_id=f"{lane}-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
+                panes[f"{lane}_strip"] = gr.HTML(elem_id=f"{lane}-strip", css_template=TIP_CSS, js_on_load=TIP_JS,
+                                                 visible=lane != "plain")
     with gr.Accordion(texts.CYCLE_PANEL, open=False, elem_id="cycle-panel"):
         with gr.Row():
             cycle_pick = gr.Slider(0, 1, value=0, step=1, label="Cycle", elem_id="cycle-pick", scale=3)
             follow = gr.Checkbox(value=True, label="Follow the current cycle", elem_id="cycle-follow", scale=1)
         cycle_view = gr.HTML(cycle_html(None, None, None, str), elem_id="cycle-view", js_on_load=None)
     # Empty figures at page load also make the browser fetch plotly before the first race.
-    empty = SideView("", None, (), None, 0.0, 16)
     with gr.Row():
-        acc_plot = gr.Plot(charts.acceptance_figure(empty), label="Acceptance length", elem_id="chart-acceptance")
-        speed_plot = gr.Plot(charts.speed_figure(empty, empty), label="Tokens/s", elem_id="chart-speed")
+        acc_plot = gr.Plot(charts.acceptance_figure({}), label="Acceptance length", elem_id="chart-acceptance")
+        speed_plot = gr.Plot(charts.speed_figure({}), label="Tokens/s", elem_id="chart-speed")
     with gr.Row():
-        hist_plot = gr.Plot(charts.histogram_figure(empty), label="Histogram", elem_id="chart-histogram")
-        pos_plot = gr.Plot(charts.position_figure(empty), label="Per-position acceptance", elem_id="chart-positions")
+        hist_plot = gr.Plot(charts.histogram_figure({}), label="Histogram", elem_id="chart-histogram")
+        pos_plot = gr.Plot(charts.position_figure({}), label="Per-position acceptance", elem_id="chart-positions")
     speedup_plot = gr.Plot(speedup_figure(None, None), label="Speedup model", elem_id="chart-speedup")
     gr.Markdown(FORMULA_MD, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
     with gr.Row():
@@ -271,8 +272,7 @@ def race_area() -> RaceArea:
         trace_file = gr.File(label="Trace download (JSON)", elem_id="trace")
         trace_csv = gr.File(label="Per-block metrics (CSV)", elem_id="trace-csv")
     outputs = {
-        "summary": summary, "dflash_stats": d_stats, "dflash_tokens": d_tokens, "dflash_strip": d_strip,
-        "plain_stats": p_stats, "plain_tokens": p_tokens, "acceptance_chart": acc_plot, "speed_chart": speed_plot,
+        "summary": summary, **panes, "acceptance_chart": acc_plot, "speed_chart": speed_plot,
         "histogram_chart": hist_plot, "positions_chart": pos_plot, "speedup_chart": speedup_plot,
         "cycle_pick": cycle_pick, "cycle_view": cycle_view, "control_status": control_status,
         "report": report_json, "trace_file": trace_file, "trace_csv": trace_csv,

@@ -115,8 +115,8 @@ class VllmRaceSession:
         # Both requests go out now, so the servers decode side by side.
         dflash = stream(self.models["dflash"], self.prompt, block_size=self.block_size, **common)
         plain = stream(self.models["plain"], self.prompt, block_size=1, **common)
-        for self.last in race(dflash, plain, dflash_block_size=self.block_size, stop=stop or (lambda: False),
-                              control=control):
+        for self.last in race({"dflash": dflash, "plain": plain}, block_sizes={"dflash": self.block_size},
+                              stop=stop or (lambda: False), control=control):
             yield self.last
 
     def result(self) -> RaceResult | None:

@@ -538,8 +538,9 @@ def part_race(state) -> dict:
     common = {"max_new_tokens": 48, "sampling": SamplingParams(), "stop_ids": pair.stop_ids}
     snapshot = None
     frames = 0
-    for snapshot in race(generate(pair.target, prompt, pair.drafter, block_size=b, **common),
-                         generate(pair.plain, prompt, None, **common), dflash_block_size=b, pace=False):
+    lanes = {"dflash": generate(pair.target, prompt, pair.drafter, block_size=b, **common),
+             "plain": generate(pair.plain, prompt, None, **common)}
+    for snapshot in race(lanes, block_sizes={"dflash": b}, pace=False):
         frames += 1
     d, p = snapshot.dflash.summary, snapshot.plain.summary
     verdict = compare(pair.plain, prompt, d.output_ids, p.output_ids)

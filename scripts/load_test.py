@@ -164,7 +164,7 @@ class Runner:
         first = first if first is not None else time.perf_counter() - t0
         trace = json.loads(Path(result[-1]).read_text())
         Path(result[-1]).unlink(missing_ok=True)  # the client's download; the server keeps its own copy
-        runs = trace["runs"]  # dflash-trace/1
+        runs = trace["runs"]  # dflash-trace/2
         return result[-2], runs["dflash"]["output_ids"], runs["plain"]["output_ids"], first
 
     # --- rounds -------------------------------------------------------------------------------

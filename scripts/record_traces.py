@@ -1,12 +1,13 @@
 """Record the shipped traces: each app example raced on the offline default pair, greedy and T=0.7.
 
-Runs the app's own `compare` (the same code path as a click on "Race"), with every cycle explained,
-validates each trace and writes it to assets/traces/ with an index.json that lists them. Re-record
-after replacing the default drafter with one command:
+Runs the app's own `compare` (the same code path as a click on "Race") with every lane (DFlash, the
+AR drafter, prompt lookup, plain decoding) and every cycle explained, validates each trace and
+writes it to assets/traces/ with an index.json that lists them. Re-record after replacing a
+drafter with one command:
 
     .venv/bin/python scripts/record_traces.py
 
-The traces keep each side's compute clock, so other jobs on the machine slow their replay; on a
+The traces keep each lane's compute clock, so other jobs on the machine slow their replay; on a
 shared machine run it at a high priority (`nice -n -19 ...`, as the shipped ones were).
 """
 
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as the app on a 2-core loopback)")
+    parser.add_argument("--lanes", default="ar,lookup", help="lanes added to DFlash and plain decoding (comma-separated)")
     args = parser.parse_args(argv)
     if len(EXAMPLES) != len(CATEGORIES):
         raise SystemExit(f"app/examples.py has {len(EXAMPLES)} examples; this script names {len(CATEGORIES)}")
@@ -64,7 +66,9 @@ def main(argv=None) -> int:
         for label, temperature in TEMPERATURES.items():
             t0 = time.perf_counter()
             frame = None
-            for frame in app.compare(prompt, args.max_new_tokens, args.block_size, temperature, 1.0, args.seed, pair_id):
+            lanes = [name for name in args.lanes.split(",") if name]
+            for frame in app.compare(prompt, args.max_new_tokens, args.block_size, temperature, 1.0, args.seed, lanes,
+                                     pair_id):
                 pass
             source = frame[FRAME_FIELDS.index("trace_file")]
             trace = validate_trace(source)
@@ -78,9 +82,11 @@ def main(argv=None) -> int:
                 "file": name, "category": category, "prompt": prompt, "temperature": temperature,
                 "seed": args.seed, "tau": report["tau"], "speedup": report["speedup"],
                 "identical": report["identical"], "bytes": size,
+                "lanes": {lane: {k: r[k] for k in ("tau", "speedup", "draft_passes_per_cycle", "draft_ms_per_cycle",
+                                                  "identical")} for lane, r in report["lanes"].items()},
             })
-            print(f"{name}: tau {report['tau']:.2f}, speedup {report['speedup']:.2f}x, {size} bytes, "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            lanes_text = ", ".join(f"{lane} {r['tau']:.2f} {r['speedup']:.2f}x" for lane, r in report["lanes"].items())
+            print(f"{name}: {lanes_text}; {size} bytes, {time.perf_counter() - t0:.0f} s", flush=True)
     (out / "index.json").write_text(json.dumps({"pair": pair_id, "traces": index}, indent=1) + "\n")
     return 0
 

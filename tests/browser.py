@@ -2,8 +2,8 @@
 
 Used by the browser test and to make the README screenshot::
 
-    python app.py --target ... --drafter ... --port 7861 &
-    python tests/browser.py http://127.0.0.1:7861 assets/screenshot.png --max-new-tokens 96
+    python app.py --port 7861 &   # the offline default pair, which has every lane
+    python tests/browser.py http://127.0.0.1:7861 assets/screenshot.png --max-new-tokens 96 --lanes ar,lookup
     python app.py --replay assets/traces/math-greedy.json --port 7862 &
     python tests/browser.py http://127.0.0.1:7862 assets --replay-shots   # replay.png, inside-a-cycle.png
 
@@ -29,6 +29,7 @@ LAUNCH_ARGS = [
     "--disable-sync",
 ]
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that returns True when n is a prime number."
+LANE_LABELS = {"ar": "AR drafter", "lookup": "prompt lookup"}  # the start of each checkbox's label
 
 
 def chromium_path() -> str | None:
@@ -36,12 +37,14 @@ def chromium_path() -> str | None:
 
 
 def run_race_in_browser(
-    url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0
+    url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0,
+    lanes: tuple[str, ...] = (),
 ) -> dict:
-    """Open the page, wait for the models, race `prompt`, and save a full-page screenshot.
+    """Open the page, wait for the models, tick the added `lanes` (ar, lookup), race `prompt`, and
+    save a full-page screenshot.
 
     Returns what the page showed, plus `first_token_s`: seconds from the click to the first
-    colored token on screen.
+    colored token on screen, and `lane_tokens`: the tokens in each lane's pane.
     """
     from playwright.sync_api import sync_playwright
 
@@ -56,13 +59,18 @@ def run_race_in_browser(
                 box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
                 box.fill(str(max_new_tokens))
                 box.press("Enter")
+            for lane in lanes:
+                page.locator("#lanes-choice label", has_text=LANE_LABELS[lane]).click()
             page.locator("#prompt textarea").fill(prompt)
             clicked = time.perf_counter()
             page.locator("#run").click()
             page.wait_for_selector("#dflash-tokens .tok", timeout=timeout_ms)
             first_token_s = time.perf_counter() - clicked
             page.wait_for_selector("#summary :text('speedup')", timeout=timeout_ms)
-            page.wait_for_selector("#chart-acceptance .js-plotly-plot .bars path", timeout=timeout_ms)
+            # One lane draws bars and a running mean, several only their running means. A flat line
+            # is a path of zero height, never "visible" to playwright: attached is what is waited for.
+            page.wait_for_selector("#chart-acceptance .js-plotly-plot .scatterlayer path", state="attached",
+                                   timeout=timeout_ms)
             page.wait_for_timeout(500)  # let the last chart frame paint
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
@@ -70,6 +78,10 @@ def run_race_in_browser(
                 "first_token_s": round(first_token_s, 3),
                 "target_tokens": page.locator("#dflash-tokens .tok-bonus, #dflash-tokens .tok-first").count(),
                 "plain_tokens": page.locator("#plain-tokens .tok-plain").count(),
+                "lane_tokens": {lane: page.locator(f"#{lane}-tokens .tok").count()
+                                for lane in ("dflash", "ar", "lookup", "plain")},
+                "lanes_visible": [lane for lane in ("dflash", "ar", "lookup", "plain")
+                                  if page.locator(f"#{lane}-pane").is_visible()],
                 "plots": page.locator(".js-plotly-plot").count(),
                 "bars": page.locator("#chart-acceptance .js-plotly-plot .bars path").count(),
                 "summary": page.locator("#summary").inner_text(),
@@ -204,6 +216,7 @@ def main(argv=None) -> None:
     parser.add_argument("output", type=Path)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("--lanes", default="", help="lanes to add to DFlash and plain decoding, e.g. ar,lookup")
     parser.add_argument(
         "--replay-shots", action="store_true",
         help="the app serves a replay (python app.py --replay FILE): save replay.png and inside-a-cycle.png in OUTPUT (a folder)",
@@ -213,8 +226,9 @@ def main(argv=None) -> None:
         args.output.mkdir(parents=True, exist_ok=True)
         replay_screenshots(args.url, args.output)
         return
-    seen = run_race_in_browser(args.url, args.prompt, args.output, args.max_new_tokens)
-    print(json.dumps({k: seen[k] for k in ("first_token_s", "target_tokens", "plain_tokens", "plots", "summary")}))
+    lanes = tuple(name for name in args.lanes.split(",") if name)
+    seen = run_race_in_browser(args.url, args.prompt, args.output, args.max_new_tokens, lanes=lanes)
+    print(json.dumps({k: seen[k] for k in ("first_token_s", "lane_tokens", "lanes_visible", "plots", "summary")}))
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_app(target_dir, drafter_dir, limits=None, cache=None, **launch):
+def launch_app(target_dir, drafter_dir, limits=None, cache=None, ar_drafter_dir=None, **launch):
     """Serve the app in this process on a free port; returns (demo, url)."""
     pairs, _ = load_pairs()
-    pair = cli_pair(str(target_dir), str(drafter_dir))
+    pair = cli_pair(str(target_dir), str(drafter_dir), ar_drafter="" if ar_drafter_dir is None else str(ar_drafter_dir))
     demo = build_demo([pair, *pairs], pair.id, cache or PairCache("cpu"), limits)
     demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                 **launch_options(demo), **launch)

@@ -12,6 +12,7 @@ gradio_client = pytest.importorskip("gradio_client")
 
 from serve import free_port, launch_app  # noqa: E402
 
+from app.frames import API_FIELDS  # noqa: E402
 from app.models import PairCache  # noqa: E402
 from app.pairs import cli_pair  # noqa: E402
 from app.ui import build_demo  # noqa: E402
@@ -33,7 +34,7 @@ def client(app_url):
 def test_compare_endpoint_is_named_with_the_documented_parameters(client):
     info = client.view_api(return_format="dict", print_info=False)
     params = [p["parameter_name"] for p in info["named_endpoints"]["/compare"]["parameters"]]
-    assert params == ["prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed"]
+    assert params == ["prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed", "lanes"]
 
 
 def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
@@ -42,7 +43,8 @@ def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
     updates = job.outputs()
     assert len(updates) >= 3, "the race should stream intermediate frames"
     # Intermediate frames: tokens growing in the panes before the summary exists.
-    counts = [u[2].count('class="tok ') for u in updates[:-1] if isinstance(u[2], str)]
+    tokens = API_FIELDS.index("dflash_tokens")
+    counts = [u[tokens].count('class="tok ') for u in updates[:-1] if isinstance(u[tokens], str)]
     assert counts[0] == 0 and max(counts) >= 1 and counts == sorted(counts)
     summary = result[-2]
     assert summary["identical"] is True and summary["first_difference"] is None
@@ -50,7 +52,9 @@ def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
     assert summary["dflash_tok_s"] > 0 and summary["plain_tok_s"] > 0
     assert summary["dflash_tokens"] == summary["plain_tokens"] <= 24
     # Token panes carry colored spans; the trace file is the engine's trace of both sides.
-    assert 'class="tok tok-' in result[2] and "tok-plain" in result[5]
+    assert len(result) == len(API_FIELDS)
+    named = dict(zip(API_FIELDS, result))
+    assert 'class="tok tok-' in named["dflash_tokens"] and "tok-plain" in named["plain_tokens"]
     trace_path = result[-1]
     trace = validate_trace(trace_path)
     assert trace["runs"]["dflash"]["output_ids"] == trace["runs"]["plain"]["output_ids"]
@@ -58,7 +62,7 @@ def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):
     assert trace["report"]["tau"] == summary["tau"]
     # Beside it, the per-block CSV: a header and one row per block of each side.
     rows = Path(result[-3]).read_text().splitlines()
-    assert rows[0].startswith("side,index,position,accepted")
+    assert rows[0].startswith("lane,index,position,accepted")
     assert len(rows) == 1 + len(trace["runs"]["dflash"]["blocks"]) + len(trace["runs"]["plain"]["blocks"])
 
 

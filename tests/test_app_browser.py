@@ -24,9 +24,13 @@ from serve import launch_app
 
 
 @pytest.fixture(scope="module")
-def app_url(tiny_dirs, request):
+def app_url(tiny_dirs, request, tmp_path_factory):
     request.getfixturevalue("one_thread")
-    demo, url = launch_app(*tiny_dirs)
+    from tiny import build_drafter
+
+    ar_dir = build_drafter(tmp_path_factory.mktemp("ar") / "ar", tiny_dirs[0], block_size=4,
+                           architectures=["DFlashARDraftModel"])
+    demo, url = launch_app(*tiny_dirs, ar_drafter_dir=ar_dir)
     yield url
     demo.close()
 
@@ -40,6 +44,18 @@ def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
     assert seen["plots"] >= 4 and seen["bars"] >= 1
     assert "identical" in seen["summary"] and '"tau"' in seen["report"]
     assert shot.stat().st_size > 10_000
+    assert seen["lanes_visible"] == ["dflash", "plain"]  # the added lanes' panes stay hidden
+
+
+@pytest.mark.slow
+def test_browser_races_four_lanes_each_in_its_own_pane(app_url):
+    shot = ARTIFACTS / "app-four-lanes.png"
+    seen = run_race_in_browser(app_url, "What is the capital of France?", shot, max_new_tokens=24, timeout_s=90,
+                               lanes=("ar", "lookup"))
+    assert seen["lanes_visible"] == ["dflash", "ar", "lookup", "plain"]
+    assert all(count == 24 for count in seen["lane_tokens"].values()), seen["lane_tokens"]
+    assert "AR drafter" in seen["summary"] and "prompt lookup" in seen["summary"]
+    assert '"lanes"' in seen["report"]
 
 
 STEP_REPLY_DELAY_S = 2.0

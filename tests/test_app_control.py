@@ -14,9 +14,11 @@ from fake_runs import run_events
 def _race(control, speed=None, now=None):
     now = now if now is not None else [0.0]
     return race(
-        run_events(0.1, 0.2, 3, 6, 4),  # DFlash: 6 cycles of 0.2 s, 3 tokens each
-        run_events(0.1, 0.1, 1, 18, 1),  # plain: 18 steps of 0.1 s
-        dflash_block_size=4,
+        {
+            "dflash": run_events(0.1, 0.2, 3, 6, 4),  # DFlash: 6 cycles of 0.2 s, 3 tokens each
+            "plain": run_events(0.1, 0.1, 1, 18, 1),  # plain: 18 steps of 0.1 s
+        },
+        block_sizes={"dflash": 4},
         frame_s=0.0,
         speed=speed,
         control=control,
@@ -92,8 +94,8 @@ def test_a_newer_run_of_the_same_viewer_ends_the_older_one():
     control = Control(clock=lambda: now[0])
     run = control.reset()
     older = race(
-        run_events(0.1, 0.2, 3, 6, 4), run_events(0.1, 0.1, 1, 18, 1), dflash_block_size=4, frame_s=0.0, speed=1.0,
-        control=control, stop=lambda: control.superseded(run),
+        {"dflash": run_events(0.1, 0.2, 3, 6, 4), "plain": run_events(0.1, 0.1, 1, 18, 1)}, block_sizes={"dflash": 4},
+        frame_s=0.0, speed=1.0, control=control, stop=lambda: control.superseded(run),
         sleep=lambda s: now.__setitem__(0, now[0] + max(s, 1e-3)),
     )
     first = next(older)

@@ -96,9 +96,8 @@ def test_stop_ends_the_race_before_the_next_cycle_and_keeps_what_was_shown():
     asked = []
     frames = []
     snapshots = race(
-        _counting_events(4, 50, d_pulled),
-        _counting_events(1, 200, p_pulled),
-        dflash_block_size=4,
+        {"dflash": _counting_events(4, 50, d_pulled), "plain": _counting_events(1, 200, p_pulled)},
+        block_sizes={"dflash": 4},
         pace=False,
         frame_s=0.0,
         stop=lambda: bool(asked),

@@ -101,7 +101,7 @@ def test_a_gpu_too_small_for_the_pair_is_refused_before_anything_downloads(fake_
     assert "but cuda:0 has 20.0 GB free of 24.0 GB. The GPU is too small for this pair" in status
     assert fake_hub == [] and not cache.is_loaded(GPU_PAIR)  # nothing downloaded, nothing loaded
     with pytest.raises(gr.Error) as raised:  # a race on it says the same, and the app keeps serving
-        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, GPU_PAIR.id))
+        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=GPU_PAIR.id))
     assert "The GPU is too small for this pair" in raised.value.message
 
 
@@ -172,7 +172,7 @@ def test_load_failures_reach_the_visitor_as_messages(tiny_dirs, error, words):
     *_, (status, _) = app.load_selected(spec.id)
     assert status.startswith("⚠ **Could not load tiny pair:** ") and words in status
     with pytest.raises(gr.Error) as raised:
-        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, spec.id))
+        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=spec.id))
     assert words in raised.value.message
 
 
@@ -186,7 +186,7 @@ def test_a_cuda_error_during_the_race_is_a_message(tiny_dirs, monkeypatch):
 
     monkeypatch.setattr(dflash_core, "generate", broken_generate)  # the race imports it at call time
     with pytest.raises(gr.Error) as raised:
-        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, spec.id))
+        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=spec.id))
     assert raised.value.message.startswith("CUDA error on cpu (RuntimeError: CUDA error: device-side assert")
 
 

@@ -57,7 +57,7 @@ def test_unavailable_pair_shows_a_status_and_refuses_to_race(tmp_path):
     assert len(status) == 1 and "Unavailable" in status[0][0] and "GPU" in status[0][0]
     assert "Replay a recorded run" in status[0][0]  # where no model runs, the page points to the replays
     with pytest.raises(gr.Error, match="needs a CUDA GPU"):
-        list(app.compare("hello", 8, 4, 0.0, 1.0, 0, "qwen3-8b"))
+        list(app.compare("hello", 8, 4, 0.0, 1.0, 0, pair_id="qwen3-8b"))
 
 
 def test_mismatched_pair_is_a_clear_error(tiny_dirs, tmp_path):

@@ -11,6 +11,7 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 from serve import launch_app  # noqa: E402
 
+from app.frames import FRAME_FIELDS  # noqa: E402
 from app.limits import Limits  # noqa: E402
 from app.models import PairCache  # noqa: E402
 from app.pairs import cli_pair  # noqa: E402
@@ -48,7 +49,7 @@ def test_stop_ends_the_race_within_one_cycle_and_the_next_starts_at_once(tiny_sp
     try:
         frames = app.compare("Tell me a long story.", 400, 4, 0.0, 1.0, 0, request=Visitor("s1"))
         for values in frames:
-            if values[2].count('class="tok ') >= 3:  # tokens on screen: the race is running
+            if values[FRAME_FIELDS.index("dflash_tokens")].count('class="tok ') >= 3:  # tokens on screen: the race is running
                 break
         cycles_at_stop = len(computed)
         assert app.stops.request("s1") is True

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 import pytest
 
 from app import charts, render
+from app.lanes import COLORS
 from app.race import SideView, race
 from app.report import first_difference, race_report
 from app.tokens import TokenPieces
@@ -21,9 +22,9 @@ def text_of(token_id: int) -> str:
     return TEXT.get(token_id, f"t{token_id}")
 
 
-def block(index, draft, accepted, bonus, committed=None, position=0):
+def block(index, draft, accepted, bonus, committed=None, position=0, passes=0):
     committed = committed if committed is not None else (*draft[:accepted], bonus)
-    return Block(index, position, tuple(draft), accepted, bonus, tuple(committed), 0.01, 0.02, 0.03 * (index + 1))
+    return Block(index, position, tuple(draft), accepted, bonus, tuple(committed), 0.01, 0.02, 0.03 * (index + 1), passes)
 
 
 def view(blocks=(), prefill=True, block_size=4, name="dflash"):
@@ -44,7 +45,7 @@ def pieces_for(v: SideView) -> list[str]:
 
 def test_tokens_are_escaped_and_colored_by_kind():
     v = view([block(0, [2, 3, 4], accepted=2, bonus=5)])
-    marks = render.dflash_marks(v)
+    marks = render.lane_marks(v)
     assert [m.kind for m in marks] == ["first", "accepted", "accepted", "bonus"]
     assert [m.slot for m in marks] == [None, 1, 2, 3]
     out = render.tokens_html(marks, pieces_for(v), text_of)
@@ -59,17 +60,18 @@ def test_tokens_are_escaped_and_colored_by_kind():
 
 def test_empty_and_one_token_runs():
     empty = view([], prefill=False)
-    assert "waiting for tokens" in render.tokens_html(render.dflash_marks(empty), [], text_of)
+    assert "waiting for tokens" in render.tokens_html(render.lane_marks(empty), [], text_of)
     assert render.draft_strip_html(empty, text_of) == ""
     one = view([])
-    out = render.tokens_html(render.dflash_marks(one), pieces_for(one), text_of)
+    out = render.tokens_html(render.lane_marks(one), pieces_for(one), text_of)
     assert out.count('class="tok ') == 1 and "tok-first" in out
     for fig in (
-        charts.acceptance_figure(empty),
-        charts.histogram_figure(empty),
-        charts.position_figure(empty),
-        charts.speed_figure(empty, empty),
-        charts.acceptance_figure(one),
+        charts.acceptance_figure({"dflash": empty}),
+        charts.histogram_figure({"dflash": empty}),
+        charts.position_figure({"dflash": empty}),
+        charts.speed_figure({"dflash": empty, "plain": empty}),
+        charts.acceptance_figure({"dflash": one}),
+        charts.acceptance_figure({}),
     ):
         assert isinstance(fig, go.Figure) and not fig.data and fig.layout.annotations
 
@@ -80,6 +82,8 @@ def test_plain_tokens_and_first_difference_outline():
     assert out.count("tok-plain") == 3
     assert out.count(f"outline:2px solid {render.DIFF}") == 1
     assert "first position where DFlash and plain decoding differ" in out
+    ar = render.tokens_html(render.plain_marks(v), pieces_for(v), text_of, diff_at=1, lane="AR drafter")
+    assert "first position where AR drafter and plain decoding differ" in ar
     assert "border-left" not in out  # plain decoding has no blocks worth marking
 
 
@@ -91,15 +95,55 @@ def test_draft_strip_shows_rejected_drafts():
     assert "#0 2/4" in strip and "#1 4/4" in strip
 
 
+def test_draft_strip_shows_a_lookup_lane_whose_first_cycle_found_no_match():
+    v = view([block(0, [], 0, 5), block(1, [2, 3], 2, 9)], name="lookup")
+    strip = render.draft_strip_html(v, text_of)
+    assert strip.count("chip-accepted") == 2 and "#1 3/3" in strip and "#0 1/1" in strip
+    assert render.draft_strip_html(view([block(0, [], 0, 5)], name="lookup"), text_of) == ""
+
+
+def test_summary_has_a_row_per_lane_when_more_than_two_raced():
+    def summary(blocks, method, block_size=4, total=1.0):
+        ids = (1, *(t for b in blocks for t in b.committed_ids))
+        return Summary(ids, 5, block_size, "max_new_tokens", Prefill(5, 1, 0.05), tuple(blocks), total, method)
+
+    d = summary([block(0, [2, 3, 4], 3, 5)], "dflash", total=0.5)
+    ar = summary([block(0, [2, 3, 4], 3, 5, passes=3)], "ar", total=0.8)
+    lookup = summary([block(0, [2, 3, 9], 2, 7)], "lookup")
+    plain = summary([block(i, [], 0, t) for i, t in enumerate((2, 3, 4, 5))], "plain", block_size=1, total=1.0)
+    two = race_report(d, plain, 0.0, 4)
+    assert "lanes-table" not in render.summary_html(two) and set(two.lanes) == {"dflash", "plain"}
+    report = race_report(d, plain, 0.0, 4, lanes={"dflash": d, "ar": ar, "lookup": lookup, "plain": plain})
+    html = render.summary_html(report)
+    assert html.count("<tr>") == 5  # the header and one row per lane
+    assert report.lanes["ar"].draft_passes_per_cycle == 3 and report.lanes["ar"].speedup == pytest.approx(1.25)
+    assert report.lanes["lookup"].identical is False and report.lanes["lookup"].first_difference == 3
+    assert "✗ differs at token 3" in html and html.count("identical ✓") == 3  # the top cell, DFlash and AR
+
+
 def test_charts_follow_the_blocks():
     v = view([block(0, [2, 3, 4], 3, 5), block(1, [2, 3, 4], 0, 5), block(2, [2, 3, 4], 1, 5)])
-    acc = charts.acceptance_figure(v)
+    acc = charts.acceptance_figure({"dflash": v})
     assert list(acc.data[0].y) == [4, 1, 2] and acc.data[1].y[-1] == pytest.approx(7 / 3)
-    assert list(charts.histogram_figure(v).data[0].y) == [1, 1, 0, 1]
-    assert list(charts.position_figure(v).data[0].y) == pytest.approx([2 / 3, 1 / 3, 1 / 3])
-    speed = charts.speed_figure(v, view([], name="plain"))
-    assert [trace.name for trace in speed.data] == ["DFlash", "plain"]
+    assert list(charts.histogram_figure({"dflash": v}).data[0].y) == [1, 1, 0, 1]
+    assert list(charts.position_figure({"dflash": v}).data[0].y) == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    speed = charts.speed_figure({"dflash": v, "plain": view([], name="plain")})
+    assert [trace.name for trace in speed.data] == ["DFlash", "plain decoding"]
     json.loads(acc.to_json())
+
+
+def test_charts_draw_one_trace_per_lane_in_its_color():
+    d = view([block(0, [2, 3, 4], 3, 5), block(1, [2, 3, 4], 0, 5)])
+    ar = view([block(0, [2, 3, 4], 1, 5), block(1, [2, 3, 4], 1, 5)], name="ar")
+    lanes = {"dflash": d, "ar": ar}
+    acc = charts.acceptance_figure(lanes)  # several lanes: no bars, one running tau each
+    assert [t.type for t in acc.data] == ["scatter", "scatter"]
+    assert [t.name for t in acc.data] == ["DFlash tau = 2.50", "AR drafter tau = 2.00"]
+    assert [t.line.color for t in acc.data] == [COLORS["dflash"], COLORS["ar"]]
+    hist = charts.histogram_figure(lanes)
+    assert [list(t.y) for t in hist.data] == [[1, 0, 0, 1], [0, 2, 0, 0]] and [t.name for t in hist.data] == ["DFlash", "AR drafter"]
+    positions = charts.position_figure(lanes)
+    assert list(positions.data[1].y) == pytest.approx([1.0, 0.0, 0.0])
 
 
 def test_legend_names_every_kind():
@@ -112,9 +156,8 @@ def test_race_stamps_each_side_with_its_own_clock():
     fake_now = [0.0]
     frames = list(
         race(
-            run_events(0.1, 0.2, 4, 5, 4),
-            run_events(0.1, 0.1, 1, 20, 1),
-            dflash_block_size=4,
+            {"dflash": run_events(0.1, 0.2, 4, 5, 4), "plain": run_events(0.1, 0.1, 1, 20, 1)},
+            block_sizes={"dflash": 4},
             pace=False,
             frame_s=0.0,
             clock=lambda: fake_now[0],

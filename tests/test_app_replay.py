@@ -51,7 +51,7 @@ def test_replay_reproduces_the_live_race(app, live):
 
 def test_trace_carries_the_schema_and_token_texts(live):
     data = json.loads(Path(live["trace_file"]).read_text())
-    assert data["schema"] == "dflash-trace/1"
+    assert data["schema"] == "dflash-trace/2"
     recording = load_trace(live["trace_file"])
     ids = set(recording.dflash.output_ids) | {t for b in recording.dflash.blocks for t in b.draft_ids}
     assert ids <= set(recording.tokens)
@@ -62,9 +62,9 @@ def test_trace_carries_the_schema_and_token_texts(live):
     "content, message",
     [
         ("{not json", "is not JSON"),
-        ('{"schema": "dflash-trace/99"}', 'this version reads "dflash-trace/1"'),
+        ('{"schema": "dflash-trace/99"}', 'this version reads "dflash-trace/2" and "dflash-trace/1"'),
         ("[1, 2]", "not an object"),
-        ('{"schema": "dflash-trace/1", "runs": {}}', "missing field trace.settings"),
+        ('{"schema": "dflash-trace/2", "runs": {}}', "missing field trace.settings"),
     ],
 )
 def test_bad_trace_files_give_a_clear_error(app, tmp_path, content, message):
@@ -112,7 +112,7 @@ def test_every_shipped_trace_replays_and_the_landing_page_offers_them():
         assert all(b.explain is not None for b in recording.dflash.blocks)  # every view has its data
         d, p = (SideView(side, run.prefill, run.blocks, run, run.total_s, run.block_size)
                 for side, run in (("dflash", recording.dflash), ("plain", recording.plain)))
-        tips = render.dflash_tips(d, recording.text_of)
+        tips = render.lane_tips(d, recording.text_of)
         assert len(tips) == len(recording.dflash.output_ids) and all("target top-5" in t for t in tips[1:])
         for i in range(len(d.blocks)):  # every cycle's view renders from the recorded explanation
             assert "Not recorded" not in cycle_html(d, p, i, recording.text_of)
@@ -151,7 +151,7 @@ def test_a_live_race_pauses_steps_one_cycle_and_stays_lossless(app):
     from types import SimpleNamespace
 
     request = SimpleNamespace(session_hash="live-step")
-    frames = app.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, request)
+    frames = app.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, None, request)
 
     def bonus_count(frame):
         html = frame.get("dflash_tokens")

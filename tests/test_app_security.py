@@ -135,9 +135,10 @@ def test_charts_and_the_speedup_model_cost_grows_with_the_blocks_not_their_squar
     *_, plain = run_events(0.1, 0.005, 1, 60_000, 1)
     view = SideView("dflash", dflash.prefill, dflash.blocks, dflash, dflash.total_s, 4)
     t0 = time.perf_counter()
-    within(30, lambda: (charts.acceptance_figure(view), charts.histogram_figure(view), charts.position_figure(view)))
+    lanes = {"dflash": view, "ar": view, "lookup": view}
+    within(30, lambda: (charts.acceptance_figure(lanes), charts.histogram_figure(lanes), charts.position_figure(lanes)))
     big = Summary(dflash.output_ids, 3, tr.MAX_BLOCK_SIZE, "max_new_tokens", dflash.prefill, dflash.blocks[:10], 1.0)
-    within(30, lambda: speedup_figure(big, plain, 1.5))
+    within(30, lambda: speedup_figure({"dflash": big, "ar": big}, plain, {"dflash": 1.5, "ar": 1.2}))
     assert time.perf_counter() - t0 < 10
 
 
@@ -223,8 +224,8 @@ def test_an_error_that_quotes_markup_shows_it_as_text(shipped, tmp_path, tiny_ap
 # --- 4. a pause has a deadline, and eviction wakes the race ------------------------------------------
 def _paused_race(control):
     control.pause(0)
-    return race(run_events(0.1, 0.2, 3, 6, 4), run_events(0.1, 0.1, 1, 18, 1), dflash_block_size=4, frame_s=0.0, speed=4.0,
-                control=control)
+    return race({"dflash": run_events(0.1, 0.2, 3, 6, 4), "plain": run_events(0.1, 0.1, 1, 18, 1)},
+                block_sizes={"dflash": 4}, frame_s=0.0, speed=4.0, control=control)
 
 
 def test_a_paused_race_is_released_after_the_deadline_and_says_why():
@@ -265,7 +266,7 @@ def tiny_app(tiny_dirs, one_thread):
 def test_a_live_race_left_paused_frees_the_model_and_says_so(tiny_app):
     tiny_app.controls.max_pause_s = 1  # what --max-pause-s 1 gives
     request = SimpleNamespace(session_hash="pauser")
-    frames = tiny_app.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, request)
+    frames = tiny_app.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, None, request)
     frame = {}
     while "tok-bonus" not in str(frame.get("dflash_tokens")):
         frame = dict(zip(FRAME_FIELDS, next(frames)))

@@ -66,8 +66,8 @@ def plain_view():
 
 def test_hover_boxes_show_block_slot_topk_and_why_all_escaped():
     view = dflash_view()
-    tips = render.dflash_tips(view, text_of)
-    out = render.tokens_html(render.dflash_marks(view), [text_of(t) for t in view.output_ids], text_of, None, tips)
+    tips = render.lane_tips(view, text_of)
+    out = render.tokens_html(render.lane_marks(view), [text_of(t) for t in view.output_ids], text_of, None, tips)
     assert "<img" not in out and "&lt;img src=x onerror=alert(1)&gt;" in out
     accepted, bonus = tips[1], tips[2]
     assert "block 0 · slot 1" in accepted and "drafter top-2" in accepted and "target top-2" in accepted
@@ -86,7 +86,7 @@ def test_hover_boxes_show_block_slot_topk_and_why_all_escaped():
 
 
 def test_sampled_verdict_shows_the_uniform_draw_and_ratio():
-    tips = render.dflash_tips(dflash_view("rejection"), text_of)
+    tips = render.lane_tips(dflash_view("rejection"), text_of)
     assert "u = 0.912 ≤ p/q = 1.600" in tips[1]
     assert "u = 0.700 &gt; p/q = 0.250" in tips[2] and "residual" in tips[2]
 
@@ -132,3 +132,40 @@ def test_run_costs_are_the_measured_means():
     # The model at the run's own block size gives back the run's decode speedup: 2 tokens in 42 ms
     # against 2 tokens in 40 ms of plain steps.
     assert speedup(d.per_position_acceptance, costs) == pytest.approx((2 / 0.042) / (2 / 0.04))
+
+
+def _ar_lane():
+    """An AR lane of two cycles: 3 passes each, 30 ms of drafting (10 ms a pass), 30 ms verify."""
+    blocks = (Block(0, 10, (2, 4, 5), 1, 6, (2, 6), 0.03, 0.03, 0.11, 3),
+              Block(1, 12, (2, 4, 5), 3, 7, (2, 4, 5, 7), 0.03, 0.03, 0.17, 3))
+    return Summary((1, 2, 6, 2, 4, 5, 7), 10, 4, "max_new_tokens", Prefill(10, 1, 0.05), blocks, 0.17, "ar")
+
+
+def test_an_ar_lane_costs_per_pass_and_gets_its_own_measured_curve():
+    from app.lanes import COLORS
+    from app.speedup import speedup_figure
+
+    ar, p = _ar_lane(), Summary((1, 2, 6), 10, 1, "max_new_tokens", Prefill(10, 1, 0.05), plain_view().blocks, 0.09)
+    costs = run_costs(ar, p, per_pass=True)
+    assert costs.draft == pytest.approx(0.01) and costs.verify == pytest.approx(0.03)
+    d = Summary((1, 2, 6), 10, 4, "max_new_tokens", Prefill(10, 1, 0.05),
+                (Block(0, 10, (2, 4, 5), 1, 6, (2, 6), 0.01, 0.03, 0.092, 1),), 0.092, "dflash")
+    raced = speedup_figure({"dflash": d, "ar": ar}, p, {"dflash": 1.1, "ar": 0.8})
+    names = {t.name for t in raced.data if t.showlegend}
+    assert names == {"DFlash (1 drafter pass)", "AR drafter (B-1 passes)", "this run (measured)"}
+    stars = [t for t in raced.data if t.marker.symbol == "star" and t.xaxis == "x"]
+    assert [(t.y[0], t.marker.color) for t in stars] == [(1.1, COLORS["dflash"]), (0.8, COLORS["ar"])]
+    # Without an AR lane, the AR curve is DFlash's own pass cost times B-1, and has no measured point.
+    alone = speedup_figure({"dflash": d}, p, {"dflash": 1.1})
+    assert "AR drafter (B-1 passes, estimated from DFlash's pass)" in {t.name for t in alone.data if t.showlegend}
+    assert len([t for t in alone.data if t.marker.symbol == "star"]) == 2  # DFlash's, on both panels
+
+
+def test_inside_a_cycle_shows_the_ar_lanes_measured_passes_when_it_races():
+    from app.race import SideView
+
+    ar = _ar_lane()
+    view = SideView("ar", ar.prefill, ar.blocks, ar, ar.total_s, 4)
+    out = cycle_html(dflash_view(), plain_view(), 0, text_of, view)
+    assert "AR drafter, 3 passes (measured, mean of 2 cycles)" in out and "(estimate)" not in out
+    assert "took <b>3</b> passes per cycle, 30.0 ms of drafting against DFlash's 10.0 ms here" in out

@@ -1,0 +1,90 @@
+"""The four-lane race through the app's API: DFlash, the AR drafter, prompt lookup and plain decoding
+on the tiny pair, raced over HTTP through `compare` with gradio_client.
+
+Each lane's pane, its summary row and its run in the trace come from the same race; at temperature 0
+every lane's output equals plain decoding's, and the AR lane reports its B-1 drafter passes per cycle.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+
+from serve import launch_app  # noqa: E402
+from tiny import build_drafter  # noqa: E402
+
+from app.frames import API_FIELDS  # noqa: E402
+from dflash_core.trace import validate_trace  # noqa: E402
+
+PROMPT = "What is the capital of France? Paris is the capital of France. What is"
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def client(tiny_dirs, tmp_path_factory, one_thread):
+    target_dir, drafter_dir = tiny_dirs
+    ar_dir = build_drafter(tmp_path_factory.mktemp("ar") / "ar", target_dir, block_size=BLOCK,
+                           architectures=["DFlashARDraftModel"])
+    demo, url = launch_app(target_dir, drafter_dir, ar_drafter_dir=ar_dir)
+    yield gradio_client.Client(url, verbose=False)
+    demo.close()
+
+
+def race(client, lanes, temperature=0.0):
+    job = client.submit(PROMPT, 24, BLOCK, temperature, 1.0, 0, lanes, api_name="/compare")
+    result = job.result(timeout=120)
+    return dict(zip(API_FIELDS, result)), job.outputs()
+
+
+def test_four_lanes_race_losslessly_and_each_fills_its_pane_its_row_and_its_run(client):
+    out, updates = race(client, ["ar", "lookup"])
+    report = out["report"]
+    assert list(report["lanes"]) == ["dflash", "ar", "lookup", "plain"]
+    for name, lane in report["lanes"].items():
+        assert lane["tokens"] == 24 and lane["tok_s"] > 0, name
+        if name != "plain":
+            assert lane["identical"] is True and lane["lossless"] == "identical", name
+    assert report["lanes"]["dflash"]["draft_passes_per_cycle"] == 1
+    assert report["lanes"]["ar"]["draft_passes_per_cycle"] == BLOCK - 1  # one causal pass per draft
+    assert report["lanes"]["lookup"]["draft_passes_per_cycle"] == 0  # no model
+    assert report["lanes"]["ar"]["method"] == "ar" and report["lanes"]["lookup"]["method"] == "lookup"
+    # Every lane has its pane, drawn while the race ran, and a row in the summary.
+    for name in ("dflash", "ar", "lookup", "plain"):
+        assert out[f"{name}_tokens"].count('class="tok ') == 24, name
+        assert any(isinstance(u[API_FIELDS.index(f"{name}_tokens")], str) and "tok " in u[API_FIELDS.index(f"{name}_tokens")]
+                   for u in updates[:-1]), name
+    assert out["summary"].count("<tr>") == 5 and "AR drafter" in out["summary"] and "prompt lookup" in out["summary"]
+    assert "Prompt lookup (block 4, no model)" in out["lookup_stats"] and "3 passes per cycle" in out["ar_stats"]
+    # The trace holds every lane's run, each named by its method, and replays with no model.
+    trace = validate_trace(out["trace_file"])
+    assert list(trace["runs"]) == ["dflash", "ar", "lookup", "plain"]
+    assert {lane: run["method"] for lane, run in trace["runs"].items()} == {
+        "dflash": "dflash", "ar": "ar", "lookup": "lookup", "plain": "plain"}
+    plain = trace["runs"]["plain"]["output_ids"]
+    assert all(run["output_ids"] == plain for run in trace["runs"].values())
+    assert all(b["draft_passes"] == BLOCK - 1 for b in trace["runs"]["ar"]["blocks"])
+
+
+def test_the_visitor_picks_the_lanes_and_a_bad_pick_is_named(client):
+    out, _ = race(client, ["lookup"], temperature=0.8)
+    assert list(out["report"]["lanes"]) == ["dflash", "lookup", "plain"]
+    assert out["report"]["lanes"]["lookup"]["identical"] is None  # sampling: not checked
+    two, _ = race(client, [])
+    assert list(two["report"]["lanes"]) == ["dflash", "plain"] and "lanes-table" not in two["summary"]
+    with pytest.raises(Exception, match="Unknown lane 'medusa': the lanes a race can add are ar, lookup"):
+        client.predict(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["medusa"], api_name="/compare")
+    # The app keeps serving after the refusal.
+    ok, _ = race(client, ["ar"])
+    assert ok["report"]["lanes"]["ar"]["identical"] is True
+
+
+def test_a_pair_without_an_ar_drafter_says_which_pairs_have_one(tiny_dirs, one_thread):
+    from app.models import PairCache
+    from app.pairs import cli_pair
+    from app.ui import App
+
+    spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    app = App([spec], spec.id, PairCache("cpu"))
+    with pytest.raises(Exception, match="has no autoregressive drafter, so it cannot race the AR drafter lane"):
+        list(app.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["ar"]))
