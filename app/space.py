@@ -180,6 +180,12 @@ def bundle_requirements(hardware: str) -> str:
     ])
 
 
+def shipped_drafters(pairs: list[dict]) -> list[str]:
+    """The drafters under assets/drafters that the exported pairs load (DFlash and AR), repo-relative."""
+    names = [p.get(key) for p in pairs for key in ("drafter", "ar_drafter")]
+    return sorted({name for name in names if name and name.startswith("assets/drafters/")})
+
+
 def export(out: Path, hardware: str = "zerogpu") -> Path:
     """Write a folder that can be pushed to a Space as it is; returns it."""
     import shutil
@@ -202,10 +208,10 @@ def export(out: Path, hardware: str = "zerogpu") -> Path:
     (out / "app" / "pairs.json").write_text(json.dumps({"default": default_id, "pairs": pairs}, indent=2) + "\n")
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", *ENGINE_SKIP, *(f"{name}*.py" for name in ENGINE_SKIP))
     shutil.copytree(ROOT / "dflash_core", out / "dflash_core", ignore=skip)
-    drafter = out / DEFAULT_DRAFTER
-    drafter.mkdir(parents=True)
-    for name in DRAFTER_FILES:
-        shutil.copy2(ROOT / DEFAULT_DRAFTER / name, drafter / name)
+    for local in shipped_drafters(pairs):
+        (out / local).mkdir(parents=True)
+        for name in DRAFTER_FILES:
+            shutil.copy2(ROOT / local / name, out / local / name)
     for folder in APP_ASSETS:  # those present: the recorded traces ship once they are recorded
         if (ROOT / folder).is_dir():
             shutil.copytree(ROOT / folder, out / folder, ignore=ignore)
