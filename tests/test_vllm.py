@@ -132,6 +132,7 @@ def test_the_app_races_a_vllm_server_dflash_against_plain(vllm_servers):
     gradio_client = pytest.importorskip("gradio_client")
     from serve import free_port
 
+    from app.frames import API_FIELDS
     from app.pairs import vllm_pair
     from app.ui import build_demo
 
@@ -152,8 +153,11 @@ def test_the_app_races_a_vllm_server_dflash_against_plain(vllm_servers):
         assert summary["identical"] is True and summary["dflash_tokens"] == summary["plain_tokens"] == 48
         # tau from vLLM's per-step record: accepted drafts + 1 per verify step, at most the block.
         assert 1.3 < summary["tau"] <= 4 and summary["cycles"] < 47
-        assert "tok-accepted" in result[2] and "tok-plain" in result[5]
+        named = dict(zip(API_FIELDS, result))
+        assert "tok-accepted" in named["dflash_tokens"] and "tok-plain" in named["plain_tokens"]
         assert "vLLM does not report rejected drafts" in result[0]
+        with pytest.raises(Exception, match="A vLLM pair races the server's DFlash against its plain decoding only"):
+            client.predict("hi", 8, 4, 0.0, 1.0, 0, ["lookup"], api_name="/compare")
         trace = json.loads(Path(result[-1]).read_text())
         blocks = trace["runs"]["dflash"]["blocks"]
         assert sum(len(b["committed_ids"]) for b in blocks) + 1 == 48
