@@ -7,11 +7,11 @@ import json
 
 import torch
 
-from dflash_core import DFlashDrafter, Target, run
+from dflash_core import DFlashDrafter, Target
 from dflash_core.config import parse_drafter_config
 from dflash_core.training.objective import block_layout, dense_block_mask
 from dflash_core.training.train import main
-from test_train import PROMPTS, _prompt_ids, _write_shard
+from test_train import PROMPTS, _target_samples, _write_shard
 
 
 def test_causal_mask_sees_the_context_before_the_anchor_and_the_block_up_to_itself():
@@ -40,10 +40,7 @@ def test_causal_layout_holds_the_real_tokens_and_dflash_labels():
 def test_ar_training_loss_falls_and_writes_an_autoregressive_drafter(tiny_dirs, tmp_path, one_thread):
     target_dir, _ = tiny_dirs
     target = Target.from_pretrained(target_dir)
-    samples = []
-    for text in PROMPTS:
-        prompt = _prompt_ids(target, text)
-        samples.append((prompt + list(run(target, prompt, None, max_new_tokens=40).output_ids), len(prompt)))
+    samples = _target_samples(target, PROMPTS, 40)
     data, out = tmp_path / "data", tmp_path / "out"
     _write_shard(data, samples)
     summary = main([

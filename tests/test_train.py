@@ -38,6 +38,15 @@ def _prompt_ids(target: Target, text: str) -> list[int]:
     return [int(t) for t in out]
 
 
+def _target_samples(target: Target, prompts, max_new_tokens: int) -> list[tuple[list[int], int]]:
+    """(prompt + the target's own greedy response, prompt length) per prompt: the datagen sample."""
+    samples = []
+    for text in prompts:
+        prompt = _prompt_ids(target, text)
+        samples.append((prompt + list(run(target, prompt, None, max_new_tokens=max_new_tokens).output_ids), len(prompt)))
+    return samples
+
+
 def _write_shard(directory, samples, index=0):
     """A shard in the datagen format (see dflash_core/training/datagen.py)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -118,11 +127,7 @@ def test_soft_labels_are_the_targets_own_distribution(tiny_dirs, one_thread):
 def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     target_dir, _ = tiny_dirs
     target = Target.from_pretrained(target_dir)
-    samples = []
-    for text in PROMPTS:
-        prompt = _prompt_ids(target, text)
-        response = run(target, prompt, None, max_new_tokens=40).output_ids
-        samples.append((prompt + list(response), len(prompt)))
+    samples = _target_samples(target, PROMPTS, 40)
     data, out = tmp_path / "data", tmp_path / "out"
     _write_shard(data, samples)
     common = [
@@ -357,10 +362,7 @@ def test_two_process_ddp_run(tiny_dirs, tmp_path):
     every rank exits (an uneven split or a late DDP teardown would leave a rank hanging)."""
     target_dir, _ = tiny_dirs
     target = Target.from_pretrained(target_dir)
-    samples = []
-    for text in PROMPTS * 4:
-        prompt = _prompt_ids(target, text)
-        samples.append((prompt + list(run(target, prompt, None, max_new_tokens=30).output_ids), len(prompt)))
+    samples = _target_samples(target, PROMPTS * 4, 30)
     data, out = tmp_path / "data", tmp_path / "out"
     _write_shard(data, samples)  # ids test-3, -4, -7 are held out at --heldout-frac 0.5
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
