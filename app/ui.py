@@ -1,7 +1,8 @@
 """The Gradio Blocks: one layout function per tab and for the race area, and the wiring.
 
-The handlers live by role: pair loading (`loading.py`), the live race (`live.py`), replay
-(`playback.py`) and Pause / Step (`stepping.py`); `App` puts them together. torch and the models
+The handlers live in `serve/` by role: pair loading (`loading.py`), the live race (`live.py`),
+replay (`playback.py`) and Pause / Step (`stepping.py`); `App` puts them together. This is the
+one module that wires Gradio components to handlers. torch and the models
 are imported only when a live race needs them, so a replay-only app (`python app.py --replay FILE`)
 starts without them.
 """
@@ -20,23 +21,23 @@ from gradio_client.utils import is_http_url_like
 
 from dflash_core.trace import MAX_BYTES
 
-from . import charts, render, texts
-from .control import Controls
-from .cycle_view import cycle_html
-from .examples import EXAMPLES
-from .frames import FRAME_FIELDS
-from .howto import howto_html
-from .limits import Limits
-from .live import LiveRace
-from .loading import PairLoading
-from .pairs import PairSpec
-from .playback import Playback
-from .lanes import CHOICES, LANES
-from .replay import ReplayError, load_trace, shipped_traces
-from .speedup import FORMULA_MD, speedup_figure
-from .stepping import Stepping
-from .tips import TIP_CSS, TIP_JS
-from .traces import TraceStore
+from .race.control import Controls
+from .race.lanes import CHOICES, LANES
+from .serve.examples import EXAMPLES
+from .serve.limits import Limits
+from .serve.live import LiveRace
+from .serve.loading import PairLoading
+from .serve.pairs import PairSpec
+from .serve.playback import Playback
+from .serve.replay import ReplayError, load_trace, shipped_traces
+from .serve.stepping import Stepping
+from .serve.traces import TraceStore
+from .view import charts, render, texts
+from .view.cycle_view import cycle_html
+from .view.frames import FRAME_FIELDS
+from .view.howto import howto_html
+from .view.speedup import FORMULA_MD, speedup_figure
+from .view.tips import TIP_CSS, TIP_JS
 
 
 class App:
@@ -297,7 +298,7 @@ def build_demo(
     uploads.mkdir(parents=True, exist_ok=True)
     traces = TraceStore(private_trace_root(), served=uploads)
     if live and cache is None:
-        from .models import PairCache
+        from .serve.models import PairCache
 
         cache = PairCache()
     app = App(pairs, default_id, cache if live else None, limits, traces, recorded_runs(replay))

@@ -29,7 +29,7 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
 - cuda_graphs: the speed part's plain and oracle runs on the static KV cache with CUDA graphs off
   and on (`dflash_core/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
   identical either way, and no failed capture (CUDA only, not for a hybrid);
-- race: the app's race path without the web server (`app.race`, `app.report`, the lossless check);
+- race: the app's race path without the web server (`app.race.interleave`, `app.race.report`, the lossless check);
 - kernel_tests: tests/test_kernels*.py under pytest on the device, with whatever time is left.
 
 Imports only torch, transformers, triton, huggingface_hub and this repository.
@@ -290,8 +290,8 @@ def part_kernels(state) -> dict:
 def part_hub_load(state) -> dict:
     import torch
 
-    from app.models import PairCache
-    from app.pairs import PairSpec
+    from app.serve.models import PairCache
+    from app.serve.pairs import PairSpec
 
     device = state["device"]
     written = write_fake_hub(state["hub"], state["shape"], device)
@@ -395,9 +395,9 @@ def part_speed(state) -> dict:
 
     from dflash_core import Block, Target, generate, run
     from dflash_core.bench.cycle import TARGETS, time_cycle
-    from dflash_core.lossless import compare
     from dflash_core.diagnostics.oracle import OracleDrafter, schedule_for_tau
     from dflash_core.diagnostics.syncs import SyncCounter, host_reads_per_cycle
+    from dflash_core.lossless import compare
 
     device, n = state["device"], TOKENS[state["shape"]][1]
     pair, prompt = state["pair"], state["prompt_ids"]
@@ -473,10 +473,10 @@ def part_cuda_graphs(state) -> dict:
         return {"status": "skipped", "why": "CUDA graphs need the static KV cache, and a hybrid rolls back on the "
                                             "dynamic cache only"}
     from dflash_core import Block, Target, generate, run
-    from dflash_core.fallbacks import NOTICES
-    from dflash_core.lossless import compare
     from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths, schedule_for_tau
     from dflash_core.diagnostics.syncs import SyncCounter
+    from dflash_core.fallbacks import NOTICES
+    from dflash_core.lossless import compare
 
     n = TOKENS[state["shape"]][1]
     pair, prompt = state["pair"], state["prompt_ids"]
@@ -528,8 +528,8 @@ def part_cuda_graphs(state) -> dict:
 
 
 def part_race(state) -> dict:
-    from app.race import race
-    from app.report import race_report
+    from app.race.interleave import race
+    from app.race.report import race_report
     from dflash_core import SamplingParams, generate
     from dflash_core.lossless import compare
 
@@ -631,7 +631,7 @@ def main(argv=None) -> int:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    import app.models  # noqa: F401
+    import app.serve.models  # noqa: F401
     import dflash_core.bench.cycle  # noqa: F401
     import dflash_core.lossless  # noqa: F401
 

@@ -44,10 +44,9 @@ import time
 from pathlib import Path
 
 import httpx
+import load_attacks  # the security round, beside this file
 import psutil
 from gradio_client import Client
-
-import load_attacks  # the security round, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [

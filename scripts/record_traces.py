@@ -28,14 +28,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from app.examples import EXAMPLES  # noqa: E402
-from app.models import PairCache  # noqa: E402
-from app.pairs import load_pairs  # noqa: E402
-from app.frames import FRAME_FIELDS  # noqa: E402
+from app.serve.examples import EXAMPLES  # noqa: E402
+from app.serve.models import PairCache  # noqa: E402
+from app.serve.pairs import load_pairs  # noqa: E402
 from app.ui import App  # noqa: E402
+from app.view.frames import FRAME_FIELDS  # noqa: E402
 from dflash_core.trace import validate_trace  # noqa: E402
 
-CATEGORIES = ("math", "code", "chat", "story")  # the order of app/examples.py
+CATEGORIES = ("math", "code", "chat", "story")  # the order of app/serve/examples.py
 TEMPERATURES = {"greedy": 0.0, "t0.7": 0.7}
 SIZE_LIMIT = 1_000_000  # shipped files stay small; a bigger one means the format grew
 
@@ -43,7 +43,7 @@ SIZE_LIMIT = 1_000_000  # shipped files stay small; a bigger one means the forma
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "assets" / "traces"))
-    parser.add_argument("--pair", help="pair id from app/pairs.json (default: the registry's default)")
+    parser.add_argument("--pair", help="pair id from app/serve/pairs.json (default: the registry's default)")
     parser.add_argument("--dtype", default="float32", help="target dtype (the shipped traces: float32)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=4)
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lanes", default="ar,lookup", help="lanes added to DFlash and plain decoding (comma-separated)")
     args = parser.parse_args(argv)
     if len(EXAMPLES) != len(CATEGORIES):
-        raise SystemExit(f"app/examples.py has {len(EXAMPLES)} examples; this script names {len(CATEGORIES)}")
+        raise SystemExit(f"app/serve/examples.py has {len(EXAMPLES)} examples; this script names {len(CATEGORIES)}")
     torch.set_num_threads(args.threads)
 
     pairs, default_id = load_pairs()

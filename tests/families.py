@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from transformers import AutoModelForCausalLM
-
 from tiny import build_tokenizer
+from transformers import AutoModelForCausalLM
 
 WINDOW = 8  # sliding-window length: a 20-token prompt already overflows it
 

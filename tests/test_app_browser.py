@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from browser import chromium_path, run_race_in_browser
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -95,10 +94,11 @@ def replay_url(tiny_dirs, request, tmp_path_factory):
     Its Step button answers late, after the frame of the stepped cycle, as on a busy CPU: the next
     click must count even while the previous one's reply is still on its way.
     """
-    from app.replay import shipped_traces
-    from app.stepping import Stepping
-    from app.ui import build_demo
     from serve import free_port
+
+    from app.serve.replay import shipped_traces
+    from app.serve.stepping import Stepping
+    from app.ui import build_demo
 
     shipped = shipped_traces()
     path = shipped[0][0] if shipped else record_tiny_trace(tiny_dirs, request)
@@ -115,10 +115,10 @@ def replay_url(tiny_dirs, request, tmp_path_factory):
 
 
 def record_tiny_trace(tiny_dirs, request) -> Path:
-    from app.models import PairCache
-    from app.pairs import cli_pair
-    from app.frames import FRAME_FIELDS
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
     from app.ui import App
+    from app.view.frames import FRAME_FIELDS
 
     request.getfixturevalue("one_thread")
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from app.control import Control, Controls
-from app.race import race
 from fake_runs import run_events
+
+from app.race.control import Control, Controls
+from app.race.interleave import race
 
 
 def _race(control, speed=None, now=None):

@@ -14,7 +14,7 @@ gradio_client = pytest.importorskip("gradio_client")
 from serve import launch_app  # noqa: E402
 from tiny import build_drafter  # noqa: E402
 
-from app.frames import API_FIELDS  # noqa: E402
+from app.view.frames import API_FIELDS  # noqa: E402
 from dflash_core.trace import validate_trace  # noqa: E402
 
 PROMPT = "What is the capital of France? Paris is the capital of France. What is"
@@ -80,8 +80,8 @@ def test_the_visitor_picks_the_lanes_and_a_bad_pick_is_named(client):
 
 
 def test_a_pair_without_an_ar_drafter_says_which_pairs_have_one(tiny_dirs, one_thread):
-    from app.models import PairCache
-    from app.pairs import cli_pair
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
     from app.ui import App
 
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))

@@ -8,16 +8,16 @@ import shutil
 import gradio as gr
 import pytest
 import torch
+from test_memory_need import FakeApi, not_found
 
-import app.loading as loading
+import app.serve.loading as loading
 import dflash_core
-from app.models import PairCache
-from app.pairs import PairSpec
+from app.serve.failures import failure_message
+from app.serve.models import PairCache
+from app.serve.pairs import PairSpec
 from app.ui import App
-from app.failures import failure_message
 from dflash_core.errors import user_message
 from dflash_core.hub import progress_tqdm
-from test_memory_need import FakeApi, not_found
 
 GB = 2**30
 

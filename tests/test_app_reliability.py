@@ -11,11 +11,11 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 from serve import launch_app  # noqa: E402
 
-from app.frames import FRAME_FIELDS  # noqa: E402
-from app.limits import Limits  # noqa: E402
-from app.models import PairCache  # noqa: E402
-from app.pairs import cli_pair  # noqa: E402
+from app.serve.limits import Limits  # noqa: E402
+from app.serve.models import PairCache  # noqa: E402
+from app.serve.pairs import cli_pair  # noqa: E402
 from app.ui import App  # noqa: E402
+from app.view.frames import FRAME_FIELDS  # noqa: E402
 
 
 class Visitor:

@@ -6,14 +6,14 @@ import json
 
 import plotly.graph_objects as go
 import pytest
-
-from app import charts, render
-from app.lanes import COLORS
-from app.race import SideView, race
-from app.report import first_difference, race_report
-from app.tokens import TokenPieces
-from dflash_core import Block, Prefill, Summary
 from fake_runs import run_events
+
+from app.race.interleave import SideView, race
+from app.race.lanes import COLORS
+from app.race.report import first_difference, race_report
+from app.race.tokens import TokenPieces
+from app.view import charts, render
+from dflash_core import Block, Prefill, Summary
 
 TEXT = {1: "<b>&amp;", 2: " ok", 3: "\n", 4: "x", 5: "y", 9: "END"}
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from app.models import PairCache
-from app.pairs import cli_pair
-from app.replay import ReplayError, load_trace
-from app.frames import FRAME_FIELDS
+from app.serve.models import PairCache
+from app.serve.pairs import cli_pair
+from app.serve.replay import ReplayError, load_trace
 from app.ui import App
+from app.view.frames import FRAME_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_replay_speed_and_missing_file_are_checked(app, live, tmp_path):
 
 
 def test_every_shipped_trace_replays_and_the_landing_page_offers_them():
-    from app.replay import shipped_traces
+    from app.serve.replay import shipped_traces
     from app.ui import _trace_choices, recorded_runs
 
     shipped = shipped_traces()
@@ -102,9 +102,9 @@ def test_every_shipped_trace_replays_and_the_landing_page_offers_them():
         pytest.skip("no traces under assets/traces")
     categories = {label.split(",")[0] for _, label in shipped}
     assert {"math", "code", "chat", "story"} <= categories
-    from app import render
-    from app.cycle_view import cycle_html
-    from app.race import SideView
+    from app.race.interleave import SideView
+    from app.view import render
+    from app.view.cycle_view import cycle_html
 
     for path, _ in shipped:
         recording = load_trace(path)
@@ -122,7 +122,7 @@ def test_every_shipped_trace_replays_and_the_landing_page_offers_them():
 
 
 def test_a_shipped_replay_ends_on_its_recorded_summary():
-    from app.replay import shipped_traces
+    from app.serve.replay import shipped_traces
 
     shipped = shipped_traces()
     if not shipped:

@@ -20,18 +20,18 @@ from types import SimpleNamespace
 import gradio as gr
 import httpx
 import pytest
+from fake_runs import run_events
 
-from app import render
-from app.control import Control, Controls
-from app.frames import FRAME_FIELDS
-from app.limits import Limits, check_request
-from app.race import race
-from app.replay import ReplayError, load_trace
-from app.report import RaceReport
+from app.race.control import Control, Controls
+from app.race.interleave import race
+from app.race.report import RaceReport
+from app.serve.limits import Limits, check_request
+from app.serve.replay import ReplayError, load_trace
 from app.ui import App, build_demo
+from app.view import render
+from app.view.frames import FRAME_FIELDS
 from dflash_core import trace as tr
 from dflash_core.lossless import Verdict
-from fake_runs import run_events
 
 # What this issue added (PAUSE_EXPIRED, ReplaySlots, launch_options, ...) is imported in the tests
 # that use it, so that the others run, and fail for the reasons the review found, on the code before.
@@ -126,9 +126,9 @@ def test_every_count_that_sizes_work_is_checked_against_the_file(shipped, field)
 
 
 def test_charts_and_the_speedup_model_cost_grows_with_the_blocks_not_their_square():
-    from app import charts
-    from app.race import SideView
-    from app.speedup import speedup_figure
+    from app.race.interleave import SideView
+    from app.view import charts
+    from app.view.speedup import speedup_figure
     from dflash_core import Summary
 
     *_, dflash = run_events(0.1, 0.01, 3, 60_000, 4)
@@ -229,7 +229,7 @@ def _paused_race(control):
 
 
 def test_a_paused_race_is_released_after_the_deadline_and_says_why():
-    from app.control import PAUSE_EXPIRED
+    from app.race.control import PAUSE_EXPIRED
 
     frames = _paused_race(Control(max_pause_s=0.3))
     assert next(frames).paused
@@ -249,15 +249,15 @@ def test_eviction_from_the_controls_table_wakes_the_paused_race():
     controls.get("b"), controls.get("c")  # the pauser is the oldest: evicted
     worker.join(10)
     assert not worker.is_alive(), "the evicted race is still paused"
-    from app.control import EVICTED
+    from app.race.control import EVICTED
 
     assert ended["last"].stopped and ended["last"].released == EVICTED
 
 
 @pytest.fixture(scope="module")
 def tiny_app(tiny_dirs, one_thread):
-    from app.models import PairCache
-    from app.pairs import cli_pair
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
 
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
     return App([spec], spec.id, PairCache("cpu"))
@@ -303,7 +303,7 @@ def test_replays_have_their_own_slots_and_line_and_say_when_both_are_full(shippe
         assert replay.concurrency_limit is None and replay.concurrency_id == "replay"
     finally:
         app_of(demo).traces.close()
-    from app.playback import ReplayBusy, ReplaySlots
+    from app.serve.playback import ReplayBusy, ReplaySlots
 
     slots = ReplaySlots(concurrency=1, queue=1)
     slots.join()
@@ -327,8 +327,9 @@ def test_replays_have_their_own_slots_and_line_and_say_when_both_are_full(shippe
 
 # --- 6. MCP is off on a Space unless turned on --------------------------------------------------------
 def test_mcp_is_off_on_a_space_unless_turned_on(monkeypatch):
-    import app as app_package  # noqa: F401  (the package; app.py is the launcher)
     import importlib.util
+
+    import app as app_package  # noqa: F401  (the package; app.py is the launcher)
 
     spec = importlib.util.spec_from_file_location("launcher", REPO / "app.py")
     launcher = importlib.util.module_from_spec(spec)
@@ -341,13 +342,13 @@ def test_mcp_is_off_on_a_space_unless_turned_on(monkeypatch):
         def launch(self, **kwargs):
             launched.update(kwargs)
 
-    import app.models
-    import app.space
+    import app.serve.models
+    import app.serve.space
     import app.ui
 
     monkeypatch.setenv("SPACE_ID", "someone/dflash-studio")
-    monkeypatch.setattr(app.space, "install_default_target", lambda: None)
-    monkeypatch.setattr(app.models, "PairCache", lambda *a, **k: None)
+    monkeypatch.setattr(app.serve.space, "install_default_target", lambda: None)
+    monkeypatch.setattr(app.serve.models, "PairCache", lambda *a, **k: None)
     monkeypatch.setattr(app.ui, "build_demo", lambda *a, **k: FakeDemo())
     monkeypatch.setattr("signal.signal", lambda *a: None)
     import torch
@@ -433,8 +434,9 @@ def test_the_api_info_shows_no_server_path_and_replay_keeps_its_name():
 # --- 2, 7. the same against a served app: fetches, uploads, shutdown ------------------------------------
 @pytest.fixture()
 def served():
-    from app.ui import launch_options
     from serve import free_port
+
+    from app.ui import launch_options
 
     demo = build_demo([], "", None, live=False)
     demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,

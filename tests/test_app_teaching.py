@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from app import render
-from app.cycle_view import cycle_html
-from app.race import SideView
-from app.speedup import Costs, effective_acceptance, expected_tokens, extend_rates, iid_rates, run_costs, speedup
+from app.race.interleave import SideView
+from app.view import render
+from app.view.cycle_view import cycle_html
+from app.view.speedup import Costs, effective_acceptance, expected_tokens, extend_rates, iid_rates, run_costs, speedup
 from dflash_core import Block, Prefill, Summary
 from dflash_core.events import CycleExplanation
 
@@ -142,8 +142,8 @@ def _ar_lane():
 
 
 def test_an_ar_lane_costs_per_pass_and_gets_its_own_measured_curve():
-    from app.lanes import COLORS
-    from app.speedup import speedup_figure
+    from app.race.lanes import COLORS
+    from app.view.speedup import speedup_figure
 
     ar, p = _ar_lane(), Summary((1, 2, 6), 10, 1, "max_new_tokens", Prefill(10, 1, 0.05), plain_view().blocks, 0.09)
     costs = run_costs(ar, p, per_pass=True)
@@ -162,7 +162,7 @@ def test_an_ar_lane_costs_per_pass_and_gets_its_own_measured_curve():
 
 
 def test_inside_a_cycle_shows_the_ar_lanes_measured_passes_when_it_races():
-    from app.race import SideView
+    from app.race.interleave import SideView
 
     ar = _ar_lane()
     view = SideView("ar", ar.prefill, ar.blocks, ar, ar.total_s, 4)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import torch
+from test_train import PROMPTS, _target_samples, _write_shard
 
 from dflash_core import DFlashDrafter, Target
 from dflash_core.config import parse_drafter_config
 from dflash_core.training.objective import block_layout, dense_block_mask
 from dflash_core.training.train import main
-from test_train import PROMPTS, _target_samples, _write_shard
 
 
 def test_causal_mask_sees_the_context_before_the_anchor_and_the_block_up_to_itself():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny import build_drafter, build_target
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.batch_invariant import (
@@ -18,7 +19,6 @@ from dflash_core.batch_invariant import (
     run_rows_alone,
 )
 from dflash_core.cpu_linear import pack_linears
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
 @pytest.fixture(scope="module")
@@ -170,10 +170,10 @@ def test_auto_dtype_is_bf16_only_where_it_stays_lossless_and_fast(monkeypatch):
 
 
 def test_app_status_names_the_target_numerics(tiny_dirs):
-    from app.models import PairCache
-    from dflash_core import pair
-    from app.pairs import cli_pair
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
     from app.ui import App
+    from dflash_core import pair
 
     for dtype, expected in (("bfloat16", "bfloat16, blocks verified bitwise as one-token steps"), ("float32", "float32;")):
         spec = cli_pair(*map(str, tiny_dirs), dtype=dtype)

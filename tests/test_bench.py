@@ -156,8 +156,16 @@ def test_versus_must_fit_the_target(tiny_dirs):
 
 def test_in_cycle_overhead_is_compute_time_beyond_the_cycle_split():
     from dflash_core.bench.explain_cost import in_cycle_overhead
-    from dflash_core.events import (Block, CacheLengths, CycleExplanation, CycleTimes, Decision, Injected, Prefill,
-                                    Summary)
+    from dflash_core.events import (
+        Block,
+        CacheLengths,
+        CycleExplanation,
+        CycleTimes,
+        Decision,
+        Injected,
+        Prefill,
+        Summary,
+    )
 
     def block(i, elapsed, draft, verify, other):
         explanation = CycleExplanation(1, None, (i,), Injected(0, ()), (), ((),), Decision("greedy", (), False),

@@ -7,8 +7,8 @@ import json
 import pytest
 from tiny import THINKING_CHATML, build_drafter, build_target, build_tokenizer
 
-from app.models import PairCache
-from app.pairs import PairSpec, load_pairs
+from app.serve.models import PairCache
+from app.serve.pairs import PairSpec, load_pairs
 from app.ui import App
 from dflash_core import DFlashError
 from dflash_core.__main__ import main as cli_main

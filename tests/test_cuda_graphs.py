@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from tiny import build_drafter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dflash_core.drafting
@@ -16,12 +17,11 @@ from dflash_core import DFlashDrafter, SamplingParams, Target, fallbacks, load_p
 from dflash_core.__main__ import main as cli_main
 from dflash_core.bench.__main__ import main as bench_main
 from dflash_core.cuda_graphs import CudaGraphBackend, StepGraphs
+from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
+from dflash_core.diagnostics.syncs import SyncCounter
 from dflash_core.drafter import DrafterCache, static_slots
 from dflash_core.errors import ConfigError
 from dflash_core.fallbacks import FallbackWarning
-from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
-from dflash_core.diagnostics.syncs import SyncCounter
-from tiny import build_drafter
 
 
 def _tensors(tree) -> list[torch.Tensor]:

@@ -12,18 +12,18 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from families import FAMILIES, WINDOW, build_family_target
+from test_sampling import CHI_SQUARE_RUNS, chi_square_ok, exact_joint
+from tiny import build_drafter
 from transformers import AutoModelForCausalLM
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, run
 from dflash_core.decoding import generate
-from dflash_core.errors import ConfigError, DFlashError
 from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.diagnostics.syncs import SyncCounter
+from dflash_core.errors import ConfigError, DFlashError
 from dflash_core.events import Block
 from dflash_core.target_cache import FULL, LINEAR, NONE, SLIDING
-from families import FAMILIES, WINDOW, build_family_target
-from test_sampling import CHI_SQUARE_RUNS, chi_square_ok, exact_joint
-from tiny import build_drafter
 
 BLOCK = 8
 SCHEDULE = list(range(1, BLOCK + 1))  # cycle c rejects slot c (1-based), then one block is all accepted

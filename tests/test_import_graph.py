@@ -1,6 +1,6 @@
 """The import graph of dflash_core and app, read from the source (nothing is imported): no cycle,
 no engine module importing the app, training, the benchmarks or the diagnostics, and an app that
-imports only the engine (its Space ships without training/ and bench/, see app/space.py)."""
+imports only the engine (its Space ships without training/ and bench/, see app/serve/space.py)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_the_graph_reads_relative_imports():
     g = graph()
     assert {"dflash_core.events", "dflash_core.explain"} <= g["dflash_core.decoding"]
     assert "dflash_core.bench.run" in g["dflash_core.bench.cycle"]
-    assert "app.tips" in g["app.cycle_view"]
+    assert "app.view.tips" in g["app.view.cycle_view"]
 
 
 def test_no_import_cycle():
@@ -98,3 +98,29 @@ def test_the_engine_imports_neither_the_app_nor_what_stands_above_it():
 def test_the_app_imports_only_the_engine():
     wrong = sorted((a, b) for a, deps in graph().items() if within(a, ("app",)) for b in deps if within(b, TOOLS))
     assert wrong == []
+
+
+# The app's sub-packages in layers: each imports only the ones before it (app/__init__.py).
+APP_LAYERS = ("app.race", "app.view", "app.serve")
+
+
+def test_the_app_packages_import_only_the_layers_below_them():
+    rank = {layer: i for i, layer in enumerate(APP_LAYERS)}
+
+    def layer(name):
+        return next((lay for lay in APP_LAYERS if within(name, (lay,))), None)
+
+    modules_of = {lay: [m for m in graph() if layer(m) == lay] for lay in APP_LAYERS}
+    assert all(modules_of.values()), modules_of  # every layer exists, so the check below has something to check
+    wrong = sorted((a, b) for a, deps in graph().items() if layer(a) for b in deps
+                   if within(b, ("app",)) and (layer(b) is None or rank[layer(b)] > rank[layer(a)]))
+    assert wrong == []
+
+
+def test_the_race_layer_holds_no_page_code():
+    imported = {name: {alias.name.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
+                       for alias in getattr(node, "names", []) if isinstance(node, ast.Import)}
+                | {node.module.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+                for name, path in modules().items() if within(name, ("app.race",))}
+    assert imported and not [name for name, mods in imported.items() if mods & {"gradio", "plotly"}]

@@ -6,11 +6,11 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny import build_drafter
 
 from dflash_core import DFlashDrafter, Target, load_pair, run, validate_pair
 from dflash_core.config import default_target_layer_ids, parse_drafter_config
 from dflash_core.errors import CheckpointError, ConfigError, GenerationInputError, PairMismatchError
-from tiny import build_drafter
 
 
 def test_default_target_layer_ids_match_spec_examples():

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import torch
 
-from app.render import summary_html
-from app.report import race_report
+from app.race.report import race_report
+from app.view.render import summary_html
 from dflash_core import Target, run
 from dflash_core.lossless import compare
 from dflash_core.pair import default_target_dtype, parse_dtype

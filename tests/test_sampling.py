@@ -7,12 +7,12 @@ import itertools
 import pytest
 import torch
 from scipy.stats import chi2
+from tiny import build_drafter, build_target
 
 from dflash_core import DFlashDrafter, PromptLookup, SamplingParams, Target, run
 from dflash_core.errors import GenerationInputError
 from dflash_core.sampling import probabilities
 from dflash_core.verify import greedy_accept, match_sampled_accept, rejection_accept
-from tiny import build_drafter, build_target
 
 
 def chi_square_ok(counts: torch.Tensor, probs: torch.Tensor, alpha=1e-3) -> bool:

@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-
 from triton_support import interpreter_skip_reason
 
 from dflash_core import Block, SamplingParams, Target, generate

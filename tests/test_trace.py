@@ -186,7 +186,7 @@ def test_cli_explain_round_trip_validates(golden_dir, tmp_path, capsys):
 def test_shipped_traces_validate_and_cover_every_example_at_both_temperatures():
     from pathlib import Path
 
-    from app.examples import EXAMPLES
+    from app.serve.examples import EXAMPLES
 
     folder = Path(__file__).resolve().parent.parent / "assets" / "traces"
     index = json.loads((folder / "index.json").read_text())["traces"]

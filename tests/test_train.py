@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from dflash_core import DFlashDrafter, Target, run
-from dflash_core.training.drafter_init import add_feature_layers, grow_drafter, init_from_target
 from dflash_core.errors import ConfigError
+from dflash_core.training.data import frequent_tokens, load_sequences, shard_range
+from dflash_core.training.drafter_init import add_feature_layers, grow_drafter, init_from_target
 from dflash_core.training.objective import (
     DrafterTrainer,
     acceptance_lengths,
@@ -25,7 +26,6 @@ from dflash_core.training.objective import (
     slot_weights,
     walk_anchors,
 )
-from dflash_core.training.data import frequent_tokens, load_sequences, shard_range
 from dflash_core.training.train import main, parse_args
 
 PROMPTS = ["What is the capital of France?", "def add(a, b):"]

@@ -132,9 +132,9 @@ def test_the_app_races_a_vllm_server_dflash_against_plain(vllm_servers):
     gradio_client = pytest.importorskip("gradio_client")
     from serve import free_port
 
-    from app.frames import API_FIELDS
-    from app.pairs import vllm_pair
+    from app.serve.pairs import vllm_pair
     from app.ui import build_demo
+    from app.view.frames import API_FIELDS
 
     down = free_port()  # nothing listens there
     pairs = [vllm_pair(vllm_servers, None, 4),

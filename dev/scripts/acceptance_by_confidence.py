@@ -17,11 +17,11 @@ import argparse
 
 import torch
 
-from dflash_core.drafter import DFlashDrafter
-from dflash_core.training.objective import DrafterTrainer, acceptance_lengths, default_gamma, sample_anchors
-from dflash_core.target import Target
 from dflash_core.default_target import resolve_target
+from dflash_core.drafter import DFlashDrafter
+from dflash_core.target import Target
 from dflash_core.training.data import heldout, load_sequences, shard_range
+from dflash_core.training.objective import DrafterTrainer, acceptance_lengths, default_gamma, sample_anchors
 
 BINS = (0.0, 0.5, 0.8, 0.95, 1.01)
 

@@ -12,10 +12,10 @@ import html
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .lanes import COLORS as LANE_COLORS
-from .lanes import LABELS
-from .race import SideView
-from .report import RaceReport
+from ..race.interleave import SideView
+from ..race.lanes import COLORS as LANE_COLORS
+from ..race.lanes import LABELS
+from ..race.report import RaceReport
 from .tips import plain_tip, token_tip
 
 COLORS = {

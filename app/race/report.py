@@ -1,6 +1,6 @@
 """The numbers a finished race reports: speedup, tau, tokens/s, TTFT and the lossless check.
 
-Times are each lane's own compute clock (see `race.py`), so a speedup is the one a benchmark
+Times are each lane's own compute clock (see `interleave.py`), so a speedup is the one a benchmark
 running the decoders separately would measure. The top-level numbers are DFlash's against plain
 decoding; `lanes` holds one `LaneReport` per lane raced (the autoregressive drafter and prompt
 lookup when the visitor added them). `RaceReport` is typed for the app's own code; `to_dict` gives

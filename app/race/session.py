@@ -1,5 +1,5 @@
 """One live race of a model pair, with no Gradio: the lanes' `generate` runs raced against each
-other (`race.py`), their snapshots, then a typed result (lossless verdict, report, trace).
+other (`interleave.py`), their snapshots, then a typed result (lossless verdict, report, trace).
 
 A lane is one named decoder of the same prompt with the same target: DFlash and plain decoding
 always, and the autoregressive drafter and prompt lookup when the visitor adds them (`LANES`).
@@ -19,7 +19,7 @@ from dflash_core.trace import RUNS as LANES
 from dflash_core.trace import build_trace, settings_of
 
 from .control import Control
-from .race import Snapshot, race
+from .interleave import Snapshot, race
 from .report import RaceReport, race_report
 from .tokens import TokenPieces
 

@@ -1,6 +1,6 @@
 """A race of a vLLM server's DFlash against its plain decoding: the app's race and panes, remote lanes.
 
-`python app.py --vllm-url URL [--vllm-plain-url URL2]` adds a pair of kind `vllm` (or app/pairs.json
+`python app.py --vllm-url URL [--vllm-plain-url URL2]` adds a pair of kind `vllm` (or app/serve/pairs.json
 names one, with `vllm_url` and `vllm_plain_url`): URL serves the target with DFlash speculation,
 URL2 the same target plain (vLLM 0.32.0 sets speculation per server, not per request;
 `scripts/serve_vllm.sh` starts both). `VllmRaceSession` has `RaceSession`'s interface, so the race,
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from dflash_core.vllm_client import ServedModel, VllmServerError, served_model, stream
 
-from .race import Snapshot, race
+from .interleave import Snapshot, race
 from .report import race_report
 from .session import RaceResult, single_token_text
 from .tokens import TokenPieces

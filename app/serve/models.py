@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
+from dflash_core.batch_invariant import describe
+from dflash_core.chat_template import describe_template, template_args
+from dflash_core.default_target import DEFAULT_TARGET, DefaultTargetError, resolve_target
 from dflash_core.hub import resolve_model_dir
 from dflash_core.memory_need import PairSize, check_fits, pair_size
 from dflash_core.pair import fetch_target, load_drafter, parse_dtype
-from dflash_core.batch_invariant import describe
-from dflash_core.chat_template import describe_template, template_args
-from dflash_core.default_target import DefaultTargetError, resolve_target
 from dflash_core.prompting import encode_prompt
 
-from .pairs import DEFAULT_TARGET, PairSpec, availability
+from .pairs import PairSpec, availability
 
 
 class PairUnavailable(DFlashError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-DIAGRAMS = Path(__file__).resolve().parent.parent / "assets" / "howto"
+DIAGRAMS = Path(__file__).resolve().parents[2] / "assets" / "howto"
 
 SECTIONS = [
     (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .race import Snapshot
+    from .interleave import Snapshot
 
 
 @dataclass

@@ -17,10 +17,9 @@ from dflash_core.events import Block, CycleExplanation, Prefill, Summary
 from dflash_core.lossless import Verdict
 from dflash_core.trace import RUNS, TraceError, validate_trace
 
-from .report import RaceReport, first_difference, race_report
+from ..race.report import RaceReport, first_difference, race_report
 
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = REPO_ROOT / "assets" / "traces"
 BLOCK_FIELDS = [f.name for f in fields(Block)]
 

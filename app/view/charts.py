@@ -15,8 +15,8 @@ from itertools import accumulate
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from .lanes import COLORS, LABELS
-from .race import SideView
+from ..race.interleave import SideView
+from ..race.lanes import COLORS, LABELS
 
 
 @lru_cache(maxsize=1)

@@ -1,8 +1,8 @@
 """The live race's handlers: `compare` (the Race button and the `compare` endpoint) and Stop.
 
-`compare` checks the request, loads the pair, and streams the frames of `race_frames`, the race's
-model work (`session.py` running it, `frames.py` drawing it), which on ZeroGPU runs in a GPU
-worker process; it writes the finished race's trace for download. Every `DFlashError` and model
+`compare` checks the request, has the pair's kind (`sessions.py`) prepare it, and streams the
+frames of `race_frames`, the race's model work (a race session running it, `view/frames.py`
+drawing it), which on ZeroGPU runs in a GPU worker process; it writes the finished race's trace for download. Every `DFlashError` and model
 failure reaches the visitor as a message.
 """
 
@@ -12,16 +12,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import texts
+from ..race.control import Control, Controls
+from ..race.stopping import StopRequests
+from ..view import texts
+from ..view.frames import ChartPacer, Frame, note_frame, race_frame, released_text
 from .callers import is_mcp, session_of
-from .control import Control, Controls
 from .failures import failure_message, visitor_error
-from .frames import ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
-from .limits import Limits, check_lanes, check_prompt_tokens, check_request
+from .limits import Limits, check_lanes, check_request
 from .loading import PairLoading
-from .session import RaceSession
 from .space import gpu_errors_as_messages, gpu_task
-from .stopping import StopRequests
 from .traces import TraceStore
 
 STOP_WAIT_S = 30.0  # a race ends within one engine step of Stop; this only bounds a stuck one
@@ -86,29 +85,8 @@ class LiveRace:
             names = check_lanes(lanes)
         except (ValueError, OverflowError) as exc:  # DFlashError is a ValueError too
             raise visitor_error(str(exc)) from None
-        if spec.kind == "vllm":  # nothing loads here: the servers decode (vllm_race.py)
-            if names != ("dflash", "plain"):
-                raise visitor_error(texts.VLLM_LANES)
-            yield start_frame(texts.RACING, names).values()
-            yield from self._stream(spec, req, [], names, session_of(request), mcp=is_mcp(request))
-            return
-        if "ar" in names and not spec.ar_drafter:
-            offered = [p.label for p in self.pairs.values() if p.ar_drafter]
-            raise visitor_error(texts.NO_AR_DRAFTER.format(label=spec.label, pairs="; ".join(offered) or "none"))
-        if req.block_size == 1:
-            gr.Warning(texts.NO_DRAFTING)
-        # Clear the previous race at once, so old tokens and numbers never mix with new ones.
-        loading = texts.RACE_LOADING.format(label=spec.label)
-        yield start_frame(loading if not cache.is_loaded(spec) else texts.RACING, names).values()
-        try:
-            pair = yield from self.loading.load(spec, lambda line: start_frame(f"{loading} {line}", names).values())
-            prompt_ids = pair.encode(req.prompt)
-        except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
-            raise visitor_error(failure_message(exc, cache.device_for(spec))) from None
-        try:
-            check_prompt_tokens(len(prompt_ids), self.limits, pair.context_length)
-        except ValueError as exc:  # the visitor's prompt, said as it is
-            raise visitor_error(str(exc)) from None
+        kind = self.loading.kinds[spec.kind]
+        prompt_ids = yield from kind.prepare(spec, req, names, self.limits)
         yield from self._stream(spec, req, prompt_ids, names, session_of(request), mcp=is_mcp(request))
 
     def _stream(self, spec, req, prompt_ids: list[int], lanes: tuple[str, ...], session: str | None, mcp: bool = False):
@@ -150,16 +128,16 @@ class LiveRace:
         from dflash_core import SamplingParams
 
         spec = self.pairs[pair_id]
-        device = self.loading.cache.device_for(spec) if spec.kind != "vllm" else "vLLM server"
+        kind = self.loading.kinds[spec.kind]
+        device = kind.device(spec)
         sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
         try:
-            race = vllm_session(spec, prompt, max_new_tokens, sampling) if spec.kind == "vllm" else RaceSession(
-                self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes)
+            race = kind.open(spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes)
         except Exception as exc:  # noqa: BLE001 - a server down or serving another model reaches the visitor
             raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None
         pacer = ChartPacer()
-        note = vllm_note() if spec.kind == "vllm" else None
+        note = kind.running_note
         try:
             for snapshot in race.snapshots(stop, control):
                 if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left
@@ -186,15 +164,3 @@ class LiveRace:
         """The Stop button: asks this session's race to end; returns once it has (or after STOP_WAIT_S)."""
         self.stops.request(session_of(request), wait_s=STOP_WAIT_S)
 
-
-def vllm_session(spec, prompt, max_new_tokens, sampling):
-    """The race of a `vllm` pair: its servers' DFlash (at the block they serve) against their plain decoding."""
-    from .vllm_race import VllmRaceSession, servers_of
-
-    return VllmRaceSession(servers_of(spec), prompt, max_new_tokens, spec.block_size, sampling)
-
-
-def vllm_note() -> str:
-    from .vllm_race import WHAT_IS_NOT_REPORTED
-
-    return WHAT_IS_NOT_REPORTED

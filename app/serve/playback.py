@@ -16,13 +16,13 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import texts
+from ..race.control import Controls
+from ..race.interleave import FRAME_S, race
+from ..view import texts
+from ..view.frames import CHART_EVERY_S, ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
 from .callers import session_of
-from .control import Controls
 from .failures import visitor_error
-from .frames import CHART_EVERY_S, ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
 from .limits import Limits
-from .race import FRAME_S, race
 from .replay import RecordedPieces, ReplayError, load_trace
 from .traces import TraceStore
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from . import texts
-from .control import Control, Controls
-from .cycle_view import cycle_html
+from ..race.control import Control, Controls
+from ..view import texts
+from ..view.cycle_view import cycle_html
 
 
 class Stepping:

@@ -12,9 +12,10 @@ import time
 
 import gradio as gr
 
-from . import texts
+from ..view import texts
 from .failures import failure_message
 from .pairs import PairSpec, availability
+from .sessions import race_kinds
 
 PROGRESS_EVERY_S = 0.25  # download progress lines at most this often
 
@@ -26,6 +27,7 @@ class PairLoading:
         self.pairs = {p.id: p for p in pairs}
         self.default_id = default_id if default_id in self.pairs else (pairs[0].id if pairs else "")
         self.cache = cache
+        self.kinds = race_kinds(self)  # by pair kind: how its races are prepared and opened
 
     def load(self, spec: PairSpec, frame):
         """Generator: loads `spec` in a worker and yields `frame(line)` for each progress line
@@ -58,11 +60,10 @@ class PairLoading:
         if spec is None:
             yield texts.UNKNOWN_PAIR.format(pair_id=pair_id), gr.skip()
             return
-        if spec.kind == "vllm":
-            from .vllm_race import servers_of
+        yield from self.kinds[spec.kind].status(spec)
 
-            yield servers_of(spec).status(), gr.update(maximum=spec.block_size, value=spec.block_size)
-            return
+    def load_status(self, spec: PairSpec):
+        """The status lines of a pair that loads here, with the block-size slider set to its trained size."""
         device = self.cache.device_for(spec)
         reason = availability(spec, device)
         if reason:

@@ -11,9 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_core.default_target import DEFAULT_TARGET
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PAIRS_FILE = Path(__file__).resolve().with_name("pairs.json")
 
 
@@ -33,7 +31,7 @@ class PairSpec:
     # drafter, with `dflash_core.memory_need.MARGIN`. Loading measures it from the Hub first.
     memory_gb: float | None = None
     source: str = ""  # where the Hub ids and the template arguments come from
-    # "vllm": raced on two vLLM servers (app/vllm_race.py), DFlash at vllm_url and plain at
+    # "vllm": raced on two vLLM servers (app/race/vllm_session.py), DFlash at vllm_url and plain at
     # vllm_plain_url (default: the next port); target and drafter then only label it.
     kind: str = "local"
     vllm_url: str = ""

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, fields
 
 import gradio as gr
 
+from ..race.control import PAUSE_EXPIRED, Control, Viewer
+from ..race.interleave import Snapshot
+from ..race.lanes import LABELS, LANES, lane_title
+from ..race.report import RaceReport
 from . import charts, render, texts
-from .control import PAUSE_EXPIRED, Control, Viewer
 from .cycle_view import cycle_html
-from .lanes import LABELS, LANES, lane_title
-from .race import Snapshot
-from .report import RaceReport
 from .speedup import speedup_figure
 
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
@@ -136,7 +136,7 @@ def race_frame(
 ) -> Frame:
     """The frame that shows `snap`; `report` once the race has finished.
 
-    pieces: per lane, the pane text of its tokens (`extend(ids)`, see `tokens.py`).
+    pieces: per lane, the pane text of its tokens (`extend(ids)`, see `race/tokens.py`).
     viewer: the viewer's state, where Pause / Step reach the race: `snap` becomes its latest, and
     the frame carries the cycle view and the control status line.
     note: the line under the summary numbers; running: the status line while the race runs.

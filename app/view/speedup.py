@@ -128,7 +128,7 @@ class Curve:
 
 
 def _curves(lanes: dict, plain, measured: dict | None) -> list[Curve]:
-    from .lanes import COLORS, LABELS
+    from ..race.lanes import COLORS, LABELS
 
     curves = []
     for name, summary in lanes.items():

@@ -1,0 +1,3 @@
+"""What the page shows of a race: token panes, draft strip and stats as HTML, plotly charts, hover
+tips, the "inside a cycle" view, the speedup model, the diagrams, the page's prose, and the `Frame`
+that carries one update of every output. Reads race state; holds none."""
