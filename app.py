@@ -62,10 +62,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def own_upload_folder() -> None:
+    """Give this server a new folder for uploads and the files it serves, deleted when it exits.
+
+    Gradio's default is one folder shared by every Gradio process of the machine, whose cleanup at
+    shutdown does not always run (not after an MCP call): visitors' uploads would outlive the
+    server. A GRADIO_TEMP_DIR set by the user is kept as it is.
+    """
+    if os.environ.get("GRADIO_TEMP_DIR"):
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="dflash-gradio-")
+    os.environ["GRADIO_TEMP_DIR"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     if bool(args.target) != bool(args.drafter):
         raise SystemExit("error: --target and --drafter go together")
+    own_upload_folder()
     if args.replay:
         serve_replay(args)
         return

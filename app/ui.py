@@ -17,18 +17,21 @@ from pathlib import Path
 import gradio as gr
 from gradio.utils import abspath as gradio_abspath
 from gradio.utils import get_cache_folder, get_upload_folder, is_in_or_equal
-from gradio_client.utils import is_http_url_like
+from starlette.middleware import Middleware
 
 from dflash_core.trace import MAX_BYTES
 
 from .race.control import Controls
 from .race.lanes import CHOICES, LANES
 from .serve.examples import EXAMPLES
+from .serve.http_guard import MULTIPART_SLACK, HttpGuard, UploadBudget, refuse_url_inputs
 from .serve.limits import Limits
 from .serve.live import LiveRace
 from .serve.loading import PairLoading
 from .serve.pairs import PairSpec
 from .serve.playback import Playback
+from .serve.queue_bounds import bound_queue
+from .serve.readers import Readers
 from .serve.replay import ReplayError, load_trace, shipped_traces
 from .serve.stepping import Stepping
 from .serve.traces import TraceStore
@@ -55,11 +58,13 @@ class App:
         """recorded: the recorded runs the Replay tab offers, name -> file (None: `replay` takes any path)."""
         limits = limits or Limits()
         # each session's Pause / Step / Continue and what it has on screen
-        self.controls = Controls(max_pause_s=limits.max_pause_s)
+        self.limits = limits
+        self.controls = Controls(max_pause_s=limits.max_pause_s, max_run_s=limits.max_race_s)
+        self.readers = Readers()  # each session's open event streams: a run nobody reads ends
         self.traces = traces or TraceStore()
         self.loading = PairLoading(pairs, default_id, cache)
-        self.live = LiveRace(self.loading, self.controls, limits, self.traces)
-        self.playback = Playback(self.controls, limits, self.traces, recorded)
+        self.live = LiveRace(self.loading, self.controls, limits, self.traces, self.readers)
+        self.playback = Playback(self.controls, limits, self.traces, recorded, self.readers)
         self.stepping = Stepping(self.controls)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
         self.stops = self.live.stops  # the Stop button's requests
@@ -120,8 +125,11 @@ def private_trace_root() -> Path:
 
 def launch_options(demo: gr.Blocks) -> dict:
     """The `demo.launch` arguments every server of the app needs, beside host and port: uploads
-    bounded by the trace size limit, and every trace file deleted when the server stops."""
-    traces = demo.dflash_app.traces
+    bounded per file, per request and per visitor, no URL fetched through the file route, each
+    session's event streams counted (a race nobody reads ends), the sessions kept in memory
+    bounded, and every trace file deleted when the server stops."""
+    app = demo.dflash_app
+    traces, limits = app.traces, app.limits
 
     @contextlib.asynccontextmanager
     async def lifespan(_server):
@@ -130,31 +138,10 @@ def launch_options(demo: gr.Blocks) -> dict:
         finally:
             traces.close()
 
-    return {"max_file_size": MAX_BYTES, "app_kwargs": {"lifespan": lifespan}}
-
-
-def files_only(upload: gr.File) -> gr.File:
-    """`upload`, taking uploaded files only. Gradio downloads a URL sent in place of a file (any
-    client may send one) through the component's cache methods; here they refuse one, so a
-    replay never makes the server fetch anything. (A subclass of gr.File would do the same, but
-    Gradio writes a .pyi file beside every module that defines a component class.)"""
-    fetch_async, fetch = upload.async_move_resource_to_block_cache, upload.move_resource_to_block_cache
-
-    async def guarded_async(url_or_file_path):
-        _refuse_urls(url_or_file_path)
-        return await fetch_async(url_or_file_path)
-
-    def guarded(url_or_file_path):
-        _refuse_urls(url_or_file_path)
-        return fetch(url_or_file_path)
-
-    upload.async_move_resource_to_block_cache, upload.move_resource_to_block_cache = guarded_async, guarded
-    return upload
-
-
-def _refuse_urls(url_or_file_path) -> None:
-    if is_http_url_like(str(url_or_file_path or "")):
-        raise gr.Error(texts.NO_URLS)
+    budget = UploadBudget(per_request=MAX_BYTES + MULTIPART_SLACK, per_hour=limits.upload_mb_per_hour * 1_000_000)
+    middleware = [Middleware(HttpGuard, budget=budget), Middleware(app.readers.middleware)]
+    return {"max_file_size": MAX_BYTES, "state_session_capacity": limits.session_capacity,
+            "app_kwargs": {"lifespan": lifespan, "middleware": middleware}}
 
 
 def forget_served(json_path: str, files) -> None:
@@ -223,9 +210,9 @@ def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
             choices=recorded, value=recorded[0][1] if recorded else None, label="Recorded run", scale=3,
             elem_id="trace-choice",
         )
-        trace_upload = files_only(gr.File(
+        trace_upload = gr.File(
             label="…or upload a trace (.json)", file_types=[".json"], scale=2, height=110, elem_id="trace-upload"
-        ))
+        )
     with gr.Row():
         speed = gr.Slider(0.25, 4.0, value=1.0, step=0.25, label="Replay speed (× real time)", elem_id="replay-speed")
         replay_button = gr.Button("Replay ▶", variant="primary", elem_id="replay-run")
@@ -317,8 +304,9 @@ def build_demo(
                 howto_tab()
         area = race_area()
         _wire(demo, app, limits, live_inputs if live else None, replay_inputs, area, play_on_load=bool(replay))
-    # Beyond max_size waiting requests Gradio answers "busy, try again" without queueing.
-    demo.queue(max_size=limits.max_queue)
+    demo.queue()
+    bound_queue(demo, limits)  # per queue and per visitor: one client cannot fill it for everyone
+    refuse_url_inputs(demo)  # no input makes the server fetch a URL
     files = (area.outputs["trace_file"], area.outputs["trace_csv"])
     app.traces.on_delete = lambda path: forget_served(path, files)
     demo.dflash_app = app

@@ -13,6 +13,12 @@ import torch
 from .errors import GenerationInputError
 
 
+# Dividing scores by a smaller temperature can overflow float32 (a logit of 1e3 / 1e-36 > 3.4e38) and
+# leave NaN probabilities; at 1e-3 sampling already takes the top token unless another scores within
+# about 0.01 of it (exp(-0.01 / 1e-3) = 5e-5).
+MIN_TEMPERATURE = 1e-3
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy; top_k 0 and top_p 1.0 mean "no truncation"."""
@@ -25,6 +31,11 @@ class SamplingParams:
     def __post_init__(self):
         if not (self.temperature >= 0.0 and self.temperature <= 100.0):
             raise GenerationInputError(f"temperature must be in [0, 100], got {self.temperature}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise GenerationInputError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature}: "
+                "dividing the scores by a smaller one overflows them"
+            )
         if not (0.0 < self.top_p <= 1.0):
             raise GenerationInputError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -274,7 +274,7 @@ def test_a_live_race_left_paused_frees_the_model_and_says_so(tiny_app):
     t0 = time.perf_counter()
     last = final(within(30, lambda: list(frames)))
     assert time.perf_counter() - t0 < 10
-    assert "paused for 1 s with no Step or Continue" in last["summary"] and "Ended" in last["control_status"]
+    assert "paused for 1 s in all" in last["summary"] and "Ended" in last["control_status"]
     assert last["report"]["stopped"] is True
     pair = tiny_app.cache.get(tiny_app.pairs[tiny_app.default_id])
     assert pair.lock.acquire(timeout=5)  # the model is free for the next visitor
@@ -337,7 +337,7 @@ def test_mcp_is_off_on_a_space_unless_turned_on(monkeypatch):
     launched = {}
 
     class FakeDemo:
-        dflash_app = SimpleNamespace(traces=SimpleNamespace(close=lambda: None))
+        dflash_app = App([], "", None)  # what launch_options reads: its traces, limits and readers
 
         def launch(self, **kwargs):
             launched.update(kwargs)
@@ -347,6 +347,9 @@ def test_mcp_is_off_on_a_space_unless_turned_on(monkeypatch):
     import app.ui
 
     monkeypatch.setenv("SPACE_ID", "someone/dflash-studio")
+    from gradio.utils import get_upload_folder  # main() gives the server a folder of its own: keep this one
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", get_upload_folder())
     monkeypatch.setattr(app.serve.space, "install_default_target", lambda: None)
     monkeypatch.setattr(app.serve.models, "PairCache", lambda *a, **k: None)
     monkeypatch.setattr(app.ui, "build_demo", lambda *a, **k: FakeDemo())

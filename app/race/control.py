@@ -35,30 +35,34 @@ class Viewer:
         return len(self.latest.lead.blocks) if self.latest is not None else 0
 
 
-# Why a paused race was let go (`Control.released`): its viewer left it paused past the deadline,
-# or the session table dropped the viewer to make room for newer ones.
-PAUSE_EXPIRED, EVICTED = "pause expired", "evicted"
+# Why a race was let go (`Control.released`): paused for its whole pause budget, the session table
+# dropped its viewer to make room for newer ones, or it reached its wall-clock budget.
+PAUSE_EXPIRED, EVICTED, TIME_UP = "pause expired", "evicted", "time up"
 
 
 class Control:
     """One viewer's pause state; the buttons' handlers and the race's worker share it.
 
-    max_pause_s: how long a race may stay paused without a Pause, Step or Continue from its
-    viewer; past it `hold` lets the race go (`released`), and the race ends, freeing the model.
+    Each run (a race or a replay, from `reset`) has two budgets that no click renews:
+    max_pause_s: the seconds it may spend paused in all; past them `hold` lets the race go
+    (`released`), and the race ends, freeing the model.
+    max_run_s: the wall seconds it may last from its start, paused or not (`out_of_time`).
     """
 
-    def __init__(self, clock=time.perf_counter, max_pause_s: float | None = None):
+    def __init__(self, clock=time.perf_counter, max_pause_s: float | None = None, max_run_s: float | None = None):
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self.paused = False
         self.limit: int | None = None  # DFlash cycles allowed on screen while paused
         self.stopped = False
-        self.max_pause_s = max_pause_s
-        self.released: str | None = None  # PAUSE_EXPIRED or EVICTED once the race was let go
-        self._touched = clock()  # the viewer's last Pause, Step or Continue
+        self.max_pause_s, self.max_run_s = max_pause_s, max_run_s
+        self.released: str | None = None  # PAUSE_EXPIRED, EVICTED or TIME_UP once the race was let go
+        self._started = clock()  # the run's start, for its wall-clock budget
         self._held = 0.0  # seconds spent blocked in `hold`, left out of `clock()`
+        self._held_at_start = 0.0  # `_held` when the run started: the run's pause time is the growth
         self.run = 0  # which run of this viewer the control drives; a newer one supersedes the rest
+        self.active = False  # a run is playing (the session table keeps such a control)
         self.viewer = Viewer()
 
     def clock(self) -> float:
@@ -68,8 +72,9 @@ class Control:
         """A new race starts playing (not paused); returns its run number."""
         with self._lock:
             self.paused, self.limit, self.stopped, self.released = False, None, False, None
-            self._touched = self._clock()
+            self._started, self._held_at_start = self._clock(), self._held
             self.run += 1
+            self.active = True
             run = self.run
         self._wake.set()
         return run
@@ -78,10 +83,25 @@ class Control:
         """True once a newer run of this viewer has started: the older one must end."""
         return self.run != run
 
+    def done(self, run: int) -> None:
+        """Run `run` has ended (the session table may now drop this control)."""
+        with self._lock:
+            if self.run == run:
+                self.active = False
+
+    def paused_s(self) -> float:
+        """Seconds the current run has spent paused so far."""
+        return self._held - self._held_at_start
+
+    def out_of_time(self) -> bool:
+        """True once the run has lasted `max_run_s` wall seconds; it is then released (TIME_UP)."""
+        if self.max_run_s is not None and self.released is None and self._clock() - self._started >= self.max_run_s:
+            self.release(TIME_UP)
+        return self.released == TIME_UP
+
     def pause(self, shown: int) -> None:
         with self._lock:
             self.paused = True
-            self._touched = self._clock()
             if self.limit is None:
                 self.limit = shown
 
@@ -89,14 +109,12 @@ class Control:
         """One more DFlash cycle (pauses first when playing)."""
         with self._lock:
             self.paused = True
-            self._touched = self._clock()
             self.limit = max(self.limit if self.limit is not None else shown, shown) + 1
         self._wake.set()
 
     def resume(self) -> None:
         with self._lock:
             self.paused, self.limit = False, None
-            self._touched = self._clock()
         self._wake.set()
 
     def release(self, why: str) -> None:
@@ -120,13 +138,15 @@ class Control:
 
     def hold(self, shown: int, poll_s: float = 0.05, until=lambda: False, for_s: float | None = None) -> None:
         """Block while `holding(shown)` and not `until()` (the race's Stop), for at most `for_s`
-        seconds; past the pause deadline the race is released (`released`). The time blocked is
-        left out of `clock()`."""
+        seconds; once the run's pause budget or wall-clock budget is spent the race is released
+        (`released`). The time blocked is left out of `clock()`."""
         started = self._clock()
         while self.holding(shown) and not until():
             now = self._clock()
-            if self.max_pause_s is not None and now - self._touched >= self.max_pause_s:
+            if self.max_pause_s is not None and self.paused_s() + now - started >= self.max_pause_s:
                 self.release(PAUSE_EXPIRED)
+                break
+            if self.out_of_time():
                 break
             if for_s is not None and now - started >= for_s:
                 break
@@ -141,26 +161,42 @@ class Control:
 
 
 class Controls:
-    """Every viewer's `Control`, by Gradio session; a bounded table, oldest sessions dropped (a race
-    one of them holds paused is released, so that it ends)."""
+    """Every viewer's `Control`, by Gradio session: a bounded table. Only a race or a replay adds a
+    session (`get`); the buttons find one (`find`) and never add, so calls with made-up session ids
+    cannot push real viewers out. Past `size`, the least recently used controls with no run playing
+    are dropped first; a race that a dropped control holds paused is released, so that it ends."""
 
-    def __init__(self, size: int = 256, max_pause_s: float | None = None):
+    def __init__(self, size: int = 256, max_pause_s: float | None = None, max_run_s: float | None = None):
         self.size = size
-        self.max_pause_s = max_pause_s
+        self.max_pause_s, self.max_run_s = max_pause_s, max_run_s
         self._table: dict[str, Control] = {}
         self._lock = threading.Lock()
 
     def get(self, session: str | None) -> Control:
+        """The session's control, added when it has none (for a run about to start)."""
         key = session or ""
         evicted = []
         with self._lock:
-            control = self._table.pop(key, None) or Control(max_pause_s=self.max_pause_s)
+            control = self._table.pop(key, None) or Control(max_pause_s=self.max_pause_s, max_run_s=self.max_run_s)
             self._table[key] = control  # most recently used last
-            while len(self._table) > self.size:
-                evicted.append(self._table.pop(next(iter(self._table))))
+            excess = len(self._table) - self.size
+            if excess > 0:
+                idle = [k for k, c in self._table.items() if not c.active and c is not control]
+                playing = [k for k, c in self._table.items() if c.active and c is not control]
+                for old in (idle + playing)[:excess]:
+                    evicted.append(self._table.pop(old))
         for old in evicted:
             old.release(EVICTED)
         return control
+
+    def detached(self) -> Control:
+        """A control with this table's budgets that no session can reach (an agent's race)."""
+        return Control(max_pause_s=self.max_pause_s, max_run_s=self.max_run_s)
+
+    def find(self, session: str | None) -> Control | None:
+        """The session's control, or None when it never raced (nothing is added)."""
+        with self._lock:
+            return self._table.get(session or "")
 
     def drop(self, session: str | None) -> None:
         """Forget a session; a race it paused is told to stop waiting (it then ends)."""

@@ -193,7 +193,8 @@ def race(
     speed: for recorded events (a replay): show compute time at `speed` times real time.
     control: pause / step / continue; the race then runs on `control.clock`, which stops while
     paused, and while paused shows at most the lead lane's cycles the control allows. A race the
-    control releases while paused (see `Control.hold`) ends like a stopped one, `released` set.
+    control releases (paused past its budget, `Control.hold`; or out of wall time,
+    `Control.out_of_time`) ends like a stopped one, `released` set.
     keepalive_s: the longest stretch without a snapshot (paused, or waiting for the next recorded
     event); the ones that only keep the stream alive are marked `idle`.
     pace: after the fastest lane finishes, fewer lanes are left to compute, so their events would
@@ -229,6 +230,8 @@ def race(
                 if control.holding(shown) and not stop():
                     yield Snapshot(views(), last_frame, False, paused=True,
                                    idle=True)
+            released = control.released
+        elif control is not None and control.out_of_time():  # its wall-clock budget, paused or not
             released = control.released
         if stop() or released:
             yield Snapshot(views(), clock() - t0, True, stopped=True,

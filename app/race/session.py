@@ -97,10 +97,14 @@ class RaceSession:
             name: generate(lane.target, self.prompt_ids, lane.drafter, block_size=lane.block_size, **common)
             for name, lane in self.lanes.items()
         }
-        with self.pair.lock:  # a pair's targets hold the KV caches of one race at a time
-            block_sizes = {name: lane.block_size for name, lane in self.lanes.items()}
-            for self.last in race(events, block_sizes=block_sizes, stop=stop or _never, control=control):
-                yield self.last
+        try:
+            with self.pair.lock:  # a pair's targets hold the KV caches of one race at a time
+                block_sizes = {name: lane.block_size for name, lane in self.lanes.items()}
+                for self.last in race(events, block_sizes=block_sizes, stop=stop or _never, control=control):
+                    yield self.last
+        finally:
+            if control is not None:
+                control.done(run)
 
     def result(self) -> RaceResult | None:
         """The race's verdict, report and trace, from its last snapshot; None when it stopped

@@ -115,9 +115,14 @@ class VllmRaceSession:
         # Both requests go out now, so the servers decode side by side.
         dflash = stream(self.models["dflash"], self.prompt, block_size=self.block_size, **common)
         plain = stream(self.models["plain"], self.prompt, block_size=1, **common)
-        for self.last in race({"dflash": dflash, "plain": plain}, block_sizes={"dflash": self.block_size},
-                              stop=stop or (lambda: False), control=control):
-            yield self.last
+        run = control.reset() if control is not None else None  # this run's pause and wall-clock budgets start now
+        try:
+            for self.last in race({"dflash": dflash, "plain": plain}, block_sizes={"dflash": self.block_size},
+                                  stop=stop or (lambda: False), control=control):
+                yield self.last
+        finally:
+            if control is not None:
+                control.done(run)
 
     def result(self) -> RaceResult | None:
         how = "stopped" if self.last.stopped else "running"

@@ -30,10 +30,14 @@ class Limits:
     max_new_tokens: int = 512
     max_prompt_tokens: int = 2048  # after the chat template
     max_prompt_chars: int = 16_000  # checked before tokenizing, so a huge paste costs nothing
-    max_pause_s: int = 60  # a race paused this long without a Step or Continue ends, freeing the model
+    max_pause_s: int = 60  # seconds a race or replay may spend paused in all; then it ends, freeing the model
+    max_race_s: int = 420  # wall seconds a race or replay may last from its start, pauses included
     replay_concurrency: int = 4  # replays played at once (they need no model, only a thread each)
     replay_queue: int = 8  # replays that may wait for one of those; more are told the server is busy
     max_replay_s: int = 300  # a replay lasting longer in real time is sped up to end within it
+    per_visitor: int = 2  # requests one visitor (one address) may have waiting in each queue, races and replays
+    upload_mb_per_hour: int = 100  # megabytes of uploads one visitor may send in an hour
+    session_capacity: int = 200  # sessions whose last outputs Gradio keeps in memory (it drops the oldest)
 
     def __post_init__(self):
         for f in fields(self):
@@ -45,7 +49,7 @@ class Limits:
 # a Space serves shorter races and turns visitors away sooner than a machine of one's own.
 SPACE_LIMITS = Limits(
     concurrency=1, max_queue=8, max_new_tokens=256, max_prompt_tokens=1024, max_prompt_chars=8_000, replay_concurrency=2,
-    replay_queue=4, max_replay_s=180,
+    replay_queue=4, max_replay_s=180, max_race_s=240, upload_mb_per_hour=60, session_capacity=100,
 )
 
 _FLAGS = {
@@ -54,12 +58,18 @@ _FLAGS = {
     "max_new_tokens": "largest max_new_tokens a request may ask for (default %(default)s)",
     "max_prompt_tokens": "longest prompt in tokens after the chat template (default %(default)s)",
     "max_prompt_chars": "longest prompt in characters, checked before tokenizing (default %(default)s)",
-    "max_pause_s": "seconds a paused race may wait for Step or Continue before it ends and frees the model "
-    "(default %(default)s)",
+    "max_pause_s": "seconds a race or replay may spend paused in all (no click renews them) before it ends and "
+    "frees the model (default %(default)s)",
+    "max_race_s": "wall seconds a race or replay may last from its start, pauses included (default %(default)s)",
     "replay_concurrency": "replays played at the same time (default %(default)s)",
     "replay_queue": "replays that may wait for a free replay slot; beyond it a visitor is told the server is busy "
     "(default %(default)s)",
     "max_replay_s": "longest a replay may last in real time; a longer recording is played faster (default %(default)s)",
+    "per_visitor": "requests one visitor (one client address) may have waiting, in the race queue and in the replay "
+    "line each (default %(default)s)",
+    "upload_mb_per_hour": "megabytes of trace uploads one visitor may send per hour (default %(default)s)",
+    "session_capacity": "browser sessions whose last outputs the server keeps in memory; the oldest are dropped "
+    "(default %(default)s)",
 }
 
 

@@ -16,10 +16,11 @@ from ..race.control import Control, Controls
 from ..race.stopping import StopRequests
 from ..view import texts
 from ..view.frames import ChartPacer, Frame, note_frame, race_frame, released_text
-from .callers import is_mcp, session_of
+from .callers import is_mcp, session_of, visitor_of
 from .failures import failure_message, visitor_error
 from .limits import Limits, check_lanes, check_request
 from .loading import PairLoading
+from .readers import Readers
 from .space import gpu_errors_as_messages, gpu_task
 from .traces import TraceStore
 
@@ -29,11 +30,13 @@ STOP_WAIT_S = 30.0  # a race ends within one engine step of Stop; this only boun
 class LiveRace:
     """Races the pairs of `loading` on visitors' prompts, within `limits`; keeps their traces in `traces`."""
 
-    def __init__(self, loading: PairLoading, controls: Controls, limits: Limits, traces: TraceStore):
+    def __init__(self, loading: PairLoading, controls: Controls, limits: Limits, traces: TraceStore,
+                 readers: Readers | None = None):
         self.loading = loading
         self.controls = controls  # each session's Pause / Step / Continue
         self.limits = limits
         self.traces = traces
+        self.readers = readers or Readers()  # whether anyone still reads a session's stream
         self.stops = StopRequests()
         # On ZeroGPU the model work of GPU pairs runs in a GPU worker process, for a time computed per request.
         self.race_stream, self.runs_in_process = gpu_task(self.race_frames, list(loading.pairs.values()))
@@ -87,32 +90,40 @@ class LiveRace:
             raise visitor_error(str(exc)) from None
         kind = self.loading.kinds[spec.kind]
         prompt_ids = yield from kind.prepare(spec, req, names, self.limits)
-        yield from self._stream(spec, req, prompt_ids, names, session_of(request), mcp=is_mcp(request))
+        yield from self._stream(spec, req, prompt_ids, names, session_of(request), mcp=is_mcp(request),
+                                reader=getattr(request, "session_hash", None), visitor=visitor_of(request))
 
-    def _stream(self, spec, req, prompt_ids: list[int], lanes: tuple[str, ...], session: str | None, mcp: bool = False):
+    def _stream(self, spec, req, prompt_ids: list[int], lanes: tuple[str, ...], session: str | None, mcp: bool = False,
+                reader: str | None = None, visitor: str = ""):
         """The frames of the race of a checked request, its trace written once it has finished.
 
         mcp: an agent's call, in a session of its own for this one race: no Pause / Step.
+        reader: the session whose event stream carries the frames; once nobody reads it, the race
+        stops (and writes no trace). visitor: who asked (`callers.visitor_of`), whose traces are bounded.
         """
         sampling = req.sampling
         args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
         in_process = self.runs_in_process(spec.id)
-        with self.stops.running(session) as stop:
+        gone = self.readers.watch(reader)
+        with self.stops.running(session) as flag:
+            stop = lambda: flag.is_set() or gone()  # noqa: E731  (Stop, or the visitor left)
             # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
             # closed from here instead, and the summary can only say that it stopped.
             # Pause / Step reach the race only where it runs in this process.
-            control = self.controls.get(session) if in_process and not mcp else None
-            kwargs = {"control": control} if control is not None else {}
+            # An agent's race gets a control of its own (nobody can pause it), for the same budgets.
+            if in_process:
+                control = self.controls.get(session) if not mcp else self.controls.detached()
+            kwargs = {"control": control} if in_process else {}
             stream = self.race_stream(
-                *args, prompt=req.prompt, lanes=lanes, stop=stop.is_set if in_process else None, **kwargs
+                *args, prompt=req.prompt, lanes=lanes, stop=stop if in_process else None, **kwargs
             )
             try:
                 for frame, data in gpu_errors_as_messages(stream):
-                    if stop.is_set() and not in_process:
+                    if stop() and not in_process:
                         yield note_frame(texts.STOPPED).values()
                         return
-                    if data is not None:
-                        frame.trace_file = self.traces.write(session, data)
+                    if data is not None and not gone():
+                        frame.trace_file = self.traces.write(session, data, visitor)
                         frame.trace_csv = str(Path(frame.trace_file).with_suffix(".csv"))
                     yield frame.values()
             finally:

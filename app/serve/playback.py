@@ -12,6 +12,7 @@ drawing work stays proportional to its size.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from pathlib import Path
 
 import gradio as gr
@@ -20,9 +21,10 @@ from ..race.control import Controls
 from ..race.interleave import FRAME_S, race
 from ..view import texts
 from ..view.frames import CHART_EVERY_S, ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
-from .callers import session_of
+from .callers import session_of, visitor_of
 from .failures import visitor_error
 from .limits import Limits
+from .readers import Readers
 from .replay import RecordedPieces, ReplayError, load_trace
 from .traces import TraceStore
 
@@ -48,19 +50,25 @@ class ReplayBusy(Exception):
 
 
 class ReplaySlots:
-    """At most `concurrency` replays play at once and `queue` more wait; another is refused."""
+    """At most `concurrency` replays play at once and `queue` more wait, and one visitor holds at
+    most `per_visitor` of all these places; another is refused."""
 
-    def __init__(self, concurrency: int, queue: int):
-        self.concurrency, self.queue = concurrency, queue
+    def __init__(self, concurrency: int, queue: int, per_visitor: int | None = None):
+        self.concurrency, self.queue, self.per_visitor = concurrency, queue, per_visitor
         self._cond = threading.Condition()
         self.playing = self.waiting = 0
+        self._held: Counter[str] = Counter()  # places (playing or waiting) by visitor
 
-    def join(self) -> None:
+    def join(self, visitor: str = "") -> None:
         """Take a place in line, or raise ReplayBusy."""
         with self._cond:
+            # A call with no address ("") comes from this process (tests, a script), not a visitor.
+            if visitor and self.per_visitor is not None and self._held[visitor] >= self.per_visitor:
+                raise ReplayBusy(texts.REPLAY_YOURS_BUSY.format(held=self._held[visitor]))
             if self.playing + self.waiting >= self.concurrency + self.queue:
                 raise ReplayBusy(texts.REPLAY_BUSY.format(playing=self.playing, waiting=self.waiting))
             self.waiting += 1
+            self._held[visitor] += 1
 
     def wait(self, timeout: float) -> bool:
         """Move from the line to a slot within `timeout` seconds; False if none came free."""
@@ -71,25 +79,29 @@ class ReplaySlots:
             self.playing += 1
             return True
 
-    def leave(self, playing: bool) -> None:
+    def leave(self, playing: bool, visitor: str = "") -> None:
         with self._cond:
             if playing:
                 self.playing -= 1
             else:
                 self.waiting -= 1
+            self._held[visitor] -= 1
+            if self._held[visitor] <= 0:
+                del self._held[visitor]
             self._cond.notify_all()
 
 
 class Playback:
     def __init__(self, controls: Controls, limits: Limits | None = None, traces: TraceStore | None = None,
-                 recorded: dict[str, str] | None = None):
+                 recorded: dict[str, str] | None = None, readers: Readers | None = None):
         """recorded: the recorded runs offered, by name -> file (None: any path may be named, for
         code that calls `replay` directly); traces: the store whose files belong to sessions."""
         self.controls = controls  # each session's Pause / Step / Continue
         self.limits = limits or Limits()
         self.traces = traces
         self.recorded = recorded
-        self.slots = ReplaySlots(self.limits.replay_concurrency, self.limits.replay_queue)
+        self.slots = ReplaySlots(self.limits.replay_concurrency, self.limits.replay_queue, self.limits.per_visitor)
+        self.readers = readers or Readers()  # whether anyone still reads a session's stream
 
     def source(self, shipped, uploaded, session: str | None) -> str | None:
         """The file to replay: the upload, else the recorded run named; never another session's trace."""
@@ -107,30 +119,33 @@ class Playback:
 
     def replay(self, shipped, uploaded, speed, request: gr.Request = None):
         """Stream a recorded race, paced by its recorded compute clocks at `speed` times real time."""
-        session = session_of(request)
+        session, visitor = session_of(request), visitor_of(request)
         try:
             recording = load_trace(self.source(shipped, uploaded, session))
             speed = _speed(speed)
         except (ReplayError, TypeError, ValueError, OverflowError) as exc:
             raise visitor_error(str(exc)) from None
         try:
-            self.slots.join()
+            self.slots.join(visitor)
         except ReplayBusy as exc:
             raise visitor_error(str(exc)) from None
-        playing = False
+        playing, control, run = False, None, None
+        gone = self.readers.watch(getattr(request, "session_hash", None))
         try:
             control = self.controls.get(session)
             run = control.reset()
             while not self.slots.wait(WAIT_POLL_S):
-                if control.superseded(run):
+                if control.superseded(run) or gone() or control.out_of_time():
                     return
                 yield note_frame(texts.REPLAY_WAITING.format(playing=self.slots.playing)).values()
             playing = True
-            yield from self._play(recording, speed, control, run)
+            yield from self._play(recording, speed, control, run, gone)
         finally:
-            self.slots.leave(playing)
+            if control is not None:
+                control.done(run)
+            self.slots.leave(playing, visitor)
 
-    def _play(self, recording, speed: float, control, run: int):
+    def _play(self, recording, speed: float, control, run: int, gone=lambda: False):
         control.viewer.text_of = recording.text_of
         note = texts.REPLAY_NOTE.format(name=recording.name)
         recorded_s = max(run.total_s for run in recording.runs.values())
@@ -151,7 +166,7 @@ class Playback:
         for snapshot in race(
             {lane: recording.events(lane) for lane in lanes},
             block_sizes={lane: summary.block_size for lane, summary in recording.runs.items()},
-            speed=speed, control=control, stop=lambda: control.superseded(run),
+            speed=speed, control=control, stop=lambda: control.superseded(run) or gone(),
             frame_s=max(FRAME_S, tokens / TOKENS_DRAWN_PER_S),
         ):
             if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left

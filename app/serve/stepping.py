@@ -15,10 +15,13 @@ class Stepping:
         self.controls = controls
 
     def control(self, request) -> Control:
-        return self.controls.get(getattr(request, "session_hash", None))
+        """The caller's control; a session that never raced gets a fresh one outside the table."""
+        return self.controls.find(getattr(request, "session_hash", None)) or Control()
 
     def pause(self, request: gr.Request = None):
         control = self.control(request)
+        if not control.active:
+            return texts.NOTHING_TO_PAUSE
         control.pause(control.viewer.shown)
         return texts.PAUSED.format(cycle=control.viewer.shown)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import gradio as gr
 
-from ..race.control import PAUSE_EXPIRED, Control, Viewer
+from ..race.control import PAUSE_EXPIRED, TIME_UP, Control, Viewer
 from ..race.interleave import Snapshot
 from ..race.lanes import LABELS, LANES, lane_title
 from ..race.report import RaceReport
@@ -122,6 +122,8 @@ def released_text(snapshot: Snapshot | None, control: Control | None) -> str | N
         return None
     if snapshot.released == PAUSE_EXPIRED:
         return texts.PAUSE_EXPIRED.format(seconds=getattr(control, "max_pause_s", None) or 0)
+    if snapshot.released == TIME_UP:
+        return texts.TIME_UP.format(seconds=getattr(control, "max_run_s", None) or 0)
     return texts.EVICTED
 
 

@@ -68,6 +68,10 @@ REPLAY_BUSY = (
     "The server is busy: {playing} replays are playing and {waiting} waiting, the most it takes "
     "(--replay-concurrency, --replay-queue). Please try again in a moment."
 )
+REPLAY_YOURS_BUSY = (
+    "You already have {held} replays playing or waiting, the most one visitor may have (--per-visitor); "
+    "wait for one to finish."
+)
 REPLAY_WAITING = "Waiting for a free replay slot ({playing} replays are playing)…"
 REPLAY_CAPPED = (
     "This recording lasts {recorded_s:.0f} s at {speed:g}×; it plays at {played:.3g}× to end within this "
@@ -83,8 +87,13 @@ PLAYING = "**Playing.**"
 PAUSED_AT = "**Paused** after cycle {cycle}: *Step* shows one more, *Continue* resumes."
 FINISHED = "**Finished**: pick any cycle under *Inside a cycle* to look inside it."
 PAUSE_EXPIRED = (
-    "Ended: paused for {seconds:g} s with no Step or Continue, so the race ended to free the model for "
-    "other visitors (--max-pause-s); what was shown is kept."
+    "Ended: paused for {seconds:g} s in all, this server's pause budget per race (--max-pause-s), so the "
+    "race ended to free the model for other visitors; what was shown is kept."
+)
+NOTHING_TO_PAUSE = "Nothing to pause: start a race or a replay first."
+TIME_UP = (
+    "Ended: the race reached this server's limit of {seconds:g} s from its start, pauses included "
+    "(--max-race-s), so it ended to free the model for other visitors; what was shown is kept."
 )
 EVICTED = (
     "Ended: the server dropped this page's pause state to make room for newer visitors, so the paused "
