@@ -118,8 +118,8 @@ def benchmark_datasets(args, pair, loaded: dict) -> dict:
                   + ", ".join(f"{d.tau:.2f}" for _, d, _ in done), file=sys.stderr, flush=True)
         rows[name] = {"source": source, "samples": len(samples), **figures(turns, block_size),
                       "seen_in_training": seen_in_training(name, args.drafter)}
-    mean = {key: statistics.fmean(r[key] for r in rows.values() if r[key] is not None)
-            for key in ("speedup", "tau", "tau_per_turn")}
+    values = {key: [r[key] for r in rows.values() if r[key] is not None] for key in ("speedup", "tau", "tau_per_turn")}
+    mean = {key: statistics.fmean(v) if v else None for key, v in values.items()}
     return {
         "target": str(args.target), "drafter": str(args.drafter), "device": args.device, "dtype": args.dtype,
         "drafter_dtype": str(pair.drafter.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
@@ -130,6 +130,7 @@ def benchmark_datasets(args, pair, loaded: dict) -> dict:
 
 
 def _tau(value, width: int) -> str:
+    """`value` to two places, or "-" where there is none (a dataset that ran no cycle)."""
     return f"{value:>{width}.2f}" if value is not None else f"{'-':>{width}}"
 
 
@@ -146,7 +147,7 @@ def print_dataset_table(result: dict) -> None:
         for d in r["differences"]:
             print(f"    {d['message']}")
     m = result["mean"]
-    print(f"{'mean':<12}{'':>8}{'':>6}{'':>12}{'':>13}{m['speedup']:>9.2f}{m['tau']:>7.2f}{m['tau_per_turn']:>9.2f}")
+    print(f"{'mean':<12}{'':>39}{_tau(m['speedup'], 9)}{_tau(m['tau'], 7)}{_tau(m['tau_per_turn'], 9)}")
     print(f"acceptance length histogram (share of cycles that kept 1..{result['block_size']} tokens):")
     for name, r in result["datasets"].items():
         print(f"  {name:<10}" + " ".join(f"{100 * x:4.1f}%" for x in r["histogram"]))
