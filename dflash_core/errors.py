@@ -28,6 +28,10 @@ class GenerationInputError(DFlashError):
     """A prompt or decoding parameter out of range."""
 
 
+class DatasetError(DFlashError):
+    """A benchmark dataset that is unknown, cannot be reached or read, or has fewer rows than asked."""
+
+
 class DoesNotFitError(DFlashError):
     """A pair whose weights need more device memory than is free (the device, not the pair, is at fault)."""
 

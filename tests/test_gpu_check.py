@@ -12,8 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def dry_run(out: Path, shape: str, *args: str):
-    """scripts/gpu_check.py at `shape` on CPU: (the finished process, its JSON's parts)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    """scripts/gpu_check.py at `shape` on CPU: (the finished process, its JSON's parts). Offline with
+    an empty Hub home, so the datasets part reaches no dataset whatever this machine has cached."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(out / "hf-home"), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None)
     done = subprocess.run(
         [sys.executable, "-u", "scripts/gpu_check.py", "--shape", shape, "--device", "cpu", "--out", str(out), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -30,7 +32,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert {n: p["status"] for n, p in parts.items()} == {
         "environment": "passed", "golden": "passed", "kernels": "skipped", "hub_load": "passed",
         "exactness": "passed", "speed": "passed", "cuda_graphs": "skipped", "race": "passed",
-        "kernel_tests": "skipped",
+        "datasets": "passed", "kernel_tests": "skipped",
     }
     assert parts["cuda_graphs"]["why"].startswith("CUDA graphs need CUDA")
     assert parts["golden"]["kernels=auto"]["different"] == 0
@@ -51,6 +53,17 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert speed["static_cache_tau_6.5"]["tau"] == 6.5
     assert set(speed["targets"]) == {"draft/verify", "bookkeeping/cycle", "verify/plain", "speedup/tau at tau 6.5"}
     assert parts["race"]["report"]["lossless"]["kind"] in ("identical", "near_tie")
+    # Offline, every dataset is named as unreachable and raced on the fixtures' rows instead.
+    data = parts["datasets"]
+    assert data["hub"] == "unreachable (HF_HUB_OFFLINE=1): cached copies only"
+    assert data["table"]["returncode"] == 3 and data["table"]["datasets"] == {}
+    names = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
+    assert list(data["table"]["unavailable"]) == names
+    assert all("could not reach" in why for why in data["table"]["unavailable"].values())
+    fixtures = data["fixture_table"]["datasets"]
+    assert list(fixtures) == names and fixtures["mt-bench"]["turns"] == 2
+    for r in fixtures.values():
+        assert r["source"].startswith("local:") and r["identical"] == 1.0 and r["lossless"]["diverged"] == 0
 
 
 def test_gpu_check_dry_run_of_the_hybrid_on_cpu(tmp_path):

@@ -1,5 +1,6 @@
 """Benchmarks: `python -m dflash_core.bench` races DFlash against plain decoding and its peers on
-the prompt sets (`run.py`); a first word picks one of the other measurements instead.
+the prompt sets (`run.py`), or on the reference benchmark's datasets with `--dataset`
+(`paper_table.py`, `datasets.py`); a first word picks one of the other measurements instead.
 
     python -m dflash_core.bench [options]              the main benchmark
     python -m dflash_core.bench SUBCOMMAND [options]   one of SUBCOMMANDS; --help lists its options

