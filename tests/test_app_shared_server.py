@@ -409,3 +409,24 @@ def test_uploads_go_when_a_server_that_answered_mcp_stops(tmp_path, tiny_dirs):
         assert not list(tmp_path.rglob("left-behind.json"))
     finally:
         proc.kill()
+
+
+# --- item 14: a second drafter of the same target does not load the target again -------------------------
+def test_pairs_of_one_target_share_its_weights(tiny_dirs, tmp_path, one_thread):
+    import shutil
+    from dataclasses import replace
+
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
+    from dflash_core import run
+
+    target_dir, drafter_dir = tiny_dirs
+    other_drafter = shutil.copytree(drafter_dir, tmp_path / "another-drafter")
+    cache = PairCache("cpu", warm_up=False)
+    first, second = (cache.get(replace(cli_pair(str(target_dir), str(d)), id=name))
+                     for name, d in (("block-4", drafter_dir), ("block-16", other_drafter)))
+    assert first.spec.id != second.spec.id and first.drafter is not second.drafter
+    assert first.target.model is second.target.model and first.target is not second.target
+    ids = first.encode("Hi")
+    outputs = [run(pair.target, ids, pair.drafter, max_new_tokens=8).output_ids for pair in (first, second)]
+    assert outputs[0] == outputs[1] == run(first.plain, ids, None, max_new_tokens=8).output_ids

@@ -19,7 +19,7 @@ from dflash_core.chat_template import describe_template, template_args
 from dflash_core.default_target import DEFAULT_TARGET, DefaultTargetError, resolve_target
 from dflash_core.hub import resolve_model_dir
 from dflash_core.memory_need import PairSize, check_fits, pair_size
-from dflash_core.pair import fetch_target, load_drafter, parse_dtype
+from dflash_core.pair import ModelPair, default_drafter_dtype, fetch_target, load_drafter, parse_dtype
 from dflash_core.prompting import encode_prompt
 
 from .pairs import PairSpec, availability
@@ -150,7 +150,8 @@ def gpu_memory(device: str) -> tuple[int, int] | None:
 class PairCache:
     """Loads each pair on first use; later calls return the same objects.
 
-    On a GPU a new pair is loaded beside the others only if free memory allows both; otherwise the
+    Pairs with the same target at the same device and dtype (a target's block-4 and block-16
+    drafters) share one copy of its weights, each with caches of its own. On a GPU a new pair is loaded beside the others only if free memory allows both; otherwise the
     loaded pairs are freed first (`freed` names them, for the status line). `memory` replaces the
     query of (free, total) device bytes (tests).
     """
@@ -173,6 +174,7 @@ class PairCache:
         self.hub_api = hub_api
         self.freed: list[str] = []  # labels of the pairs the last load freed
         self._pairs: dict[str, LoadedPair] = {}
+        self._targets: dict[tuple, Target] = {}  # (target dir, device, dtype) -> the first pair's target
         self._lock = threading.Lock()
 
     def device_for(self, spec: PairSpec) -> str:
@@ -210,9 +212,17 @@ class PairCache:
             if size.need is None:  # the Hub could not say: the downloaded files can
                 size = pair_size(target_dir, str(drafter_dir), itemsize)
                 self.check_fits(size, spec, on_device)
-            if on_device:
+            key = (str(target_dir), device, parse_dtype(spec.dtype, device))
+            shared = self._targets.get(key)
+            if on_device and shared is None:
                 self.make_room(size.need or 0)
-            pair = load_pair(target_dir, str(drafter_dir), device=device, dtype=spec.dtype)
+            if shared is not None:  # another pair holds this target at these numerics: one copy serves both
+                shared_target = Target(shared.model, shared.tokenizer)
+                pair = ModelPair(shared_target, load_drafter(shared_target, str(drafter_dir),
+                                                             default_drafter_dtype(device, shared.dtype)))
+            else:
+                pair = load_pair(target_dir, str(drafter_dir), device=device, dtype=spec.dtype)
+                self._targets[key] = pair.target
             if pair.tokenizer is None:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
@@ -245,6 +255,7 @@ class PairCache:
             return
         self.freed = [p.spec.label for p in self._pairs.values()]
         self._pairs.clear()
+        self._targets.clear()
         gc.collect()  # the pairs' tensors go when their last reference does
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
