@@ -5,6 +5,9 @@ its own engine: `stream(...)` sends one streamed chat completion and yields `Pre
 per streamed chunk, then a `Summary`. Times are wall seconds since the request was sent: the
 server's compute is not visible from here, and a remote server decodes on its own machine.
 
+`complete(...)` reads one completion to its end instead: the prompt ids the server's template
+made, the output ids and vLLM's per-request record as sent (the doctor's server checks).
+
 What vLLM reports, and so what the events carry (vLLM 0.32.0, `--per-request-spec-decode-metrics
 detailed`): the output token ids (`return_token_ids`), and in the final usage chunk the number of
 drafts each verify step accepted, in order. The `Summary` rebuilds its blocks from that record, so
@@ -111,12 +114,7 @@ def complete(server: ServedModel, prompt: str, *, max_new_tokens: int, template_
     chunks: queue.Queue = queue.Queue()
     _read(f"{server.url}/v1/chat/completions", body, chunks)
     prompt_ids, ids, finish, spec = (), [], None, None
-    while True:
-        _, chunk = chunks.get()
-        if isinstance(chunk, Exception):
-            raise chunk
-        if chunk is None:
-            break
+    for _, chunk in _received(chunks):
         prompt_ids = tuple(chunk.get("prompt_token_ids") or ()) or prompt_ids
         spec = _spec_record(chunk) or spec
         for choice in chunk.get("choices") or ():
@@ -171,16 +169,22 @@ def _error_text(answer) -> str:
         return answer.text[:500]
 
 
-def _events(chunks: queue.Queue, start: float, block_size: int) -> Iterator[Prefill | Block | Summary]:
-    prompt_len, ids, cuts = 0, [], []  # cuts: the output length after each chunk
-    prefill, blocks, finish, spec = None, [], None, None
-    stamps = []
+def _received(chunks: queue.Queue) -> Iterator[tuple[float, dict]]:
+    """The (arrival seconds, chunk) pairs `_read` put, to the end of the stream; a failure it put is raised."""
     while True:
         at, chunk = chunks.get()
         if isinstance(chunk, Exception):
             raise chunk
         if chunk is None:
-            break
+            return
+        yield at, chunk
+
+
+def _events(chunks: queue.Queue, start: float, block_size: int) -> Iterator[Prefill | Block | Summary]:
+    prompt_len, ids, cuts = 0, [], []  # cuts: the output length after each chunk
+    prefill, blocks, finish, spec = None, [], None, None
+    stamps = []
+    for at, chunk in _received(chunks):
         prompt_len = len(chunk.get("prompt_token_ids") or ()) or prompt_len
         spec = _spec_record(chunk) or spec
         for choice in chunk.get("choices") or ():

@@ -25,6 +25,12 @@ from .measure import prompt_set_path, read_prompts
 FAILED = 3
 
 
+def _shown(path) -> str:
+    """`path` relative to the working directory where it lies below it (the header line)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def add_parser(commands) -> argparse.ArgumentParser:
     """The `doctor` subcommand, on the CLI's subparsers."""
     doc = commands.add_parser("doctor", help="say why a pair accepts as much as it does (one line per check)",
@@ -77,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
     except DFlashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"doctor: {args.target} + {args.drafter}, {len(prompts)} prompts from {source}, "
+    print(f"doctor: {args.target} + {args.drafter}, {len(prompts)} prompts from {_shown(source)}, "
           f"{args.max_new_tokens} new tokens, greedy")
     print("\n".join(report.lines()))
     if args.json:

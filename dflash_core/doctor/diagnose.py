@@ -69,8 +69,8 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
     if tokenizer is not None and mask is not None and 0 <= int(mask) < target.vocab_size:
         text = tokenizer.convert_ids_to_tokens(int(mask))
     checks.append(wiring.mask_token_check(mask, target.vocab_size, text))
-    head = target.head.weight.detach().float().cpu()
-    checks.append(wiring.vocab_map_check(raw, tensors, head))
+    head = target.head.weight.detach().cpu()  # in its own dtype: the grid test allows for its rounding
+    checks.append(wiring.vocab_map_check(raw, tensors, head.float()))
 
     chat = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
     args = template_args(tokenizer, settings.thinking, settings.trained_template) if chat else {}
