@@ -181,7 +181,7 @@ def _received(chunks: queue.Queue) -> Iterator[tuple[float, dict]]:
 
 
 def _events(chunks: queue.Queue, start: float, block_size: int) -> Iterator[Prefill | Block | Summary]:
-    prompt_len, ids, cuts = 0, [], []  # cuts: the output length after each chunk
+    prompt_len, ids = 0, []
     prefill, blocks, finish, spec = None, [], None, None
     stamps = []
     for at, chunk in _received(chunks):

@@ -15,8 +15,9 @@
 Decoding for the checks is in `measure.py`. docs/doctor.md shows a run on the shipped pair.
 """
 
-from .diagnose import DoctorSettings, diagnose
+from .diagnose import DoctorSettings, default_prompts, diagnose
 from .measure import DoctorPrompt, Measurement, read_prompts
 from .report import Check, Report, Status
 
-__all__ = ["Check", "DoctorPrompt", "DoctorSettings", "Measurement", "Report", "Status", "diagnose", "read_prompts"]
+__all__ = ["Check", "DoctorPrompt", "DoctorSettings", "Measurement", "Report", "Status", "default_prompts", "diagnose",
+           "read_prompts"]

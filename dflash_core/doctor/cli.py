@@ -18,9 +18,7 @@ from ..chat_template import THINKING_CHOICES
 from ..errors import DFlashError
 from ..hub import resolve_model_dir
 from ..pair import DTYPES, default_drafter_dtype, load_drafter, load_pair, parse_dtype
-from .acceptance import stated_acceptance
-from .diagnose import DoctorSettings, diagnose
-from .measure import prompt_set_path, read_prompts
+from .diagnose import DoctorSettings, default_prompts, diagnose
 
 FAILED = 3
 
@@ -35,7 +33,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     """The `doctor` subcommand, on the CLI's subparsers."""
     doc = commands.add_parser("doctor", help="say why a pair accepts as much as it does (one line per check)",
                               description=__doc__.splitlines()[0])
-    doc.add_argument("--target", required=True, help="target model directory or Hub id (default:smollm2 for the offline default)")
+    doc.add_argument("--target", required=True,
+                     help="target model directory or Hub id (default:smollm2 for the offline default)")
     doc.add_argument("--drafter", required=True, help="DFlash drafter directory or Hub id")
     doc.add_argument("--server", help="a vLLM server serving this pair, e.g. http://127.0.0.1:8765")
     doc.add_argument("--server-model", help="the served model's name (default: the server's only model)")
@@ -67,15 +66,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         target = load_pair(args.target, None, device=args.device, dtype=args.dtype).target
         drafter_dir = resolve_model_dir(args.drafter, ("config.json", "model.safetensors"))
-        dtype = parse_dtype(args.drafter_dtype) if args.drafter_dtype else default_drafter_dtype(args.device, target.dtype)
+        dtype = (parse_dtype(args.drafter_dtype) if args.drafter_dtype
+                 else default_drafter_dtype(args.device, target.dtype))
         drafter, error = None, None
         try:
             drafter = load_drafter(target, drafter_dir, dtype, args.block_size)
         except DFlashError as exc:
             error = str(exc)
-        stated = stated_acceptance(drafter_dir)
-        source = args.prompts or prompt_set_path(stated.prompts if stated and stated.prompts else "natural")
-        prompts = read_prompts(source, args.num_prompts)
+        prompts, source = default_prompts(drafter_dir, args.prompts, args.num_prompts)
         settings = DoctorSettings(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
                                   thinking=args.thinking, server=args.server, server_model=args.server_model)
         report = diagnose(target, drafter_dir, prompts, drafter=drafter, load_error=error, settings=settings,

@@ -24,7 +24,7 @@ from ..lossless import compare
 from ..pair import load_drafter
 from ..prompting import encode_prompt
 from . import acceptance, numerics, server, template, wiring
-from .measure import DoctorPrompt, Measurement, measure, variant
+from .measure import DoctorPrompt, Measurement, measure, prompt_set_path, read_prompts, variant
 from .quantization import quantization_grid, quantized_tensors
 from .report import Check, Report, skipped
 
@@ -45,6 +45,16 @@ class DoctorSettings:
     trained_template: dict | None = None
     server: str | None = None
     server_model: str | None = None
+
+
+def default_prompts(drafter_dir: str | Path, prompts: str | Path | None = None,
+                    limit: int = 6) -> tuple[list[DoctorPrompt], Path]:
+    """`limit` prompts spread over `prompts` (a JSON-lines file), else over the set the drafter's card
+    names (`acceptance.stated_acceptance`), else over the natural set; and the file they came from."""
+    if prompts is None:
+        stated = acceptance.stated_acceptance(drafter_dir)
+        prompts = prompt_set_path(stated.prompts if stated is not None and stated.prompts else "natural")
+    return read_prompts(prompts, limit), Path(prompts)
 
 
 def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, drafter=None,
@@ -86,7 +96,8 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
 
     fields = wiring.rope_fields(raw)
     if drafter is None:
-        used = dict(Qwen3Config(**{k: v for k, v in raw.items() if k not in ("dflash_config", "auto_map")}).rope_parameters)
+        config = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("dflash_config", "auto_map")})
+        used = dict(config.rope_parameters)
         checks.append(wiring.rope_check(fields, used, _theta(target), {}))
         why = f"the drafter did not load ({load_error})"
         checks += [skipped(i, t, why, x) for i, t, x in _MEASURED]
@@ -101,7 +112,8 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
     if model is not None:
         checks.append(_rope(model, fields, _theta(target), base, tau_of, log))
     else:
-        checks.append(skipped("wiring.rope", "RoPE theta and scaling", "the drafter has no RoPE of its own", wiring.ROPE_TEXT))
+        checks.append(skipped("wiring.rope", "RoPE theta and scaling", "the drafter has no RoPE of its own",
+                              wiring.ROPE_TEXT))
     checks.append(acceptance.acceptance_check(base, acceptance.stated_acceptance(drafter_dir)))
     checks.append(_template(tokenizer, prompts, args, base, lambda ids: tau_of(drafter, ids), log))
     checks.append(_quantized(model, tensors, head, raw))
@@ -148,7 +160,8 @@ def _load_check(drafter, error: str | None) -> Check:
     if drafter is None:
         return Check("load", "pair loads", "FAIL", error or "no drafter", LOAD_TEXT, "the drafter does not load")
     if not isinstance(drafter, DFlashDrafter):
-        return Check("load", "pair loads", "PASS", f"{type(drafter).__name__} drafter, block {drafter.block_size}", LOAD_TEXT)
+        return Check("load", "pair loads", "PASS", f"{type(drafter).__name__} drafter, block {drafter.block_size}",
+                     LOAD_TEXT)
     kind = "DFlash2" if drafter.dflash2 is not None else "autoregressive" if drafter.autoregressive else "DFlash"
     return Check("load", "pair loads", "PASS",
                  f"{kind} drafter, {len(drafter.layers)} layers, block {drafter.block_size}, {_name(drafter.dtype)}, "
@@ -182,7 +195,8 @@ def _template(tokenizer, prompts, args: dict, base: Measurement, tau_of_ids, log
     other = "off" if used == "on" else "on"
     log(f"decoding with thinking {other}")
     flipped = {**args, "enable_thinking": other == "on"}
-    taus = {used: base.tau, other: tau_of_ids([encode_prompt(tokenizer, p.text, template_args=flipped) for p in texts]).tau}
+    flipped_ids = [encode_prompt(tokenizer, p.text, template_args=flipped) for p in texts]
+    taus = {used: base.tau, other: tau_of_ids(flipped_ids).tau}
     return template.template_check(used, taus)
 
 
@@ -253,7 +267,8 @@ def _server(target, drafter, prompts, encoded, args: dict, base: Measurement, se
     records = [a.spec for a in answers if a.spec]
     server_tau = None
     if records and sum(r.get("num_spec_steps", 0) for r in records):
-        server_tau = 1 + sum(r["num_accepted_draft_tokens"] for r in records) / sum(r["num_spec_steps"] for r in records)
+        accepted = sum(r["num_accepted_draft_tokens"] for r in records)
+        server_tau = 1 + accepted / sum(r["num_spec_steps"] for r in records)
     block = min(k + 1, drafter.block_size) if k is not None else drafter.block_size
     if prompt_ids == [ids for _, ids in texts] and block == base.block_size and len(texts) == len(encoded):
         engine = base

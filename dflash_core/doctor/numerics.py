@@ -40,7 +40,8 @@ def quantized_check(drafter_grids: dict[str, str], head_grid: str | None, *, hea
                          QUANT_TEXT, "quantized LM head under a DFlash2 drafter", numbers)
         if not head_is_targets:
             return Check("numerics.quantized", title, "WARN", summary + ": servers that draft with this copy "
-                         "score drafts differently from the target", QUANT_TEXT, "quantized copy of the head rows", numbers)
+                         "score drafts differently from the target", QUANT_TEXT, "quantized copy of the head rows",
+                         numbers)
         return Check("numerics.quantized", title, "PASS", summary + ", the same rows the target verifies with",
                      QUANT_TEXT, numbers=numbers)
     return Check("numerics.quantized", title, "PASS", "no drafter tensor or head row lies on a quantization grid",

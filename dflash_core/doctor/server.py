@@ -27,12 +27,13 @@ def block_size_check(k: int | None, block_size: int) -> Check:
                      "(start it with --per-request-spec-decode-metrics detailed)", BLOCK_TEXT, numbers=numbers)
     summary = f"num_speculative_tokens {k} (block {k + 1}); the drafter was trained for block {block_size}"
     if k + 1 > block_size:
+        cause = f"server block {k + 1} larger than the drafter's {block_size} (K should be {block_size - 1})"
         return Check("server.block_size", title, "FAIL", summary + f": slots past {block_size} are untrained",
-                     BLOCK_TEXT, f"server block {k + 1} larger than the drafter's {block_size} (K should be {block_size - 1})",
-                     numbers)
+                     BLOCK_TEXT, cause, numbers)
     if k + 1 < block_size:
-        return Check("server.block_size", title, "WARN", summary + f": tau cannot exceed {k + 1}", BLOCK_TEXT,
-                     f"server block {k + 1} smaller than the drafter's {block_size} (K should be {block_size - 1})", numbers)
+        cause = f"server block {k + 1} smaller than the drafter's {block_size} (K should be {block_size - 1})"
+        return Check("server.block_size", title, "WARN", summary + f": tau cannot exceed {k + 1}", BLOCK_TEXT, cause,
+                     numbers)
     return Check("server.block_size", title, "PASS", summary, BLOCK_TEXT, numbers=numbers)
 
 
@@ -94,7 +95,9 @@ def server_prompt_check(mismatched: list[str], total: int) -> Check:
     numbers = {"prompts": total, "different_prompt_ids": mismatched}
     if mismatched:
         return Check("server.prompt_ids", "server chat template", "WARN",
-                     f"{len(mismatched)}/{total} prompts get other token ids from the server's template (e.g. {mismatched[0]}); "
-                     "compared on the server's ids", PROMPT_TEXT, "the server's chat template differs", numbers)
+                     f"{len(mismatched)}/{total} prompts get other token ids from the server's template "
+                     f"(e.g. {mismatched[0]}); compared on the server's ids", PROMPT_TEXT,
+                     "the server's chat template differs", numbers)
     return Check("server.prompt_ids", "server chat template", "PASS",
-                 f"{total}/{total} prompts get the same token ids from the server's template", PROMPT_TEXT, numbers=numbers)
+                 f"{total}/{total} prompts get the same token ids from the server's template", PROMPT_TEXT,
+                 numbers=numbers)

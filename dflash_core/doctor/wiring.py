@@ -33,10 +33,10 @@ def layer_ids_check(raw: dict, target_layers: int) -> Check:
     numbers = {"target_layer_ids": ids, "num_target_layers": declared, "target_layers": target_layers}
     title = "target_layer_ids vs target depth"
     if ids is None:
-        return Check("wiring.layer_ids", title, "PASS" if declared == target_layers else "FAIL",
+        fits = declared == target_layers
+        return Check("wiring.layer_ids", title, "PASS" if fits else "FAIL",
                      f"no target_layer_ids; derived from num_target_layers {declared} (target has {target_layers})",
-                     LAYER_IDS_TEXT, None if declared == target_layers else "num_target_layers differs from the target's depth",
-                     numbers)
+                     LAYER_IDS_TEXT, None if fits else "num_target_layers differs from the target's depth", numbers)
     bad = [i for i in ids if not 0 <= int(i) < target_layers]
     if bad:
         return Check("wiring.layer_ids", title, "FAIL",
@@ -158,8 +158,8 @@ def mask_token_check(mask_id, vocab_size: int, token_text: str | None) -> Check:
                      f"mask_token_id {mask_id} is outside the vocabulary (0..{vocab_size - 1})", MASK_TEXT,
                      "mask token outside the vocabulary", numbers)
     shown = f" ({token_text!r})" if token_text is not None else ""
-    return Check("wiring.mask_token", "mask token", "PASS", f"id {mask_id}{shown} inside the vocabulary of {vocab_size}",
-                 MASK_TEXT, numbers=numbers)
+    return Check("wiring.mask_token", "mask token", "PASS",
+                 f"id {mask_id}{shown} inside the vocabulary of {vocab_size}", MASK_TEXT, numbers=numbers)
 
 
 VOCAB_TEXT = (
@@ -190,9 +190,11 @@ def vocab_map_check(raw: dict, tensors: dict, target_head: torch.Tensor) -> Chec
         if size:
             return Check("wiring.vocab_map", title, "FAIL", f"draft_vocab_size {size} but no d2t in the checkpoint",
                          VOCAB_TEXT, "draft vocabulary without a map")
-        return Check("wiring.vocab_map", title, "PASS", f"no draft vocabulary: drafts over all {vocab} ids with the target's head",
-                     VOCAB_TEXT, numbers={"draft_vocab_size": None})
-    numbers = {"draft_vocab_size": size, "map_entries": len(ids), "head_rows": None if copy is None else list(copy.shape)}
+        return Check("wiring.vocab_map", title, "PASS",
+                     f"no draft vocabulary: drafts over all {vocab} ids with the target's head", VOCAB_TEXT,
+                     numbers={"draft_vocab_size": None})
+    numbers = {"draft_vocab_size": size, "map_entries": len(ids),
+               "head_rows": None if copy is None else list(copy.shape)}
     problems = []
     if size is not None and len(ids) != int(size):
         problems.append(f"the map has {len(ids)} entries for draft_vocab_size {size}")
@@ -201,11 +203,13 @@ def vocab_map_check(raw: dict, tensors: dict, target_head: torch.Tensor) -> Chec
         problems.append(f"{outside} map entries point outside 0..{vocab - 1}")
     repeats = len(ids) - len(set(ids.tolist()))
     if problems:
-        return Check("wiring.vocab_map", title, "FAIL", "; ".join(problems), VOCAB_TEXT, "draft vocabulary map broken", numbers)
+        return Check("wiring.vocab_map", title, "FAIL", "; ".join(problems), VOCAB_TEXT, "draft vocabulary map broken",
+                     numbers)
     if copy is None:
         return Check("wiring.vocab_map", title, "WARN",
                      f"{len(ids)} draft ids mapped, but no lm_head.weight rows: vLLM then drafts with the target's "
-                     "full head, which does not fit the map", VOCAB_TEXT, "draft vocabulary without its head rows", numbers)
+                     "full head, which does not fit the map", VOCAB_TEXT, "draft vocabulary without its head rows",
+                     numbers)
     if tuple(copy.shape) != (len(ids), hidden):
         return Check("wiring.vocab_map", title, "FAIL",
                      f"lm_head.weight is {tuple(copy.shape)}, the map needs {(len(ids), hidden)}", VOCAB_TEXT,
