@@ -79,8 +79,9 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
     if tokenizer is not None and mask is not None and 0 <= int(mask) < target.vocab_size:
         text = tokenizer.convert_ids_to_tokens(int(mask))
     checks.append(wiring.mask_token_check(mask, target.vocab_size, text))
-    head = target.head.weight.detach().cpu()  # in its own dtype: the grid test allows for its rounding
-    checks.append(wiring.vocab_map_check(raw, tensors, head.float()))
+    head = target.head.weight.detach()  # in its own dtype: the grid test allows for its rounding
+    checks.append(wiring.vocab_map_check(raw, tensors, head))
+    checks.append(_quantized(drafter, tensors, head, raw))
 
     chat = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
     args = template_args(tokenizer, settings.thinking, settings.trained_template) if chat else {}
@@ -101,6 +102,8 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
         checks.append(wiring.rope_check(fields, used, _theta(target), {}))
         why = f"the drafter did not load ({load_error})"
         checks += [skipped(i, t, why, x) for i, t, x in _MEASURED]
+        if settings.server:
+            checks.append(skipped("server", "server", why, server.TAU_TEXT))
         return Report(pair, tuple(checks))
 
     def tau_of(d, ids=encoded, block=settings.block_size) -> Measurement:
@@ -116,7 +119,6 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
                               wiring.ROPE_TEXT))
     checks.append(acceptance.acceptance_check(base, acceptance.stated_acceptance(drafter_dir)))
     checks.append(_template(tokenizer, prompts, args, base, lambda ids: tau_of(drafter, ids), log))
-    checks.append(_quantized(model, tensors, head, raw))
     checks.append(_dtype(target, model, drafter_dir, base, tau_of, log, settings.block_size))
     checks.append(_shift(model, target.num_layers, base, tau_of, log))
     if settings.server:
@@ -127,7 +129,6 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
 _MEASURED = [
     ("acceptance", "measured acceptance", acceptance.TEXT),
     ("template", "chat template (thinking)", template.TEXT),
-    ("numerics.quantized", "quantized weights", numerics.QUANT_TEXT),
     ("numerics.dtype", "drafter dtype vs float32", numerics.DTYPE_TEXT),
     ("wiring.layer_shift", "target_layer_ids probe", wiring.SHIFT_TEXT),
 ]
@@ -200,7 +201,8 @@ def _template(tokenizer, prompts, args: dict, base: Measurement, tau_of_ids, log
     return template.template_check(used, taus)
 
 
-def _quantized(model, tensors: dict, head: torch.Tensor, raw: dict) -> Check:
+def _quantized(drafter, tensors: dict, head: torch.Tensor, raw: dict) -> Check:
+    """The drafter's stored tensors, and the first rows of the head it drafts with, tested for a grid."""
     own = {k: v for k, v in tensors.items() if k not in ("lm_head.weight", "d2t", "draft_vocab")}
     grids = quantized_tensors(own)
     ids = None
@@ -208,11 +210,14 @@ def _quantized(model, tensors: dict, head: torch.Tensor, raw: dict) -> Check:
         ids = tensors["d2t"].long() + torch.arange(len(tensors["d2t"]))
     elif "draft_vocab" in tensors:
         ids = tensors["draft_vocab"].long()
-    rows = head if ids is None else head[ids.clamp(0, len(head) - 1)]
-    head_grid = quantization_grid(rows[:HEAD_ROWS_TESTED])
+    if ids is None:
+        rows = head[:HEAD_ROWS_TESTED]
+    else:
+        rows = head[ids[:HEAD_ROWS_TESTED].clamp(0, len(head) - 1).to(head.device)]
+    head_grid = quantization_grid(rows)
     copy = tensors.get("lm_head.weight")
     copy_grid = None if copy is None else quantization_grid(copy[:HEAD_ROWS_TESTED])
-    dflash2 = model is not None and model.dflash2 is not None or raw.get("architectures") == ["DFlash2DraftModel"]
+    dflash2 = getattr(drafter, "dflash2", None) is not None or raw.get("architectures") == ["DFlash2DraftModel"]
     if head_grid is None and copy_grid is not None:
         return numerics.quantized_check(grids, copy_grid, head_is_targets=False, dflash2=dflash2)
     return numerics.quantized_check(grids, head_grid, head_is_targets=True, dflash2=dflash2)

@@ -170,6 +170,11 @@ VOCAB_TEXT = (
 )
 
 
+def _rows(head: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of `head` (on any device), on the CPU."""
+    return head[ids.to(head.device)].cpu()
+
+
 def _rows_match(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per row: equal up to bf16 rounding, as `pair.validate_pair` allows."""
     return torch.isclose(a.float(), b.float(), rtol=2**-7, atol=1e-6).all(dim=-1)
@@ -214,7 +219,7 @@ def vocab_map_check(raw: dict, tensors: dict, target_head: torch.Tensor) -> Chec
         return Check("wiring.vocab_map", title, "FAIL",
                      f"lm_head.weight is {tuple(copy.shape)}, the map needs {(len(ids), hidden)}", VOCAB_TEXT,
                      "head rows do not fit the map", numbers)
-    match = _rows_match(copy, target_head[ids])
+    match = _rows_match(copy, _rows(target_head, ids))
     numbers["rows_matching_target"] = int(match.sum())
     if not bool(match.all()):
         wrong = int((~match).sum())
@@ -222,7 +227,7 @@ def vocab_map_check(raw: dict, tensors: dict, target_head: torch.Tensor) -> Chec
         cause = "draft vocabulary map and head rows disagree"
         for shift in (-1, 1):
             moved = (ids + shift).clamp(0, vocab - 1)
-            if bool(_rows_match(copy, target_head[moved]).float().mean() > 0.9):
+            if bool(_rows_match(copy, _rows(target_head, moved)).float().mean() > 0.9):
                 summary += f"; they are the target's rows at the ids {shift:+d}: the map is off by one"
                 cause = f"draft vocabulary map off by one ({shift:+d})"
         return Check("wiring.vocab_map", title, "FAIL", summary, VOCAB_TEXT, cause, numbers)
