@@ -1,4 +1,5 @@
-"""Command line: `python -m dflash_core generate ...` decodes one prompt and can write its trace.
+"""Command line: `python -m dflash_core generate ...` decodes one prompt and can write its trace;
+`python -m dflash_core doctor ...` says why a pair accepts as much as it does (`doctor/`, docs/doctor.md).
 
 Example::
 
@@ -15,6 +16,7 @@ import sys
 
 from .chat_template import THINKING_CHOICES, describe_template, template_args
 from .decoding import generate
+from .doctor import cli as doctor_cli
 from .errors import DFlashError
 from .events import Block, Prefill, Summary
 from .pair import DTYPES, load_pair
@@ -67,11 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="explain every cycle in the trace (drafter and target top-K, decision, caches, times); K defaults to 5",
     )
     gen.add_argument("--quiet", action="store_true", help="print only the summary line")
+    doctor_cli.add_parser(commands)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        return doctor_cli.main(args)
     if not args.plain and not args.drafter:
         print("error: --drafter is required unless --plain is given", file=sys.stderr)
         return 2

@@ -5,6 +5,9 @@ its own engine: `stream(...)` sends one streamed chat completion and yields `Pre
 per streamed chunk, then a `Summary`. Times are wall seconds since the request was sent: the
 server's compute is not visible from here, and a remote server decodes on its own machine.
 
+`complete(...)` reads one completion to its end instead: the prompt ids the server's template
+made, the output ids and vLLM's per-request record as sent (the doctor's server checks).
+
 What vLLM reports, and so what the events carry (vLLM 0.32.0, `--per-request-spec-decode-metrics
 detailed`): the output token ids (`return_token_ids`), and in the final usage chunk the number of
 drafts each verify step accepted, in order. The `Summary` rebuilds its blocks from that record, so
@@ -74,15 +77,65 @@ def stream(server: ServedModel, prompt: str, *, max_new_tokens: int, temperature
     decode at the same time, each timed from its own start. block_size: the server's speculative
     block (K + 1; 1 for plain decoding), which the summary reports.
     """
+    body = _body(server, prompt, max_new_tokens, temperature, top_p, seed)
+    chunks: queue.Queue = queue.Queue()
+    start = time.perf_counter()
+    threading.Thread(target=_read, args=(f"{server.url}/v1/chat/completions", body, chunks), daemon=True).start()
+    return _events(chunks, start, block_size)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One chat completion as the server reported it: the prompt ids its template made, the output
+    ids, and vLLM's per-request speculative-decoding record (None from a server without
+    `--per-request-spec-decode-metrics`, or a plain one)."""
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    finish_reason: str | None
+    spec: dict | None
+
+    @property
+    def num_speculative_tokens(self) -> int | None:
+        """K, from the record's histogram of accepted drafts per step (one entry for each of 0..K)."""
+        histogram = (self.spec or {}).get("acceptance_histogram")
+        return len(histogram) - 1 if histogram else None
+
+
+def complete(server: ServedModel, prompt: str, *, max_new_tokens: int, template_args: dict | None = None) -> Completion:
+    """One greedy chat completion of `prompt`, read to its end in this thread.
+
+    template_args: the chat template's keyword arguments (e.g. `{"enable_thinking": False}`), sent
+    as vLLM's `chat_template_kwargs` so the server builds the prompt this engine builds.
+    """
+    body = _body(server, prompt, max_new_tokens, 0.0, 1.0, None)
+    if template_args:
+        body["chat_template_kwargs"] = dict(template_args)
+    chunks: queue.Queue = queue.Queue()
+    _read(f"{server.url}/v1/chat/completions", body, chunks)
+    prompt_ids, ids, finish, spec = (), [], None, None
+    for _, chunk in _received(chunks):
+        prompt_ids = tuple(chunk.get("prompt_token_ids") or ()) or prompt_ids
+        spec = _spec_record(chunk) or spec
+        for choice in chunk.get("choices") or ():
+            finish = choice.get("finish_reason") or finish
+            ids.extend(int(t) for t in choice.get("token_ids") or ())
+    return Completion(prompt_ids, tuple(ids), finish, spec)
+
+
+def _body(server: ServedModel, prompt: str, max_new_tokens: int, temperature: float, top_p: float,
+          seed: int | None) -> dict:
+    """A streamed chat completion request that returns token ids and, last, the usage chunk with vLLM's metrics."""
     body = {"model": server.name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_new_tokens,
             "temperature": temperature, "top_p": top_p, "stream": True, "return_token_ids": True,
             "stream_options": {"include_usage": True}}
     if seed is not None:
         body["seed"] = seed
-    chunks: queue.Queue = queue.Queue()
-    start = time.perf_counter()
-    threading.Thread(target=_read, args=(f"{server.url}/v1/chat/completions", body, chunks), daemon=True).start()
-    return _events(chunks, start, block_size)
+    return body
+
+
+def _spec_record(chunk: dict) -> dict | None:
+    return (chunk.get("metrics") or {}).get("speculative_decoding")
 
 
 def _read(url: str, body: dict, chunks: queue.Queue) -> None:
@@ -116,18 +169,24 @@ def _error_text(answer) -> str:
         return answer.text[:500]
 
 
-def _events(chunks: queue.Queue, start: float, block_size: int) -> Iterator[Prefill | Block | Summary]:
-    prompt_len, ids, cuts = 0, [], []  # cuts: the output length after each chunk
-    prefill, blocks, finish, spec = None, [], None, None
-    stamps = []
+def _received(chunks: queue.Queue) -> Iterator[tuple[float, dict]]:
+    """The (arrival seconds, chunk) pairs `_read` put, to the end of the stream; a failure it put is raised."""
     while True:
         at, chunk = chunks.get()
         if isinstance(chunk, Exception):
             raise chunk
         if chunk is None:
-            break
+            return
+        yield at, chunk
+
+
+def _events(chunks: queue.Queue, start: float, block_size: int) -> Iterator[Prefill | Block | Summary]:
+    prompt_len, ids = 0, []
+    prefill, blocks, finish, spec = None, [], None, None
+    stamps = []
+    for at, chunk in _received(chunks):
         prompt_len = len(chunk.get("prompt_token_ids") or ()) or prompt_len
-        spec = ((chunk.get("metrics") or {}).get("speculative_decoding")) or spec
+        spec = _spec_record(chunk) or spec
         for choice in chunk.get("choices") or ():
             finish = choice.get("finish_reason") or finish
             new = [int(t) for t in choice.get("token_ids") or ()]

@@ -1,5 +1,6 @@
 """vLLM loads every shipped DFlash drafter unchanged (and refuses the autoregressive one by name), its greedy DFlash output equals this engine's plain
-decoding, `bench --peer vllm` reports vLLM beside this engine, and the app races a vLLM server.
+decoding, `bench --peer vllm` reports vLLM beside this engine, the app races a vLLM server, and the
+doctor finds nothing wrong with a server of the shipped pair.
 
 vLLM runs in its own venv (`bash scripts/setup.sh --vllm` makes `.venv-vllm`; `$DFLASH_VLLM_VENV`
 names another), driven through `scripts/vllm_generate.py` in a subprocess (`dflash_core/bench/vllm_peer.py`)
@@ -170,3 +171,26 @@ def test_the_app_races_a_vllm_server_dflash_against_plain(vllm_servers):
         assert "with DFlash at" in status
     finally:
         demo.close()
+
+
+@pytest.mark.slow
+def test_the_doctor_passes_a_vllm_server_of_the_shipped_pair(vllm_servers, default_target):
+    from dflash_core.doctor import DoctorPrompt, DoctorSettings, diagnose
+    from dflash_core.pair import load_drafter
+
+    _, target = default_target
+    drafter_dir = ROOT / "assets" / "drafters" / "smollm2-135m-instruct-dflash"  # scripts/serve_vllm.sh's, K = 3
+    rows = [json.loads(line) for line in (ROOT / "assets" / "prompts" / "natural.jsonl").read_text().splitlines()]
+    by_id = {row["id"]: row["prompt"] for row in rows}
+    prompts = [DoctorPrompt(i, text=by_id[i]) for i in PROMPT_IDS[:2]]
+    report = diagnose(target, drafter_dir, prompts, drafter=load_drafter(target, drafter_dir, torch.float32),
+                      settings=DoctorSettings(max_new_tokens=MAX_NEW_TOKENS, server=vllm_servers))
+    # The server's chat template makes this engine's prompt ids, its block is the drafter's, and
+    # its greedy outputs are the target's.
+    for check in ("server.prompt_ids", "server.block_size", "server.outputs", "server.tau"):
+        assert report.check(check).status == "PASS", report.check(check).line()
+    assert report.check("server.block_size").numbers["num_speculative_tokens"] == 3
+    tau = report.check("server.tau").numbers
+    # vLLM scores drafts with the bf16 head rows and its own kernels: per prompt it was within 0.064
+    # of this engine on the natural set (docs/serving-vllm.md).
+    assert tau["server_tau"] > 1.3 and abs(tau["server_tau"] - tau["engine_tau"]) < 0.15, tau
