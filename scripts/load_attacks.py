@@ -4,7 +4,9 @@
 request from another client, which must finish within `--probe-timeout-s`; it returns one dict
 per group. Crafted traces are made from the shipped `assets/traces/math-greedy.json`; browser-only
 events (Pause, the cycle picker) are called the way the page calls them, by function index with
-a session hash of the caller's own. Loopback only, like the rest of the load test.
+a session hash of the caller's own. Visitors are told apart by their loopback source address
+(127.0.0.2 and on), as the server's per-visitor bounds tell them apart. Loopback only, like the
+rest of the load test.
 """
 
 from __future__ import annotations
@@ -273,12 +275,130 @@ class Attacks:
             "probe_s": self.probe(),
         }
 
+    # --- issue 59, items 2-7: one visitor holding time, places, memory; fetches; orphans ------------------
+    def renewed_pause(self) -> dict:
+        """A race paused and re-paused every few seconds: its pause budget still ends it, and the
+        race queued behind it finishes within the budget (plus its own time)."""
+        self.runner.check_time()
+        page = Page(self, "Tell me a very short story about a cat.", self.args.cancel_tokens)
+        page.pause()
+        paused = time.perf_counter()
+        stop = threading.Event()
+
+        def keep_pausing():
+            while not stop.wait(min(5.0, self.args.max_pause_s / 4)):
+                try:
+                    page.pause()
+                except Exception:  # noqa: BLE001 - the race has ended: nothing left to pause
+                    return
+
+        threading.Thread(target=keep_pausing, daemon=True).start()
+        try:
+            probe, ok = self.probe(), True
+        except AssertionError as exc:
+            probe, ok = str(exc), False
+        waited = round(time.perf_counter() - paused, 2)
+        stop.set()
+        page.leave()
+        return {"victim_done_after_s": waited, "probe_s": probe, "max_pause_s": self.args.max_pause_s,
+                "ok": ok and waited < self.args.max_pause_s + self.args.probe_timeout_s}
+
+    def queue_hog(self) -> dict:
+        """17 joins at once from one address (127.0.0.2): most refused with the reason; another
+        visitor's race (127.0.0.1) and replay (127.0.0.3) are still served."""
+        self.runner.check_time()
+        data = ["Count slowly from one to one hundred.", self.args.cancel_tokens, self.args.block_size, 0.0, 1.0, 0, None]
+        codes, said = [], ""
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30) as http:
+            for _ in range(17):
+                answer = http.post(f"{self.api}/queue/join", json={
+                    "data": data, "fn_index": self.fn_index("run", "compare"), "session_hash": uuid.uuid4().hex[:11],
+                    "trigger_id": None})
+                codes.append(answer.status_code)
+                said = answer.text if answer.status_code != 200 else said
+        try:
+            probe, ok = self.probe(), True
+        except AssertionError as exc:
+            probe, ok = str(exc), False
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"), timeout=120) as http:
+            posted = http.post(f"{self.api}/call/replay", json={"data": ["math-greedy", None, 4.0]})
+            replay_ok = posted.status_code == 200 and "event: complete" in http.get(
+                f"{self.api}/call/replay/{posted.json()['event_id']}").text
+        return {"hog_joins": len(codes), "hog_accepted": codes.count(200), "hog_refused": codes.count(503),
+                "refusal": said[:200], "probe_s": probe, "other_replay_served": replay_ok,
+                "ok": ok and replay_ok and codes.count(200) <= 3}
+
+    def unread_replays(self) -> dict:
+        """80 replays joined by one address that never reads a stream: the per-visitor bound takes
+        2, and the server's memory stays put."""
+        self.runner.check_time()
+        rss_before = self.server.rss()
+        codes = []
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.4"), timeout=30) as http:
+            replay = self.fn_index("", "replay")
+            for _ in range(80):
+                answer = http.post(f"{self.api}/queue/join", json={
+                    "data": ["math-greedy", None, 4.0], "fn_index": replay, "session_hash": uuid.uuid4().hex[:11],
+                    "trigger_id": None})
+                codes.append(answer.status_code)
+        time.sleep(min(30, self.args.max_replay_s + 5))  # the replays that started have ended
+        grown = round((self.server.rss() - rss_before) / 2**20, 1)
+        return {"joins": len(codes), "accepted": codes.count(200), "rss_growth_mb": grown, "probe_s": self.probe(),
+                "ok": grown < 100}
+
+    def url_inputs(self) -> dict:
+        """A URL in a file-shaped value of any input, and in the file route: refused, never fetched."""
+        link = {"path": "http://127.0.0.1:9/x.bin", "meta": {"_type": "gradio.FileData"}}
+        checks = {}
+        outcome, message = self.call("compare", [link, 2, self.args.block_size, 0.0, 1.0, 0, None])
+        checks["a URL as the prompt"] = outcome == "error"
+        outcome, message = self.call("replay", ["math-greedy", None, link])
+        checks["a URL as the replay speed"] = outcome == "error" and "does not download URLs" in message
+        with httpx.Client(timeout=30) as http:
+            checks["the file route refuses a URL"] = http.get(f"{self.api}/file=http://127.0.0.1:9/x").status_code == 403
+        return {"checks": checks, "ok": all(checks.values())}
+
+    def upload_flood(self) -> dict:
+        """Ten 20 MB files in one request (refused whole), then 20 MB uploads from one address until
+        its hourly budget refuses them; another address still uploads."""
+        self.runner.check_time()
+        big = b" " * (MAX_BYTES - 100)
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.5"), timeout=120) as http:
+            t0 = time.perf_counter()
+            many = http.post(f"{self.api}/upload", files=[("files", (f"t{i}.json", big, "application/json"))
+                                                         for i in range(10)])
+            many_s = round(time.perf_counter() - t0, 2)
+            singles = [http.post(f"{self.api}/upload", files={"files": ("t.json", big, "application/json")}).status_code
+                       for _ in range(7)]
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.6"), timeout=120) as http:
+            other = http.post(f"{self.api}/upload", files={"files": ("o.json", b"{}", "application/json")}).status_code
+        return {"ten_files_status": many.status_code, "ten_files_s": many_s, "singles": singles, "other_visitor": other,
+                "ok": many.status_code == 413 and 429 in singles and other == 200}
+
+    def orphan(self) -> dict:
+        """A race whose page leaves, with another request right behind: the race stops within the
+        readers' grace instead of running to its end, and writes no trace."""
+        self.runner.check_time()
+        traces = len(list(self.server.tmp.glob("dflash-traces-*/*/dflash_trace.json")))
+        page = Page(self, "Write a long story about a lighthouse keeper.", self.args.cancel_tokens)
+        page.leave()
+        try:
+            probe, ok = self.probe(), True
+        except AssertionError as exc:
+            probe, ok = str(exc), False
+        time.sleep(5)
+        written = len(list(self.server.tmp.glob("dflash-traces-*/*/dflash_trace.json"))) - traces
+        return {"probe_s": probe, "traces_written": written, "ok": ok and written <= 1}  # the probe's own
+
 
 def run(runner, server, work: Path) -> dict:
     attacks = Attacks(runner, server, work)
     out = {}
     for name, case in (("crafted_uploads", attacks.crafted), ("cross_session", attacks.cross_session),
-                       ("pause_and_leave", attacks.pause_and_leave), ("mcp", attacks.mcp)):
+                       ("pause_and_leave", attacks.pause_and_leave), ("mcp", attacks.mcp),
+                       ("renewed_pause", attacks.renewed_pause), ("queue_hog", attacks.queue_hog),
+                       ("unread_replays", attacks.unread_replays), ("url_inputs", attacks.url_inputs),
+                       ("upload_flood", attacks.upload_flood), ("orphan", attacks.orphan)):
         try:
             out[name] = case()
         except Exception as exc:  # noqa: BLE001 - the group failed; the others still run

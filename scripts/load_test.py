@@ -19,8 +19,11 @@ value, or where a browser's own calls are imitated), stops the app, and prints o
 6. security (issue 37): crafted trace uploads (sizes, times, markup, nesting, types, one past the
    upload limit), with the server's peak memory over them; reads and replays of another session's
    trace; a race paused and left, and one evicted from the pause table; MCP callers as separate
-   agents; after each case a normal race from another client must finish within
-   `--probe-timeout-s`. After the app stops, its trace files must be gone.
+   agents; and the second attack's (issue 59): a pause re-sent forever, one address joining 17
+   races and 80 replays it never reads, URLs in any input and in the file route, an upload flood,
+   a race whose page leaves with another request right behind; after each case a normal race from
+   another client must finish within `--probe-timeout-s`. After the app stops, its trace files and
+   uploads must be gone.
 
 `--rounds` picks some of them (e.g. `--rounds security`).
 
@@ -411,7 +414,8 @@ def main(argv=None) -> None:
         out["wall_s"] = round(time.time() - t0, 1)
     # SIGTERM closes the server, which deletes its trace files (and the copies it handed out).
     out["trace_files_after_stop"] = count_trace_files(server.tmp)
-    out["trace_copies_after_stop"] = len(list(server.tmp.glob("gradio/*/dflash_trace.json")))
+    out["trace_copies_after_stop"] = len(list(server.tmp.glob("*gradio*/*/dflash_trace.json")))
+    out["uploads_after_stop"] = len([f for f in server.tmp.glob("*gradio*/**/*") if f.is_file()])
     line = json.dumps(out)
     print(line)
     if args.out:
