@@ -52,6 +52,16 @@ def _long_race(control):
                 block_sizes={"dflash": 4}, frame_s=0.0, speed=1.0, control=control, keepalive_s=0.05)
 
 
+def paused_long_race(**budgets):
+    """(control, frames) of a long race paused before its first cycle, with the control's `budgets`."""
+    control = Control(**budgets)
+    control.reset()
+    control.pause(0)
+    frames = _long_race(control)
+    assert next(frames).paused
+    return control, frames
+
+
 def ended_within(seconds: float, frames) -> list:
     out = []
     worker = threading.Thread(target=lambda: out.extend(frames), daemon=True)
@@ -63,11 +73,7 @@ def ended_within(seconds: float, frames) -> list:
 
 # --- item 2: the pause budget is spent, not renewed; the wall clock has a budget too ------------------
 def test_a_pause_re_sent_every_moment_still_ends_within_the_pause_budget():
-    control = Control(max_pause_s=0.6)
-    control.reset()
-    control.pause(0)
-    frames = _long_race(control)
-    assert next(frames).paused
+    control, frames = paused_long_race(max_pause_s=0.6)
     stop = threading.Event()
 
     def keep_pausing():  # the attack: Pause again and again, each within the budget
@@ -86,11 +92,7 @@ def test_a_pause_re_sent_every_moment_still_ends_within_the_pause_budget():
 
 
 def test_steps_and_continues_spend_the_same_pause_budget():
-    control = Control(max_pause_s=0.5)
-    control.reset()
-    control.pause(0)
-    frames = _long_race(control)
-    assert next(frames).paused
+    control, frames = paused_long_race(max_pause_s=0.5)
     time.sleep(0.3)  # 0.3 s paused (waiting in `hold` below counts, this sleep does not)
     rest = []
     worker = threading.Thread(target=lambda: rest.extend(frames), daemon=True)
