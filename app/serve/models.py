@@ -18,7 +18,7 @@ from dflash_core.batch_invariant import describe
 from dflash_core.chat_template import describe_template, template_args
 from dflash_core.default_target import DEFAULT_TARGET, DefaultTargetError, resolve_target
 from dflash_core.hub import resolve_model_dir
-from dflash_core.memory_need import PairSize, check_fits, pair_size
+from dflash_core.memory_need import MARGIN, PairSize, check_fits, pair_size
 from dflash_core.pair import ModelPair, default_drafter_dtype, fetch_target, load_drafter, parse_dtype
 from dflash_core.prompting import encode_prompt
 
@@ -214,8 +214,10 @@ class PairCache:
                 self.check_fits(size, spec, on_device)
             key = (str(target_dir), device, parse_dtype(spec.dtype, device))
             shared = self._targets.get(key)
-            if on_device and shared is None:
-                self.make_room(size.need or 0)
+            if on_device:  # beside a loaded copy of its target, a pair needs room for its drafter only
+                drafter_need = int((size.drafter.bytes or 0) * (1 + MARGIN))
+                self.make_room(drafter_need if shared is not None else size.need or 0)
+                shared = self._targets.get(key)  # None once the loaded pairs were freed to make room
             if shared is not None:  # another pair holds this target at these numerics: one copy serves both
                 shared_target = Target(shared.model, shared.tokenizer)
                 pair = ModelPair(shared_target, load_drafter(shared_target, str(drafter_dir),
