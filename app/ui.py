@@ -250,8 +250,9 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
             button = gr.Button(texts.DOCTOR_BUTTON, elem_id="doctor-run", size="sm", scale=0, min_width=140)
     if doctor_intro is not None:
         with gr.Accordion(texts.DOCTOR_PANEL, open=False, elem_id="doctor-panel") as accordion:
-            doctor = DoctorPanel(button, accordion, gr.HTML(doctor_intro, elem_id="doctor"),
-                                 gr.JSON(label="The report as data (dflash-doctor/1)", elem_id="doctor-json"))
+            report_html = gr.HTML(doctor_intro, elem_id="doctor")
+            with gr.Accordion(texts.DOCTOR_JSON, open=False):
+                doctor = DoctorPanel(button, accordion, report_html, gr.JSON(show_label=False, elem_id="doctor-json"))
     panes = {}
     with gr.Row(equal_height=False, elem_id="lanes"):
         for lane in LANES:  # every lane's pane exists; a race shows those it races (`frames.start_frame`)

@@ -49,7 +49,7 @@ def test_the_report_shows_every_check_and_cause_as_text():
     assert causes == [html.escape(c) for c in report.causes] == [html.escape(f"target_layer_ids off by one {HOSTILE}"),
                                                                 "RoPE written twice"]
     assert page.count('class="doctor-cause"') == 4
-    assert 'data-status="FAIL"' in verdict and "tau 1.20 on these prompts" in verdict
+    assert 'data-status="FAIL"' in verdict and html.escape("tau 1.20 on the doctor's prompts") in verdict
     assert "tiny pair" in page and "3 prompts" in page
 
 

@@ -29,7 +29,9 @@ MUTED = "color:#667;font-size:13px"
 
 TAU_IN_WORDS = (
     "tau is how many tokens each DFlash cycle commits: the drafted tokens the target accepted, plus one "
-    "of its own. 1.0 means no draft was ever accepted; the drafter's block size is the most it can be."
+    "of its own. 1.0 means no draft was ever accepted; the drafter's block size is the most it can be. "
+    "It depends on the text (what is easy to guess is accepted more), so a race's tau on its one prompt "
+    "and the doctor's on its few differ."
 )
 WHAT_IT_DOES = (
     "The output of DFlash is always the target's own, so when a drafter is set up wrong nothing breaks: "
@@ -87,9 +89,11 @@ def _tau(report: Report) -> float | None:
 def verdict_html(report: Report) -> str:
     """The headline: what lowers tau (the causes, failures first), or that the checks found nothing."""
     status, causes, tau = report.status, report.causes, _tau(report)
-    measured = f"tau {tau:.2f} on these prompts. " if isinstance(tau, (int, float)) else ""
+    prompts = len((report.pair or {}).get("prompts", []))
+    on = f"the doctor's {prompts} prompts" if prompts else "the doctor's prompts"
+    measured = f"tau {tau:.2f} on {on}. " if isinstance(tau, (int, float)) else ""
     if status == "FAIL":
-        headline = f"Found what lowers tau: {len(causes)} cause{'s' if len(causes) != 1 else ''}."
+        headline = "Found what lowers tau:"
     elif status == "WARN":
         headline = "Nothing clearly wrong, but worth a look:"
     else:

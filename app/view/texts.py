@@ -103,6 +103,7 @@ EVICTED = (
 # --- why this tau? (the acceptance doctor) ------------------------------------------------------------
 DOCTOR_BUTTON = "Why this tau?"
 DOCTOR_PANEL = "Why this tau? The acceptance doctor's report for the selected pair"
+DOCTOR_JSON = "The report as data (JSON, dflash-doctor/1)"
 DOCTOR_LOADING = "loading {label}"
 DOCTOR_WAITING = "waiting for the race on this pair to end"
 DOCTOR_BUSY = (
