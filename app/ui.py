@@ -1,10 +1,10 @@
 """The Gradio Blocks: one layout function per tab and for the race area, and the wiring.
 
 The handlers live in `serve/` by role: pair loading (`loading.py`), the live race (`live.py`),
-replay (`playback.py`) and Pause / Step (`stepping.py`); `App` puts them together. This is the
-one module that wires Gradio components to handlers. torch and the models
-are imported only when a live race needs them, so a replay-only app (`python app.py --replay FILE`)
-starts without them.
+replay (`playback.py`), Pause / Step (`stepping.py`) and "Why this tau?" (`diagnosis.py`); `App`
+puts them together. This is the one module that wires Gradio components to handlers. torch and the
+models are imported only when a live race needs them, so a replay-only app (`python app.py --replay
+FILE`) starts without them.
 """
 
 from __future__ import annotations

@@ -260,7 +260,8 @@ def main(argv=None) -> None:
     )
     parser.add_argument(
         "--doctor-shot", action="store_true",
-        help="after a short race, click \"Why this tau?\" and save the summary and the doctor's panel as OUTPUT (a PNG)",
+        help="after a short race, click \"Why this tau?\" and save the summary and the doctor's panel as OUTPUT "
+        "(a PNG)",
     )
     args = parser.parse_args(argv)
     if args.doctor_shot:

@@ -182,4 +182,5 @@ def vllm_command(spec) -> str:
     models = servers_of(spec).models
     served = models["dflash"] if models else None
     target = (served.root or served.name) if served else "TARGET"
-    return f"python -m dflash_core doctor --target {shlex.quote(target)} --drafter DRAFTER --server {shlex.quote(spec.vllm_url)}"
+    words = ["python", "-m", "dflash_core", "doctor", "--target", target, "--drafter", "DRAFTER", "--server", spec.vllm_url]
+    return shlex.join(words)
