@@ -1,10 +1,10 @@
 """The Gradio Blocks: one layout function per tab and for the race area, and the wiring.
 
 The handlers live in `serve/` by role: pair loading (`loading.py`), the live race (`live.py`),
-replay (`playback.py`) and Pause / Step (`stepping.py`); `App` puts them together. This is the
-one module that wires Gradio components to handlers. torch and the models
-are imported only when a live race needs them, so a replay-only app (`python app.py --replay FILE`)
-starts without them.
+replay (`playback.py`), Pause / Step (`stepping.py`) and "Why this tau?" (`diagnosis.py`); `App`
+puts them together. This is the one module that wires Gradio components to handlers. torch and the
+models are imported only when a live race needs them, so a replay-only app (`python app.py --replay
+FILE`) starts without them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dflash_core.trace import MAX_BYTES
 
 from .race.control import Controls
 from .race.lanes import CHOICES, LANES
+from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
 from .serve.http_guard import MULTIPART_SLACK, HttpGuard, UploadBudget, refuse_url_inputs
 from .serve.limits import Limits
@@ -66,12 +67,13 @@ class App:
         self.live = LiveRace(self.loading, self.controls, limits, self.traces, self.readers)
         self.playback = Playback(self.controls, limits, self.traces, recorded, self.readers)
         self.stepping = Stepping(self.controls)
+        self.diagnosis = Diagnosis(self.loading, limits, self.readers, self.live.runs_in_process)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
         self.stops = self.live.stops  # the Stop button's requests
         # The handlers, by the names the wiring (and the `compare` / `select_pair` endpoints) use.
         self.load_selected, self.select_pair = self.loading.load_selected, self.loading.select_pair
         self.compare, self.stop = self.live.compare, self.live.stop
-        self.replay = self.playback.replay
+        self.replay, self.diagnose = self.playback.replay, self.diagnosis.diagnose
         self.pause, self.step, self.resume = self.stepping.pause, self.stepping.step, self.stepping.resume
         self.pick_cycle, self.follow_latest = self.stepping.pick_cycle, self.stepping.follow_latest
 
@@ -169,12 +171,21 @@ class ReplayTab:
 
 
 @dataclass
+class DoctorPanel:
+    button: gr.Button  # "Why this tau?"
+    accordion: gr.Accordion
+    html: gr.HTML  # the report, rendered
+    json: gr.JSON  # the report as data
+
+
+@dataclass
 class RaceArea:
     outputs: dict  # the race's outputs by frame field
     pause_button: gr.Button
     step_button: gr.Button
     resume_button: gr.Button
     follow: gr.Checkbox
+    doctor: DoctorPanel | None  # only where pairs race live
 
 
 def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits) -> LiveTab:
@@ -223,15 +234,25 @@ def howto_tab() -> None:
     gr.HTML(howto_html(), elem_id="howto")
 
 
-def race_area() -> RaceArea:
-    """Under the tabs: the controls, the lanes' panes, the cycle view, the charts, the summary and the downloads."""
+def race_area(doctor_intro: str | None = None) -> RaceArea:
+    """Under the tabs: the controls, the lanes' panes, the cycle view, the charts, the summary and the
+    downloads; beside the summary, with `doctor_intro` (live pairs only), the "Why this tau?" panel."""
     with gr.Row(elem_id="race-controls"):
         pause_button = gr.Button("Pause", elem_id="pause", size="sm")
         step_button = gr.Button("Step one cycle", elem_id="step", size="sm")
         resume_button = gr.Button("Continue", elem_id="continue", size="sm")
         control_status = gr.Markdown("", elem_id="control-status")
     gr.HTML(render.legend_html())
-    summary = gr.HTML(render.summary_html(None), elem_id="summary")
+    doctor = None
+    with gr.Row(equal_height=False):
+        summary = gr.HTML(render.summary_html(None), elem_id="summary", scale=6)
+        if doctor_intro is not None:
+            button = gr.Button(texts.DOCTOR_BUTTON, elem_id="doctor-run", size="sm", scale=0, min_width=140)
+    if doctor_intro is not None:
+        with gr.Accordion(texts.DOCTOR_PANEL, open=False, elem_id="doctor-panel") as accordion:
+            report_html = gr.HTML(doctor_intro, elem_id="doctor")
+            with gr.Accordion(texts.DOCTOR_JSON, open=False):
+                doctor = DoctorPanel(button, accordion, report_html, gr.JSON(show_label=False, elem_id="doctor-json"))
     panes = {}
     with gr.Row(equal_height=False, elem_id="lanes"):
         for lane in LANES:  # every lane's pane exists; a race shows those it races (`frames.start_frame`)
@@ -265,7 +286,7 @@ def race_area() -> RaceArea:
         "cycle_pick": cycle_pick, "cycle_view": cycle_view, "control_status": control_status,
         "report": report_json, "trace_file": trace_file, "trace_csv": trace_csv,
     }
-    return RaceArea(outputs, pause_button, step_button, resume_button, follow)
+    return RaceArea(outputs, pause_button, step_button, resume_button, follow, doctor)
 
 
 def build_demo(
@@ -302,7 +323,7 @@ def build_demo(
                 replay_inputs = replay_tab(recorded)
             with gr.Tab("How it works", id="howto"):
                 howto_tab()
-        area = race_area()
+        area = race_area(app.diagnosis.intro() if live else None)
         _wire(demo, app, limits, live_inputs if live else None, replay_inputs, area, play_on_load=bool(replay))
     demo.queue()
     bound_queue(demo, limits)  # per queue and per visitor: one client cannot fill it for everyone
@@ -318,6 +339,8 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     """The events: each button and page event to its handler."""
     outputs = [area.outputs[name] for name in FRAME_FIELDS]
     race_event = _wire_live(demo, app, limits, live, outputs, area.outputs["summary"]) if live is not None else None
+    if live is not None:
+        _wire_doctor(app, limits, live, area.doctor)
     # The events that fill the race's outputs: a new one cancels the others.
     runs = [race_event] if race_event is not None else []
     # Replays have slots of their own (`Playback.slots`), so Gradio starts every one at once.
@@ -384,3 +407,18 @@ def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs
         None, cancels=[race_event], queue=False, api_visibility="private"
     )
     return race_event
+
+
+def _wire_doctor(app: App, limits: Limits, live: LiveTab, doctor: DoctorPanel) -> None:
+    """The doctor's button opens its panel at once, then runs the doctor in the race queue (never
+    beside a race); selecting another pair empties the panel."""
+    doctor.button.click(lambda: gr.Accordion(open=True), outputs=[doctor.accordion], queue=False,
+                        api_visibility="private")
+    # Callable by name, not an MCP tool (see `replay`).
+    doctor.button.click(
+        app.diagnose, inputs=[live.pair_state], outputs=[doctor.html, doctor.json], api_name="diagnose",
+        api_visibility="undocumented", show_progress="minimal", show_progress_on=[doctor.html],
+        concurrency_limit=limits.concurrency, concurrency_id="race",
+    )
+    live.pair_choice.change(lambda: (app.diagnosis.intro(), None), outputs=[doctor.html, doctor.json], queue=False,
+                            api_visibility="private")

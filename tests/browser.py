@@ -6,6 +6,7 @@ Used by the browser test and to make the README screenshot::
     python tests/browser.py http://127.0.0.1:7861 assets/screenshot.png --max-new-tokens 96 --lanes ar,lookup
     python app.py --replay assets/traces/math-greedy.json --port 7862 &
     python tests/browser.py http://127.0.0.1:7862 assets --replay-shots   # replay.png, inside-a-cycle.png
+    python tests/browser.py http://127.0.0.1:7861 assets/doctor-panel.png --doctor-shot   # "Why this tau?"
 
 Playwright is imported only here, never by the app; it must not download a browser.
 """
@@ -210,6 +211,42 @@ def replay_screenshots(url: str, out: Path, cycles: int = 16, timeout_s: float =
             browser.close()
 
 
+def doctor_screenshot(url: str, out: Path, max_new_tokens: int = 48, timeout_s: float = 600.0) -> dict:
+    """A short race, then "Why this tau?": waits for the doctor's report, opens the explanation of the
+    measured-acceptance check, and saves the summary with the panel under it (out, a PNG). Returns
+    the panel's text and the seconds from the click to the report."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(timeout_s * 1000)
+            page.goto(url)
+            page.wait_for_selector("#pair-status :text('ready')")
+            box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
+            box.fill(str(max_new_tokens))
+            box.press("Enter")
+            page.locator("#prompt textarea").fill(DEFAULT_PROMPT)
+            page.locator("#run").click()
+            page.wait_for_selector("#summary :text('speedup')")
+            clicked = time.perf_counter()
+            page.locator("#doctor-run").click()
+            page.wait_for_selector("#doctor .doctor-running")
+            page.wait_for_selector("#doctor .doctor-report")
+            seconds = time.perf_counter() - clicked
+            page.locator('#doctor [data-check="acceptance"] summary').click()
+            page.wait_for_timeout(300)
+            page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
+            top = page.locator("#summary").bounding_box()
+            panel = page.locator("#doctor-panel").bounding_box()
+            page.screenshot(path=str(out), full_page=True, clip={
+                "x": 0, "y": top["y"] - 12, "width": 1400, "height": panel["y"] + panel["height"] - top["y"] + 24})
+            return {"seconds": round(seconds, 1), "panel": page.locator("#doctor").inner_text()}
+        finally:
+            browser.close()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
@@ -221,7 +258,15 @@ def main(argv=None) -> None:
         "--replay-shots", action="store_true",
         help="the app serves a replay (python app.py --replay FILE): save replay.png and inside-a-cycle.png in OUTPUT (a folder)",
     )
+    parser.add_argument(
+        "--doctor-shot", action="store_true",
+        help="after a short race, click \"Why this tau?\" and save the summary and the doctor's panel as OUTPUT "
+        "(a PNG)",
+    )
     args = parser.parse_args(argv)
+    if args.doctor_shot:
+        print(json.dumps(doctor_screenshot(args.url, args.output)))
+        return
     if args.replay_shots:
         args.output.mkdir(parents=True, exist_ok=True)
         replay_screenshots(args.url, args.output)

@@ -47,6 +47,7 @@ def test_export_writes_a_space_with_its_front_matter_requirements_and_only_what_
     assert f"{space.DEFAULT_DRAFTER}/model.safetensors" in files
     assert "assets/drafters/smollm2-135m-instruct-ar/model.safetensors" in files  # the default pair's AR lane
     assert any(f.startswith("assets/howto/") for f in files)
+    assert "assets/prompts/natural.jsonl" in files  # what "Why this tau?" decodes
     assert not any(f.startswith(("tests/", "assets/data/", "scripts/", "dflash_core/training/")) for f in files)
     assert not any("train_log" in f or "__pycache__" in f for f in files)
     with pytest.raises(FileExistsError):

