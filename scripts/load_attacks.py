@@ -354,7 +354,7 @@ class Attacks:
         link = {"path": "http://127.0.0.1:9/x.bin", "meta": {"_type": "gradio.FileData"}}
         checks = {}
         outcome, message = self.call("compare", [link, 2, self.args.block_size, 0.0, 1.0, 0, None, None])
-        checks["a URL as the prompt"] = outcome == "error"
+        checks["a URL as the prompt"] = outcome == "error" and "does not download URLs" in message
         outcome, message = self.call("replay", ["math-greedy", None, link])
         checks["a URL as the replay speed"] = outcome == "error" and "does not download URLs" in message
         with httpx.Client(timeout=30) as http:
