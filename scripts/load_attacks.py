@@ -26,6 +26,86 @@ SHIPPED = ROOT / "assets" / "traces" / "math-greedy.json"
 MAX_BYTES = 20_000_000  # dflash_core.trace.MAX_BYTES, the upload limit
 
 
+def long_texts(base: dict, chars: int) -> dict:
+    """`base` with every token text and pane piece `chars` characters long, of the characters that
+    cost most once escaped as HTML (`"` becomes `&quot;`)."""
+    text = ('"<&>' * (chars // 4 + 1))[:chars]
+    data = copy.deepcopy(base)
+    data["tokens"] = {key: text for key in data["tokens"]}
+    data["pieces"] = {lane: [text] * len(pieces) for lane, pieces in data.get("pieces", {}).items()}
+    return data
+
+
+def wide_blocks(base: dict, block_size: int, blocks: int, explained: int = 1) -> dict:
+    """A valid race of `blocks` DFlash cycles at `block_size`, each rejecting every draft (one token
+    per cycle), against plain decoding; the first `explained` cycles carry a full explanation."""
+    data = copy.deepcopy(base)
+    for name in ("report", "pieces"):
+        data.pop(name, None)
+    runs = data["runs"] = {lane: data["runs"][lane] for lane in ("dflash", "plain")}
+    data["settings"].update(block_size=block_size, max_new_tokens=blocks + 1)
+    start = len(data["settings"]["prompt_ids"])
+    first = runs["dflash"]["prefill"]["token_id"]
+    ids = sorted(int(key) for key in data["tokens"])[:8]
+    for lane, size in (("dflash", block_size), ("plain", 1)):
+        run, cycles = runs[lane], []
+        clock = run["prefill"]["seconds"]
+        run["prefill"]["token_id"] = first
+        for i in range(blocks):
+            drafts = [ids[(i + k) % len(ids)] for k in range(size - 1)]
+            bonus = ids[i % len(ids)]
+            cycle = {"index": i, "position": start + i, "draft_ids": drafts, "accepted": 0, "bonus_id": bonus,
+                     "committed_ids": [bonus], "draft_s": 0.001, "verify_s": 0.001, "elapsed_s": clock + 0.01 * (i + 1),
+                     "draft_passes": 1 if drafts else 0}
+            if i < explained and drafts:
+                cycle["explain"] = _explanation(cycle, ids)
+            cycles.append(cycle)
+        run.update(block_size=size, blocks=cycles, output_ids=[first] + [c["bonus_id"] for c in cycles],
+                   acceptance_lengths=[1] * blocks, total_s=clock + 0.01 * (blocks + 1), method=lane)
+    return data
+
+
+def _explanation(cycle: dict, ids: list[int]) -> dict:
+    """A cycle's explanation with top-5 lists in every slot: the biggest one a cycle of its size holds."""
+    drafts, position = cycle["draft_ids"], cycle["position"]
+    top = [[token, 0.1] for token in ids[:5]]
+    return {
+        "slot0_id": ids[0], "mask_id": ids[1], "positions": list(range(position, position + len(drafts) + 1)),
+        "injected": {"positions": 1, "target_layers": [1, 2, 3]},
+        "draft_topk": [top] * len(drafts), "target_topk": [top] * (len(drafts) + 1),
+        "decision": {"rule": "greedy", "resampled": False, "slots": [
+            {"slot": 1, "draft": drafts[0], "target": cycle["bonus_id"], "p": 0.1, "q": 0.1, "ratio": None, "u": None,
+             "accepted": False}]},
+        "cache": {"target_before": position, "target_after": position + 1, "drafter_before": 0, "drafter_after": 0},
+        "time": {"draft_s": 0.001, "verify_s": 0.001, "other_s": 0.0},
+    }
+
+
+def tiled(base: dict, times: int) -> dict:
+    """`base` raced `times` times as long: every lane's cycles repeated after its own, clocks and
+    positions carried on (the recorded report, which no longer fits, left out)."""
+    data = copy.deepcopy(base)
+    data.pop("report", None)
+    data["settings"]["max_new_tokens"] *= times
+    for lane, run in data["runs"].items():
+        new = len(run["output_ids"]) - 1  # tokens the cycles commit (the first is the prefill's)
+        span = run["total_s"] - run["prefill"]["seconds"]
+        blocks = []
+        for k in range(times):
+            for block in copy.deepcopy(run["blocks"]):
+                block.update(index=len(blocks), position=block["position"] + k * new,
+                             elapsed_s=block["elapsed_s"] + k * span)
+                if block.get("explain"):
+                    block["explain"]["positions"] = [p + k * new for p in block["explain"]["positions"]]
+                blocks.append(block)
+        run.update(blocks=blocks, output_ids=run["output_ids"][:1] + run["output_ids"][1:] * times,
+                   acceptance_lengths=run["acceptance_lengths"] * times, total_s=run["prefill"]["seconds"] + times * span)
+        pieces = data.get("pieces", {}).get(lane)
+        if pieces:
+            data["pieces"][lane] = pieces[:1] + pieces[1:] * times
+    return data
+
+
 def crafted_traces() -> dict[str, tuple[bytes, str]]:
     """name -> (file bytes, what the replay must answer: a part of its error, or "ok")."""
     base = json.loads(SHIPPED.read_text())
