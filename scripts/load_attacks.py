@@ -1,14 +1,23 @@
-"""The load test's security round (issue 37): what a stranger on a shared server might try.
+"""The load test's security round (issues 37 and 59): what a stranger on a shared server might try.
 
 `run(runner, server)` plays each case against the app under test and, after each, races a normal
 request from another client, which must finish within `--probe-timeout-s`; it returns one dict
 per group. Crafted traces are made from the shipped `assets/traces/math-greedy.json`; browser-only
 events (Pause, the cycle picker) are called the way the page calls them, by function index with
 a session hash of the caller's own. Loopback only, like the rest of the load test.
+
+The frame-cost group (issue 59) needs no model, and runs alone against a replay-only app:
+
+    python scripts/load_attacks.py --out dev/measurements/issue59-frames.json
+
+It streams each crafted trace's replay as a browser does and records the bytes streamed, the
+largest event, the server's peak memory, the cycle picker's answers, and how long another
+visitor's replay takes beside four hostile ones.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import json
@@ -18,6 +27,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 
@@ -106,6 +116,31 @@ def tiled(base: dict, times: int) -> dict:
     return data
 
 
+def frame_traces() -> dict[str, tuple[bytes, str]]:
+    """Issue 59: traces that made every frame of a replay huge (1) or failed with no message (8):
+    name -> (file bytes, what the replay must answer: a part of its error, or "ok")."""
+    base = json.loads(SHIPPED.read_text())
+
+    def edit(change) -> bytes:
+        data = copy.deepcopy(base)
+        change(data["runs"]["dflash"]["blocks"][0])
+        return json.dumps(data).encode()
+
+    too_long = "characters long; a token's text may be at most 512"
+    return {
+        "10,000-character texts": (json.dumps(long_texts(base, 10_000)).encode(), too_long),
+        "1,000-character texts": (json.dumps(long_texts(base, 1_000)).encode(), too_long),
+        "512-character texts (the bound)": (json.dumps(long_texts(base, 512)).encode(), "ok"),
+        "block 1024 x 310 cycles": (json.dumps(wide_blocks(base, 1024, 310)).encode(), "ok"),
+        "509 tokens (the shipped race 4 times)": (json.dumps(tiled(base, 4)).encode(), "ok"),
+        "explanation without mask_id": (edit(lambda b: b["explain"].pop("mask_id")), "missing field"),
+        "explain.positions []": (edit(lambda b: b["explain"].update(positions=[])), "explain.positions must be"),
+        "draft_passes 'x'": (edit(lambda b: b.update(draft_passes="x")), "draft_passes must be int"),
+        "draft_passes [1]": (edit(lambda b: b.update(draft_passes=[1])), "draft_passes must be int"),
+        "draft_passes 10**4000": (edit(lambda b: b.update(draft_passes=10**4000)), "4001-digit integer"),
+    }
+
+
 def crafted_traces() -> dict[str, tuple[bytes, str]]:
     """name -> (file bytes, what the replay must answer: a part of its error, or "ok")."""
     base = json.loads(SHIPPED.read_text())
@@ -141,6 +176,7 @@ def crafted_traces() -> dict[str, tuple[bytes, str]]:
         "nested 100 000 deep": (b'{"schema": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
         "clocks at 1e12 s": (edit(long_clock), "ok"),
         "20 MB, valid": (padded, "ok"),
+        **frame_traces(),
     }
 
 
@@ -185,15 +221,48 @@ class Attacks:
 
     def call(self, api_name: str, data: list, timeout: float = 120) -> tuple[str, str]:
         """('ok' | 'error', message) of a named endpoint called over raw HTTP with `data` as sent."""
+        outcome, message, _ = self.call_counted(api_name, data, timeout)
+        return outcome, message
+
+    def call_counted(self, api_name: str, data: list, timeout: float = 120) -> tuple[str, str, int]:
+        """`call`'s answer, and the bytes of the event stream that carried it."""
         base = f"{self.api}/call/{api_name}"
         with httpx.Client(timeout=timeout) as http:
             posted = http.post(base, json={"data": data})
             if posted.status_code != 200:
-                return "error", f"HTTP {posted.status_code}: {posted.text[:300]}"
-            text = http.get(f"{base}/{posted.json()['event_id']}").text
+                return "error", f"HTTP {posted.status_code}: {posted.text[:300]}", 0
+            streamed = http.get(f"{base}/{posted.json()['event_id']}").content
+        text = streamed.decode()
         if "event: error" in text:
-            return "error", text.split("event: error", 1)[1].strip()[:400]
-        return ("ok", "") if "event: complete" in text else ("error", text[:300])
+            return "error", text.split("event: error", 1)[1].strip()[:400], len(streamed)
+        return ("ok", "", len(streamed)) if "event: complete" in text else ("error", text[:300], len(streamed))
+
+    def stream_replay(self, upload: str | None, session: str, speed: float = 4.0) -> dict:
+        """A replay as the page runs it, in `session`: its event stream read to the end. Returns the
+        outcome, the message, the bytes streamed, the largest event, and the seconds it took."""
+        data = ["math-greedy", None if upload is None else {"path": upload, "meta": {"_type": "gradio.FileData"}}, speed]
+        got = {"outcome": "error", "message": "no answer", "streamed_mb": 0.0, "largest_event_mb": 0.0}
+        streamed = largest = 0
+        t0 = time.perf_counter()
+        with httpx.Client(timeout=self.args.max_replay_s + 120) as http:
+            joined = http.post(f"{self.api}/queue/join", json={
+                "data": data, "fn_index": self.fn_index("", "replay"), "session_hash": session, "trigger_id": None})
+            if joined.status_code != 200:
+                return {**got, "message": f"HTTP {joined.status_code}: {joined.text[:300]}"}
+            with http.stream("GET", f"{self.api}/queue/data", params={"session_hash": session}) as events:
+                for line in events.iter_lines():
+                    size = len(line.encode()) + 1
+                    streamed, largest = streamed + size, max(largest, size)
+                    if not line.startswith("data:"):
+                        continue
+                    event = json.loads(line[5:])
+                    if event.get("msg") == "process_completed":
+                        got["outcome"] = "ok" if event.get("success") else "error"
+                        got["message"] = str((event.get("output") or {}).get("error") or "")[:400]
+                        break
+        seconds = time.perf_counter() - t0
+        return {**got, "streamed_mb": round(streamed / 1e6, 2), "largest_event_mb": round(largest / 1e6, 3),
+                "seconds": round(seconds, 2), "mb_per_s": round(streamed / 1e6 / seconds, 2)}
 
     def upload(self, name: str, content: bytes) -> tuple[int, str | None]:
         with httpx.Client(timeout=120) as http:
@@ -213,7 +282,7 @@ class Attacks:
             t0 = time.perf_counter()
 
             def replay(path=path, answer=answer, t0=t0):
-                answer["got"] = ("error", f"upload HTTP {status}") if path is None else self.call(
+                answer["got"] = ("error", f"upload HTTP {status}", 0) if path is None else self.call_counted(
                     "replay", ["math-greedy", {"path": path, "meta": {"_type": "gradio.FileData"}}, 4.0],
                     timeout=self.args.max_replay_s + 60,
                 )
@@ -227,10 +296,10 @@ class Attacks:
             except AssertionError as exc:
                 case["probe"] = str(exc)
             worker.join(self.args.max_replay_s + 90)
-            outcome, message = answer.get("got", ("error", "no answer in time"))
+            outcome, message, streamed = answer.get("got", ("error", "no answer in time", 0))
             ok = (outcome == "ok") if expected == "ok" else (outcome == "error" and expected in message)
             ok = ok and "unexpected" not in message and str(ROOT) not in message and "probe" not in case
-            case.update(outcome=outcome, answer_s=answer.get("s"), ok=ok)
+            case.update(outcome=outcome, answer_s=answer.get("s"), streamed_mb=round(streamed / 1e6, 2), ok=ok)
             cases.append(case)
             if not case["ok"]:
                 failures.append({**case, "expected": expected, "message": message[:300]})
@@ -248,6 +317,65 @@ class Attacks:
             "detail": cases, "rss_before_mb": round(rss_before / 2**20, 1),
             "rss_peak_mb": round(self.server.window_peak_rss / 2**20, 1),
         }
+
+    # --- issue 59, 1 and 8: what a crafted trace's replay costs, with no model needed ---------------
+    def frame_costs(self) -> dict:
+        """Each of `frame_traces` replayed as the page does: its answer, the bytes streamed, the
+        largest event and the server's peak memory; the cycle picker's answers after a replay at
+        block 1024; another visitor's replay of a shipped trace alone and beside four hostile ones."""
+        cases, failures = [], []
+        for name, (content, expected) in frame_traces().items():
+            self.runner.check_time()
+            self.server.window()
+            status, path = self.upload("crafted.json", content)
+            got = self.stream_replay(path, uuid.uuid4().hex[:11]) if path else {"outcome": "error",
+                                                                                 "message": f"upload HTTP {status}"}
+            ok = (got["outcome"] == "ok") if expected == "ok" else (got["outcome"] == "error" and expected in got["message"])
+            case = {"case": name, "upload_mb": round(len(content) / 1e6, 2), **got, "ok": ok,
+                    "rss_peak_mb": round(self.server.window_peak_rss / 2**20, 1)}
+            cases.append(case)
+            if not ok:
+                failures.append({**case, "expected": expected})
+        return {"cases": cases, "failures": failures, "cycle_picker": self.cycle_picker(), "beside": self.beside()}
+
+    def cycle_picker(self, calls: int = 40) -> dict:
+        """The cycle picker's answers (it runs outside the queue) after a replay of 20 explained
+        cycles at block 1024: `calls` picks of cycles in turn, their bytes and time."""
+        content = json.dumps(wide_blocks(json.loads(SHIPPED.read_text()), 1024, 20, explained=20)).encode()
+        session = uuid.uuid4().hex[:11]
+        _, path = self.upload("wide.json", content)
+        replay = self.stream_replay(path, session)
+        pick = self.fn_index("cycle-pick")
+        sizes = []
+        t0 = time.perf_counter()
+        with httpx.Client(timeout=60) as http:
+            for i in range(calls):
+                answer = http.post(f"{self.api}/run/predict", json={"data": [i % 20], "fn_index": pick,
+                                                                     "session_hash": session})
+                sizes.append(len(answer.content))
+        return {"replay_upload_mb": round(len(content) / 1e6, 2), "replay": replay["outcome"], "calls": calls,
+                "largest_answer_kb": round(max(sizes) / 1e3, 1), "total_mb": round(sum(sizes) / 1e6, 2),
+                "seconds": round(time.perf_counter() - t0, 2)}
+
+    def beside(self, hostile: int = 4) -> dict:
+        """Another visitor's replay of the shipped trace at 4x, alone and while `hostile` replays of
+        512-character texts (the bound) play at 0.25x (so they last the whole --max-replay-s)."""
+        alone = self.stream_replay(None, uuid.uuid4().hex[:11])["seconds"]
+        _, path = self.upload("long.json", json.dumps(long_texts(json.loads(SHIPPED.read_text()), 512)).encode())
+        results: list[dict] = []
+        workers = [threading.Thread(target=lambda: results.append(self.stream_replay(path, uuid.uuid4().hex[:11], 0.25)),
+                                    daemon=True) for _ in range(hostile)]
+        self.server.window()
+        for worker in workers:
+            worker.start()
+        time.sleep(2)  # the hostile replays are playing
+        beside = self.stream_replay(None, uuid.uuid4().hex[:11])
+        for worker in workers:
+            worker.join(self.args.max_replay_s + 120)
+        return {"alone_s": alone, "beside_s": beside["seconds"], "ratio": round(beside["seconds"] / alone, 2),
+                "hostile": hostile, "hostile_streamed_mb": [r["streamed_mb"] for r in results],
+                "hostile_mb_per_s": [r["mb_per_s"] for r in results],
+                "rss_peak_mb": round(self.server.window_peak_rss / 2**20, 1)}
 
     # --- 2, 9: another session's trace, server paths --------------------------------------------------
     def cross_session(self) -> dict:
@@ -357,8 +485,9 @@ class Attacks:
 def run(runner, server, work: Path) -> dict:
     attacks = Attacks(runner, server, work)
     out = {}
-    for name, case in (("crafted_uploads", attacks.crafted), ("cross_session", attacks.cross_session),
-                       ("pause_and_leave", attacks.pause_and_leave), ("mcp", attacks.mcp)):
+    for name, case in (("crafted_uploads", attacks.crafted), ("frame_costs", attacks.frame_costs),
+                       ("cross_session", attacks.cross_session), ("pause_and_leave", attacks.pause_and_leave),
+                       ("mcp", attacks.mcp)):
         try:
             out[name] = case()
         except Exception as exc:  # noqa: BLE001 - the group failed; the others still run
@@ -415,3 +544,35 @@ class Page:
             self._response.close()
         self.http.close()
         self._reader.join(10)
+
+
+def main(argv=None) -> None:
+    """The frame-cost group alone, against a replay-only app (no model): one JSON line."""
+    import load_test  # beside this file; it imports this module for the full security round
+
+    parser = argparse.ArgumentParser(description="issue 59's crafted traces against a replay-only app")
+    parser.add_argument("--max-replay-s", type=int, default=20, help="passed to the app")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="dflash-frames-"))
+    # A fifth replay slot for the visitor measured beside four hostile replays.
+    app_args = ["--replay", str(SHIPPED), "--max-replay-s", str(args.max_replay_s), "--replay-concurrency", "5"]
+    server = load_test.Server(app_args, work / "app.log")
+    out: dict = {"app_args": " ".join(app_args)}
+    try:
+        server.wait_ready(300)
+        out["rss_start_mb"] = round(server.rss() / 2**20, 1)
+        runner = SimpleNamespace(url=server.url, args=args, check_time=lambda: None)
+        out["frame_costs"] = Attacks(runner, server, work).frame_costs()
+    finally:
+        out["rss_peak_mb"] = round(server.peak_rss / 2**20, 1)
+        server.stop()
+    line = json.dumps(out)
+    print(line)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,7 @@ traces and the tiny pair; the server-level cases run against a replay-only app o
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 import tempfile
@@ -522,9 +523,8 @@ def replayed(data: dict, tmp_path, max_replay_s: int = 2, session: str = "visito
     path = tmp_path / "crafted.json"
     path.write_text(json.dumps(data))
     app = App([], "", None, Limits(max_replay_s=max_replay_s))
-    t0, frames = time.perf_counter(), []
-    for frame in within(120, lambda: list(app.replay(str(path), None, 4.0, SimpleNamespace(session_hash=session)))):
-        frames.append(frame)
+    t0 = time.perf_counter()
+    frames = within(120, lambda: list(app.replay(str(path), None, 4.0, SimpleNamespace(session_hash=session))))
     return app, frames, time.perf_counter() - t0
 
 
@@ -553,7 +553,7 @@ def test_a_replay_is_paced_by_the_bytes_it_draws(shipped, tmp_path, crafting):
     for frame in app.replay(str(path), None, 4.0, SimpleNamespace(session_hash="pacer")):
         seen.append((time.perf_counter(), html_bytes(frame)))
     assert len(seen) >= 4
-    for (sent, size), (after, _) in zip(seen, seen[1:]):  # a frame of n bytes: the next after n / rate
+    for (sent, size), (after, _) in itertools.pairwise(seen):  # a frame of n bytes: the next after n / rate
         assert after - sent >= size / BYTES_DRAWN_PER_S - 0.005, (size, after - sent)
 
 
@@ -621,14 +621,15 @@ def test_a_trace_that_once_failed_silently_gets_a_message_naming_the_field(shipp
 
 @pytest.mark.parametrize("stage", ["loading", "playing"])
 def test_any_failure_of_a_replay_becomes_the_escaped_visitor_message(stage, monkeypatch):
-    import app.serve.playback as playback
+    from app.serve import playback
 
     def fail(*args, **kwargs):
-        raise KeyError(HOSTILE)
+        raise KeyError(f"{HOSTILE} in {REPO}/assets/traces/secret.json")
 
     monkeypatch.setattr(playback, "load_trace" if stage == "loading" else "race_frame", fail)
     with pytest.raises(gr.Error) as caught:
         within(60, lambda: list(App([], "", None).replay(str(SHIPPED), None, 4.0)))
     message = caught.value.message
-    assert "math-greedy" in message and "could not be replayed" in message and "KeyError" in message
+    assert message.startswith("math-greedy could not be replayed (KeyError: ") and "secret.json" in message
     assert "<img" not in message and "&lt;img src=x onerror=alert(1)&gt;" in message
+    assert str(REPO) not in message and "/assets/" not in message  # a file's name, never its folder

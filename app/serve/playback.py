@@ -13,6 +13,7 @@ failure while loading or playing a trace reaches the visitor as a message.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -195,8 +196,16 @@ class Playback:
 
 
 def _failed(shipped, uploaded, exc: Exception, name: str | None = None) -> str:
-    """The message of a replay that failed in a way no check caught (the trace's file named by
-    its name only, never a server path)."""
-    name = name or Path(str(uploaded or shipped or "the trace")).stem
-    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    """The message of a replay that failed in a way no check caught: the trace named by its file's
+    name, the error's first line with every folder left out of the paths it quotes."""
+    if name is None:
+        try:
+            name = Path(str(uploaded or shipped)).stem[:80] or "the trace"
+        except (TypeError, ValueError):  # str() of a 5,000-digit number raises
+            name = "the trace"
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    first = _FOLDERS.sub("", first)
     return texts.REPLAY_FAILED.format(name=name, error=f"{type(exc).__name__}: {first}")
+
+
+_FOLDERS = re.compile(r"(?:/[^/\s'\"]+)+/(?=[^/\s'\"])")  # "/srv/app/x.json" -> "x.json"
