@@ -7,8 +7,8 @@ file, which must not be another session's trace; at most `replay_concurrency` re
 `replay_queue` wait (`ReplaySlots`); a recording longer than `max_replay_s` in real time plays
 faster, and frames and charts are drawn less often the bigger the recording, so that its total
 drawing work stays proportional to its size; a frame of n bytes (each within the budgets of
-`view/budget.py`) is followed by the next no sooner than n / BYTES_DRAWN_PER_S seconds later. Any
-failure while loading or playing a trace reaches the visitor as a message.
+`view/budget.py`) takes at least n / BYTES_DRAWN_PER_S seconds, its drawing included, before the
+next is drawn. Any failure while loading or playing a trace reaches the visitor as a message.
 """
 
 from __future__ import annotations
@@ -186,10 +186,11 @@ class Playback:
             with_charts = pacer.due(snapshot)
             if not snapshot.done:
                 time.sleep(max(0.0, next_frame - time.perf_counter()))
+                started = time.perf_counter()  # drawing the frame counts towards its time
                 values = race_frame(
                     snapshot, pieces, recording.text_of, None, with_charts, control.viewer, running=running
                 ).values()
-                next_frame = time.perf_counter() + _html_bytes(values) / BYTES_DRAWN_PER_S
+                next_frame = started + _html_bytes(values) / BYTES_DRAWN_PER_S
                 yield values
         time.sleep(max(0.0, next_frame - time.perf_counter()))
         yield race_frame(snapshot, pieces, recording.text_of, recording.report(), True, control.viewer, note=note).values()
