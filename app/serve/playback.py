@@ -126,6 +126,8 @@ class Playback:
             speed = _speed(speed)
         except (ReplayError, TypeError, ValueError, OverflowError) as exc:
             raise visitor_error(str(exc)) from None
+        except gr.Error:  # already the visitor's message
+            raise
         except Exception as exc:  # noqa: BLE001 - a fault no check foresaw still reaches the visitor
             raise visitor_error(_failed(shipped, uploaded, exc)) from None
         try:
@@ -143,6 +145,8 @@ class Playback:
             playing = True
             try:
                 yield from self._play(recording, speed, control, run)
+            except gr.Error:
+                raise
             except Exception as exc:  # noqa: BLE001 - as above: a message, never silence
                 raise visitor_error(_failed(shipped, uploaded, exc, recording.name)) from None
         finally:
