@@ -256,6 +256,17 @@ def write_trace(trace: dict, path: str | os.PathLike) -> tuple[Path, Path]:
 # of n items takes at least n bytes), and every id by its vocab_size.
 MAX_BLOCK_SIZE = 1024  # released drafters use 16: ample room, and the charts' cost stays small
 MAX_VOCAB = 2**31
+# A token's text and a pane piece are drawn in every pane, draft strip, hover box and cycle view that
+# shows the token: their length bounds what one frame of a replay costs. Real BPE tokens are a few to a
+# few dozen characters (the default target's longest, of 49,152, is a run of 81 spaces), so 512 is far
+# above any real one; a piece is one token's text, plus at most the few bytes of a character it completes.
+MAX_TOKEN_CHARS = 512
+# All token texts and pieces together: the shipped 128-token races hold at most 10,125 characters,
+# a 512-token race of the app about 4 times that; 1,000,000 leaves room for races 100 times longer.
+MAX_TEXT_CHARS = 1_000_000
+# Integers a replay shows (positions, cache lengths, layers): no model's context or depth comes near.
+MAX_LENGTH = 2**31
+MAX_LAYERS = 1024  # target layers injected into the drafter: released drafters use 5 or 6
 STOP_REASONS = ("running", "stopped", "max_new_tokens", "stop_token")
 _TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
@@ -334,11 +345,14 @@ def _number(obj: dict, name: str, where: str, low: float, high: float | None = N
     return value
 
 
-def _ints(obj: dict, name: str, where: str) -> list:
+def _ints(obj: dict, name: str, where: str, high: int | None = None) -> list:
+    """A list of ints, each in [0, high] where `high` is given (token ids are checked against the vocabulary)."""
     values = _field(obj, name, list, where)
     for i, v in enumerate(values):
         if not isinstance(v, int) or isinstance(v, bool):
             raise TraceFieldError(f"field {where}.{name}[{i}] must be an int, got {_show(v)}")
+        if high is not None and not 0 <= v <= high:
+            raise TraceFieldError(f"{where}.{name}[{i}] is {_show(v)}; it must be from 0 to {high}")
     return values
 
 
@@ -368,12 +382,13 @@ def _topk(rows, where: str) -> None:
 
 def _explain(info: dict, where: str) -> None:
     _field(info, "slot0_id", int, where)
-    if info.get("mask_id") is not None:
-        _field(info, "mask_id", int, where)
-    _ints(info, "positions", where)
+    _int(info, "mask_id", where, high=MAX_VOCAB, optional=True)  # null for plain decoding, never absent
+    _ints(info, "positions", where, high=MAX_LENGTH)
     injected = _field(info, "injected", dict, where)
-    _int(injected, "positions", f"{where}.injected")
-    _ints(injected, "target_layers", f"{where}.injected")
+    _int(injected, "positions", f"{where}.injected", high=MAX_LENGTH)
+    layers = _ints(injected, "target_layers", f"{where}.injected", high=MAX_LENGTH)
+    if len(layers) > MAX_LAYERS:
+        raise TraceFieldError(f"{where}.injected.target_layers holds {len(layers)} layers; at most {MAX_LAYERS}")
     _topk(_field(info, "draft_topk", list, where), f"{where}.draft_topk")
     _topk(_field(info, "target_topk", list, where), f"{where}.target_topk")
     decision = _field(info, "decision", dict, where)
@@ -396,7 +411,7 @@ def _explain(info: dict, where: str) -> None:
         _number(slot, "ratio", at, 0.0, optional=True)
     cache = _field(info, "cache", dict, where)
     for name in ("target_before", "target_after", "drafter_before", "drafter_after"):
-        _int(cache, name, f"{where}.cache")
+        _int(cache, name, f"{where}.cache", high=MAX_LENGTH)
     times = _field(info, "time", dict, where)
     for name in ("draft_s", "verify_s", "other_s"):
         _seconds(times, name, f"{where}.time")
@@ -423,6 +438,8 @@ def _run(run: dict, where: str) -> None:
         _ints(block, "committed_ids", at)
         for name in ("draft_s", "verify_s", "elapsed_s"):
             _seconds(block, name, at)
+        if "draft_passes" in block:  # traces before the AR drafter have none
+            _int(block, "draft_passes", at)
         if block.get("explain") is not None:
             _explain(_field(block, "explain", dict, at), f"{at}.explain")
 
@@ -474,12 +491,15 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         committed = block["committed_ids"]
         if committed != kept[: len(committed)]:
             raise TraceFieldError(f"{at}.committed_ids must be the accepted drafts, then the bonus token (possibly cut short)")
+        passes = block.get("draft_passes", 0)
+        if passes > max(drafts, 1):  # one DFlash pass, or one per draft (the AR drafter)
+            raise TraceFieldError(f"{at}.draft_passes is {_show(passes)}; it must be from 0 to {max(drafts, 1)}")
         if block["elapsed_s"] < clock:
             raise TraceTimingError(f"{at}.elapsed_s is {block['elapsed_s']}, earlier than the cycle before it ({clock})")
         clock = block["elapsed_s"]
         output.extend(committed)
         if block.get("explain") is not None:
-            _consistent_explain(block["explain"], f"{at}.explain", size)
+            _consistent_explain(block["explain"], f"{at}.explain", size, block["position"], drafts)
     if run["total_s"] < clock:
         raise TraceTimingError(f"{where}.total_s is {run['total_s']}, earlier than its last cycle ({clock})")
     if run["output_ids"] != output:
@@ -488,9 +508,15 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         raise TraceFieldError(f"{where}.acceptance_lengths must be each block's accepted + 1")
 
 
-def _consistent_explain(info: dict, where: str, size: int) -> None:
-    """An explanation no larger than its block: B positions and target rows, B - 1 draft rows and verdicts."""
-    for name, most in (("positions", size), ("target_topk", size), ("draft_topk", size - 1)):
+def _consistent_explain(info: dict, where: str, size: int, position: int, drafts: int) -> None:
+    """An explanation no larger than its block: its positions are the block's (slot 0, then one
+    per draft), B target rows, B - 1 draft rows and verdicts."""
+    if info["positions"] != list(range(position, position + drafts + 1)):
+        raise TraceFieldError(
+            f"{where}.positions must be the block's positions {position} to {position + drafts} (slot 0, then one per "
+            f"draft), got {_show(info['positions'])}"
+        )
+    for name, most in (("target_topk", size), ("draft_topk", size - 1)):
         if len(info[name]) > most:
             raise TraceFieldError(f"{where}.{name} has {len(info[name])} entries; a block of size {size} has at most {most}")
     slots = info["decision"]["slots"]
@@ -498,10 +524,12 @@ def _consistent_explain(info: dict, where: str, size: int) -> None:
         raise TraceFieldError(f"{where}.decision.slots must name draft slots 1 to {size - 1}")
 
 
-def _pieces(pieces, runs: dict) -> None:
-    """The app's per-token pane text: one string per output token of a lane."""
+def _pieces(pieces, runs: dict) -> int:
+    """The app's per-token pane text: one string per output token of a lane, each at most
+    MAX_TOKEN_CHARS long; returns their characters in all."""
     if not isinstance(pieces, dict) or set(pieces) - set(RUNS):
         raise TraceFieldError(f"trace.pieces must map some of the lanes {RUNS} to lists of strings")
+    chars = 0
     for side, texts in pieces.items():
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise TraceFieldError(f"trace.pieces.{side} must be a list of strings")
@@ -509,6 +537,13 @@ def _pieces(pieces, runs: dict) -> None:
             raise TraceFieldError(
                 f"trace.pieces.{side} has {len(texts)} entries for {len(runs[side]['output_ids'])} output tokens"
             )
+        for i, text in enumerate(texts):
+            if len(text) > MAX_TOKEN_CHARS:
+                token = runs[side]["output_ids"][i] if side in runs else "?"
+                raise TraceFieldError(f"trace.pieces.{side}[{i}] (token {token}) is {len(text)} characters long; "
+                                      f"a piece may be at most {MAX_TOKEN_CHARS} characters")
+            chars += len(text)
+    return chars
 
 
 def validate_trace(source: str | os.PathLike | bytes) -> dict:
@@ -551,11 +586,16 @@ def validate_trace(source: str | os.PathLike | bytes) -> dict:
             raise TraceFieldError(f"trace.tokens key {_show(key)} is not a token id (a whole number below {vocab})")
         if not isinstance(text, str):
             raise TraceFieldError(f"trace.tokens[{key!r}] must be a string")
+        if len(text) > MAX_TOKEN_CHARS:
+            raise TraceFieldError(f"trace.tokens[{key!r}] is {len(text)} characters long; a token's text may be at "
+                                  f"most {MAX_TOKEN_CHARS} characters")
     missing = sorted(t for t in token_ids(runs) if str(t) not in tokens)
     if missing:
         raise TraceFieldError(f"trace.tokens has no text for token ids {missing[:5]}")
-    if "pieces" in trace:
-        _pieces(trace["pieces"], runs)
+    chars = sum(map(len, tokens.values())) + (_pieces(trace["pieces"], runs) if "pieces" in trace else 0)
+    if chars > MAX_TEXT_CHARS:
+        raise TraceFieldError(f"trace.tokens and trace.pieces hold {chars} characters of text; a trace may hold at most "
+                              f"{MAX_TEXT_CHARS}")
     if "report" in trace and not isinstance(trace["report"], dict):
         raise TraceFieldError(f"trace.report must be an object, got {type(trace['report']).__name__}")
     return trace

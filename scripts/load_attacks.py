@@ -1,4 +1,4 @@
-"""The load test's security round (issue 37): what a stranger on a shared server might try.
+"""The load test's security round (issues 37 and 59): what a stranger on a shared server might try.
 
 `run(runner, server)` plays each case against the app under test and, after each, races a normal
 request from another client, which must finish within `--probe-timeout-s`; it returns one dict
@@ -7,12 +7,22 @@ events (Pause, the cycle picker) are called the way the page calls them, by func
 a session hash of the caller's own. Visitors are told apart by their loopback source address
 (127.0.0.2 and on), as the server's per-visitor bounds tell them apart. Loopback only, like the
 rest of the load test.
+
+The frame-cost group (issue 59) needs no model, and runs alone against a replay-only app:
+
+    python scripts/load_attacks.py --out dev/measurements/issue59-frames.json
+
+It streams each crafted trace's replay as a browser does and records the bytes streamed, the
+largest event, the server's peak memory, the cycle picker's answers, and how long another
+visitor's replay takes beside four hostile ones.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
+import itertools
 import json
 import re
 import tempfile
@@ -20,12 +30,118 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "assets" / "traces" / "math-greedy.json"
 MAX_BYTES = 20_000_000  # dflash_core.trace.MAX_BYTES, the upload limit
+
+
+def long_texts(base: dict, chars: int) -> dict:
+    """`base` with every token text and pane piece `chars` characters long, of the characters that
+    cost most once escaped as HTML (`"` becomes `&quot;`)."""
+    text = ('"<&>' * (chars // 4 + 1))[:chars]
+    data = copy.deepcopy(base)
+    data["tokens"] = {key: text for key in data["tokens"]}
+    data["pieces"] = {lane: [text] * len(pieces) for lane, pieces in data.get("pieces", {}).items()}
+    return data
+
+
+def wide_blocks(base: dict, block_size: int, blocks: int, explained: int = 1) -> dict:
+    """A valid race of `blocks` DFlash cycles at `block_size`, each rejecting every draft (one token
+    per cycle), against plain decoding; the first `explained` cycles carry a full explanation."""
+    data = copy.deepcopy(base)
+    for name in ("report", "pieces"):
+        data.pop(name, None)
+    runs = data["runs"] = {lane: data["runs"][lane] for lane in ("dflash", "plain")}
+    data["settings"].update(block_size=block_size, max_new_tokens=blocks + 1)
+    start = len(data["settings"]["prompt_ids"])
+    first = runs["dflash"]["prefill"]["token_id"]
+    ids = sorted(int(key) for key in data["tokens"])[:8]
+    for lane, size in (("dflash", block_size), ("plain", 1)):
+        run, cycles = runs[lane], []
+        clock = run["prefill"]["seconds"]
+        run["prefill"]["token_id"] = first
+        for i in range(blocks):
+            drafts = [ids[(i + k) % len(ids)] for k in range(size - 1)]
+            bonus = ids[i % len(ids)]
+            cycle = {"index": i, "position": start + i, "draft_ids": drafts, "accepted": 0, "bonus_id": bonus,
+                     "committed_ids": [bonus], "draft_s": 0.001, "verify_s": 0.001, "elapsed_s": clock + 0.01 * (i + 1),
+                     "draft_passes": 1 if drafts else 0}
+            if i < explained and drafts:
+                cycle["explain"] = _explanation(cycle, ids)
+            cycles.append(cycle)
+        run.update(block_size=size, blocks=cycles, output_ids=[first] + [c["bonus_id"] for c in cycles],
+                   acceptance_lengths=[1] * blocks, total_s=clock + 0.01 * (blocks + 1), method=lane)
+    return data
+
+
+def _explanation(cycle: dict, ids: list[int]) -> dict:
+    """A cycle's explanation with top-5 lists in every slot: the biggest one a cycle of its size holds."""
+    drafts, position = cycle["draft_ids"], cycle["position"]
+    top = [[token, 0.1] for token in ids[:5]]
+    return {
+        "slot0_id": ids[0], "mask_id": ids[1], "positions": list(range(position, position + len(drafts) + 1)),
+        "injected": {"positions": 1, "target_layers": [1, 2, 3]},
+        "draft_topk": [top] * len(drafts), "target_topk": [top] * (len(drafts) + 1),
+        "decision": {"rule": "greedy", "resampled": False, "slots": [
+            {"slot": 1, "draft": drafts[0], "target": cycle["bonus_id"], "p": 0.1, "q": 0.1, "ratio": None, "u": None,
+             "accepted": False}]},
+        "cache": {"target_before": position, "target_after": position + 1, "drafter_before": 0, "drafter_after": 0},
+        "time": {"draft_s": 0.001, "verify_s": 0.001, "other_s": 0.0},
+    }
+
+
+def tiled(base: dict, times: int) -> dict:
+    """`base` raced `times` times as long: every lane's cycles repeated after its own, clocks and
+    positions carried on (the recorded report, which no longer fits, left out)."""
+    data = copy.deepcopy(base)
+    data.pop("report", None)
+    data["settings"]["max_new_tokens"] *= times
+    for lane, run in data["runs"].items():
+        new = len(run["output_ids"]) - 1  # tokens the cycles commit (the first is the prefill's)
+        span = run["total_s"] - run["prefill"]["seconds"]
+        blocks = []
+        for k in range(times):
+            for block in copy.deepcopy(run["blocks"]):
+                block.update(index=len(blocks), position=block["position"] + k * new,
+                             elapsed_s=block["elapsed_s"] + k * span)
+                if block.get("explain"):
+                    block["explain"]["positions"] = [p + k * new for p in block["explain"]["positions"]]
+                blocks.append(block)
+        run.update(blocks=blocks, output_ids=run["output_ids"][:1] + run["output_ids"][1:] * times,
+                   acceptance_lengths=run["acceptance_lengths"] * times, total_s=run["prefill"]["seconds"] + times * span)
+        pieces = data.get("pieces", {}).get(lane)
+        if pieces:
+            data["pieces"][lane] = pieces[:1] + pieces[1:] * times
+    return data
+
+
+def frame_traces() -> dict[str, tuple[bytes, str]]:
+    """Issue 59: traces that made every frame of a replay huge (1) or failed with no message (8):
+    name -> (file bytes, what the replay must answer: a part of its error, or "ok")."""
+    base = json.loads(SHIPPED.read_text())
+
+    def edit(change) -> bytes:
+        data = copy.deepcopy(base)
+        change(data["runs"]["dflash"]["blocks"][0])
+        return json.dumps(data).encode()
+
+    too_long = "characters long; a token's text may be at most 512"
+    return {
+        "10,000-character texts": (json.dumps(long_texts(base, 10_000)).encode(), too_long),
+        "1,000-character texts": (json.dumps(long_texts(base, 1_000)).encode(), too_long),
+        "512-character texts (the bound)": (json.dumps(long_texts(base, 512)).encode(), "ok"),
+        "block 1024 x 310 cycles": (json.dumps(wide_blocks(base, 1024, 310)).encode(), "ok"),
+        "509 tokens (the shipped race 4 times)": (json.dumps(tiled(base, 4)).encode(), "ok"),
+        "explanation without mask_id": (edit(lambda b: b["explain"].pop("mask_id")), "missing field"),
+        "explain.positions []": (edit(lambda b: b["explain"].update(positions=[])), "explain.positions must be"),
+        "draft_passes 'x'": (edit(lambda b: b.update(draft_passes="x")), "draft_passes must be int"),
+        "draft_passes [1]": (edit(lambda b: b.update(draft_passes=[1])), "draft_passes must be int"),
+        "draft_passes 10**4000": (edit(lambda b: b.update(draft_passes=10**4000)), "4001-digit integer"),
+    }
 
 
 def crafted_traces() -> dict[str, tuple[bytes, str]]:
@@ -63,6 +179,7 @@ def crafted_traces() -> dict[str, tuple[bytes, str]]:
         "nested 100 000 deep": (b'{"schema": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
         "clocks at 1e12 s": (edit(long_clock), "ok"),
         "20 MB, valid": (padded, "ok"),
+        **frame_traces(),
     }
 
 
@@ -73,6 +190,7 @@ class Attacks:
         self.api = self.url + "gradio_api"
         self.work = work
         self.config = httpx.get(self.url + "config", timeout=30).json()
+        self._addresses = itertools.count(1)
 
     # --- helpers --------------------------------------------------------------------------------
     def probe(self) -> float:
@@ -107,18 +225,59 @@ class Attacks:
 
     def call(self, api_name: str, data: list, timeout: float = 120) -> tuple[str, str]:
         """('ok' | 'error', message) of a named endpoint called over raw HTTP with `data` as sent."""
+        outcome, message, _ = self.call_counted(api_name, data, timeout)
+        return outcome, message
+
+    def call_counted(self, api_name: str, data: list, timeout: float = 120) -> tuple[str, str, int]:
+        """`call`'s answer, and the bytes of the event stream that carried it."""
         base = f"{self.api}/call/{api_name}"
         with httpx.Client(timeout=timeout) as http:
             posted = http.post(base, json={"data": data})
             if posted.status_code != 200:
-                return "error", f"HTTP {posted.status_code}: {posted.text[:300]}"
-            text = http.get(f"{base}/{posted.json()['event_id']}").text
+                return "error", f"HTTP {posted.status_code}: {posted.text[:300]}", 0
+            streamed = http.get(f"{base}/{posted.json()['event_id']}").content
+        text = streamed.decode()
         if "event: error" in text:
-            return "error", text.split("event: error", 1)[1].strip()[:400]
-        return ("ok", "") if "event: complete" in text else ("error", text[:300])
+            return "error", text.split("event: error", 1)[1].strip()[:400], len(streamed)
+        return ("ok", "", len(streamed)) if "event: complete" in text else ("error", text[:300], len(streamed))
+
+    def stream_replay(self, upload: str | None, session: str, speed: float = 4.0, address: str = "127.0.0.1") -> dict:
+        """A replay as the page runs it, in `session`: its event stream read to the end. Returns the
+        outcome, the message, the bytes streamed, the largest event, and the seconds it took."""
+        data = ["math-greedy", None if upload is None else {"path": upload, "meta": {"_type": "gradio.FileData"}}, speed]
+        got = {"outcome": "error", "message": "no answer", "streamed_mb": 0.0, "largest_event_mb": 0.0}
+        streamed = largest = 0
+        t0 = time.perf_counter()
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=address),
+                          timeout=self.args.max_replay_s + 120) as http:
+            joined = http.post(f"{self.api}/queue/join", json={
+                "data": data, "fn_index": self.fn_index("", "replay"), "session_hash": session, "trigger_id": None})
+            if joined.status_code != 200:
+                return {**got, "message": f"HTTP {joined.status_code}: {joined.text[:300]}"}
+            with http.stream("GET", f"{self.api}/queue/data", params={"session_hash": session}) as events:
+                for line in events.iter_lines():
+                    size = len(line.encode()) + 1
+                    streamed, largest = streamed + size, max(largest, size)
+                    if not line.startswith("data:"):
+                        continue
+                    event = json.loads(line[5:])
+                    if event.get("msg") == "process_completed":
+                        got["outcome"] = "ok" if event.get("success") else "error"
+                        got["message"] = str((event.get("output") or {}).get("error") or "")[:400]
+                        break
+        seconds = time.perf_counter() - t0
+        return {**got, "streamed_mb": round(streamed / 1e6, 2), "largest_event_mb": round(largest / 1e6, 3),
+                "seconds": round(seconds, 2), "mb_per_s": round(streamed / 1e6 / seconds, 2)}
+
+    def fresh_address(self) -> str:
+        """A loopback address no earlier request used: a visitor of its own for the server's bounds."""
+        n = next(self._addresses)
+        return f"127.0.{1 + n // 250}.{1 + n % 250}"
 
     def upload(self, name: str, content: bytes) -> tuple[int, str | None]:
-        with httpx.Client(timeout=120) as http:
+        """Upload as a visitor of its own, so that the per-visitor upload budget (tested apart, in
+        `upload_flood`) never refuses the crafted traces."""
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=120) as http:
             answer = http.post(f"{self.api}/upload", files={"files": (name, content, "application/json")})
         return answer.status_code, (answer.json()[0] if answer.status_code == 200 else None)
 
@@ -135,7 +294,7 @@ class Attacks:
             t0 = time.perf_counter()
 
             def replay(path=path, answer=answer, t0=t0):
-                answer["got"] = ("error", f"upload HTTP {status}") if path is None else self.call(
+                answer["got"] = ("error", f"upload HTTP {status}", 0) if path is None else self.call_counted(
                     "replay", ["math-greedy", {"path": path, "meta": {"_type": "gradio.FileData"}}, 4.0],
                     timeout=self.args.max_replay_s + 60,
                 )
@@ -149,10 +308,10 @@ class Attacks:
             except AssertionError as exc:
                 case["probe"] = str(exc)
             worker.join(self.args.max_replay_s + 90)
-            outcome, message = answer.get("got", ("error", "no answer in time"))
+            outcome, message, streamed = answer.get("got", ("error", "no answer in time", 0))
             ok = (outcome == "ok") if expected == "ok" else (outcome == "error" and expected in message)
             ok = ok and "unexpected" not in message and str(ROOT) not in message and "probe" not in case
-            case.update(outcome=outcome, answer_s=answer.get("s"), ok=ok)
+            case.update(outcome=outcome, answer_s=answer.get("s"), streamed_mb=round(streamed / 1e6, 2), ok=ok)
             cases.append(case)
             if not case["ok"]:
                 failures.append({**case, "expected": expected, "message": message[:300]})
@@ -170,6 +329,71 @@ class Attacks:
             "detail": cases, "rss_before_mb": round(rss_before / 2**20, 1),
             "rss_peak_mb": round(self.server.window_peak_rss / 2**20, 1),
         }
+
+    # --- issue 59, 1 and 8: what a crafted trace's replay costs, with no model needed ---------------
+    def frame_costs(self) -> dict:
+        """Each of `frame_traces` replayed as the page does: its answer, the bytes streamed, the
+        largest event and the server's peak memory; the cycle picker's answers after a replay at
+        block 1024; another visitor's replay of a shipped trace alone and beside four hostile ones."""
+        cases, failures = [], []
+        for name, (content, expected) in frame_traces().items():
+            self.runner.check_time()
+            self.server.window()
+            status, path = self.upload("crafted.json", content)
+            got = self.stream_replay(path, uuid.uuid4().hex[:11]) if path else {"outcome": "error",
+                                                                                 "message": f"upload HTTP {status}"}
+            ok = (got["outcome"] == "ok") if expected == "ok" else (got["outcome"] == "error" and expected in got["message"])
+            case = {"case": name, "upload_mb": round(len(content) / 1e6, 2), **got, "ok": ok,
+                    "rss_peak_mb": round(self.server.window_peak_rss / 2**20, 1)}
+            cases.append(case)
+            if not ok:
+                failures.append({**case, "expected": expected})
+        # With a model loaded (the full load test), the visitor beside the hostile replays races.
+        probe = self.probe if hasattr(self.runner, "race") else None
+        return {"cases": cases, "failures": failures, "cycle_picker": self.cycle_picker(), "beside": self.beside(probe=probe)}
+
+    def cycle_picker(self, calls: int = 40) -> dict:
+        """The cycle picker's answers (it runs outside the queue) after a replay of 20 explained
+        cycles at block 1024: `calls` picks of cycles in turn, their bytes and time."""
+        content = json.dumps(wide_blocks(json.loads(SHIPPED.read_text()), 1024, 20, explained=20)).encode()
+        session = uuid.uuid4().hex[:11]
+        _, path = self.upload("wide.json", content)
+        replay = self.stream_replay(path, session)
+        pick = self.fn_index("cycle-pick")
+        sizes = []
+        t0 = time.perf_counter()
+        with httpx.Client(timeout=60) as http:
+            for i in range(calls):
+                answer = http.post(f"{self.api}/run/predict", json={"data": [i % 20], "fn_index": pick,
+                                                                     "session_hash": session})
+                sizes.append(len(answer.content))
+        return {"replay_upload_mb": round(len(content) / 1e6, 2), "replay": replay["outcome"], "calls": calls,
+                "largest_answer_kb": round(max(sizes) / 1e3, 1), "total_mb": round(sum(sizes) / 1e6, 2),
+                "seconds": round(time.perf_counter() - t0, 2)}
+
+    def beside(self, hostile: int = 4, probe=None) -> dict:
+        """Another visitor's request, alone and while `hostile` replays of 512-character texts (the
+        bound) play at 0.25x (so they last the whole --max-replay-s): `probe()`, its seconds, or by
+        default a replay of the shipped trace at 4x."""
+        probe = probe or (lambda: self.stream_replay(None, uuid.uuid4().hex[:11])["seconds"])
+        alone = probe()
+        _, path = self.upload("long.json", json.dumps(long_texts(json.loads(SHIPPED.read_text()), 512)).encode())
+        results: list[dict] = []
+        # Each hostile replay from an address of its own: the per-visitor bound would refuse a third
+        # from one address, and the worst case is a visitor with several.
+        workers = [threading.Thread(target=lambda a=self.fresh_address(): results.append(
+            self.stream_replay(path, uuid.uuid4().hex[:11], 0.25, a)), daemon=True) for _ in range(hostile)]
+        self.server.window()
+        for worker in workers:
+            worker.start()
+        time.sleep(2)  # the hostile replays are playing
+        beside = probe()
+        for worker in workers:
+            worker.join(self.args.max_replay_s + 120)
+        return {"alone_s": alone, "beside_s": beside, "ratio": round(beside / alone, 2),
+                "hostile": hostile, "hostile_streamed_mb": [r["streamed_mb"] for r in results],
+                "hostile_mb_per_s": [r["mb_per_s"] for r in results],
+                "rss_peak_mb": round(self.server.window_peak_rss / 2**20, 1)}
 
     # --- 2, 9: another session's trace, server paths --------------------------------------------------
     def cross_session(self) -> dict:
@@ -397,11 +621,12 @@ class Attacks:
 def run(runner, server, work: Path) -> dict:
     attacks = Attacks(runner, server, work)
     out = {}
-    for name, case in (("crafted_uploads", attacks.crafted), ("cross_session", attacks.cross_session),
-                       ("pause_and_leave", attacks.pause_and_leave), ("mcp", attacks.mcp),
-                       ("renewed_pause", attacks.renewed_pause), ("queue_hog", attacks.queue_hog),
-                       ("unread_replays", attacks.unread_replays), ("url_inputs", attacks.url_inputs),
-                       ("upload_flood", attacks.upload_flood), ("orphan", attacks.orphan)):
+    for name, case in (("crafted_uploads", attacks.crafted), ("frame_costs", attacks.frame_costs),
+                       ("cross_session", attacks.cross_session), ("pause_and_leave", attacks.pause_and_leave),
+                       ("mcp", attacks.mcp), ("renewed_pause", attacks.renewed_pause),
+                       ("queue_hog", attacks.queue_hog), ("unread_replays", attacks.unread_replays),
+                       ("url_inputs", attacks.url_inputs), ("upload_flood", attacks.upload_flood),
+                       ("orphan", attacks.orphan)):
         try:
             out[name] = case()
         except Exception as exc:  # noqa: BLE001 - the group failed; the others still run
@@ -458,3 +683,35 @@ class Page:
             self._response.close()
         self.http.close()
         self._reader.join(10)
+
+
+def main(argv=None) -> None:
+    """The frame-cost group alone, against a replay-only app (no model): one JSON line."""
+    import load_test  # beside this file; it imports this module for the full security round
+
+    parser = argparse.ArgumentParser(description="issue 59's crafted traces against a replay-only app")
+    parser.add_argument("--max-replay-s", type=int, default=20, help="passed to the app")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="dflash-frames-"))
+    # A fifth replay slot for the visitor measured beside four hostile replays.
+    app_args = ["--replay", str(SHIPPED), "--max-replay-s", str(args.max_replay_s), "--replay-concurrency", "5"]
+    server = load_test.Server(app_args, work / "app.log")
+    out: dict = {"app_args": " ".join(app_args)}
+    try:
+        server.wait_ready(300)
+        out["rss_start_mb"] = round(server.rss() / 2**20, 1)
+        runner = SimpleNamespace(url=server.url, args=args, check_time=lambda: None)
+        out["frame_costs"] = Attacks(runner, server, work).frame_costs()
+    finally:
+        out["rss_peak_mb"] = round(server.peak_rss / 2**20, 1)
+        server.stop()
+    line = json.dumps(out)
+    print(line)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

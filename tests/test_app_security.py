@@ -10,7 +10,9 @@ traces and the tiny pair; the server-level cases run against a replay-only app o
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import re
 import tempfile
 import threading
 import time
@@ -499,3 +501,141 @@ def test_sigterm_stops_the_app_and_its_trace_files_go(tmp_path):
         assert not roots[0].exists()
     finally:
         proc.kill()
+
+
+# --- issue 59, 1 and 4: what one replay frame may cost -------------------------------------------------
+# Crafted traces come from scripts/load_attacks.py, the ones the load test sends a served app. The
+# budgets (app/view/budget.py) and the pacing are imported in the tests that use them.
+@pytest.fixture(scope="module")
+def crafting():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("load_attacks", REPO / "scripts" / "load_attacks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def html_bytes(frame) -> int:
+    """The bytes of HTML a frame sends (its text outputs; the charts are paced by their blocks)."""
+    return sum(len(value.encode()) for value in frame if isinstance(value, str))
+
+
+def replayed(data: dict, tmp_path, max_replay_s: int = 2, session: str = "visitor"):
+    """(app, [(seconds since the start, frame)]) of a replay of `data` at 4x, capped at `max_replay_s`."""
+    path = tmp_path / "crafted.json"
+    path.write_text(json.dumps(data))
+    app = App([], "", None, Limits(max_replay_s=max_replay_s))
+    t0 = time.perf_counter()
+    frames = within(120, lambda: list(app.replay(str(path), None, 4.0, SimpleNamespace(session_hash=session))))
+    return app, frames, time.perf_counter() - t0
+
+
+def test_every_replay_frame_stays_within_its_byte_budget_at_the_longest_texts_and_the_widest_blocks(
+        shipped, tmp_path, crafting):
+    from app.view.budget import FRAME_BYTES
+
+    longest = crafting.long_texts(shipped, tr.MAX_TOKEN_CHARS)  # every text at the bound, escaped at most cost
+    _, frames, _ = replayed(longest, tmp_path)
+    assert max(map(html_bytes, frames)) <= FRAME_BYTES  # was 28.5 MB: the final frame repeated every text
+    last = final(frames)
+    assert "earlier tokens not drawn" in last["dflash_tokens"] and "earlier tokens not drawn" in last["plain_tokens"]
+    widest = crafting.wide_blocks(shipped, tr.MAX_BLOCK_SIZE, 40)  # 1,023 drafts a cycle
+    _, frames, _ = replayed(widest, tmp_path)
+    assert max(map(html_bytes, frames)) <= FRAME_BYTES  # was 10.7 MB at 20 cycles
+    assert "more drafts not drawn" in final(frames)["dflash_strip"]
+
+
+def test_a_replay_is_paced_by_the_bytes_it_draws(shipped, tmp_path, crafting):
+    from app.serve.playback import BYTES_DRAWN_PER_S
+
+    seen = []
+    path = tmp_path / "crafted.json"
+    path.write_text(json.dumps(crafting.long_texts(shipped, tr.MAX_TOKEN_CHARS)))
+    app = App([], "", None, Limits(max_replay_s=3))
+    for frame in app.replay(str(path), None, 4.0, SimpleNamespace(session_hash="pacer")):
+        seen.append((time.perf_counter(), html_bytes(frame)))
+    assert len(seen) >= 4
+    # A frame of n bytes: the next one n / rate later (measured where the frames arrive, so give
+    # or take the difference between two frames' drawing times), and so over the whole replay.
+    for (sent, size), (after, _) in itertools.pairwise(seen):
+        assert after - sent >= size / BYTES_DRAWN_PER_S - 0.05, (size, after - sent)
+    assert seen[-1][0] - seen[0][0] >= sum(size for _, size in seen[:-1]) / BYTES_DRAWN_PER_S - 0.05
+
+
+def test_the_cycle_picker_answers_within_its_budget_whatever_the_cycle(shipped, tmp_path, crafting):
+    from app.view.budget import CYCLE_BYTES
+
+    for data in (crafting.wide_blocks(shipped, tr.MAX_BLOCK_SIZE, 20, explained=20),
+                 crafting.long_texts(shipped, tr.MAX_TOKEN_CHARS)):
+        app, _, _ = replayed(data, tmp_path, session="picker")
+        request = SimpleNamespace(session_hash="picker")
+        answers = [app.pick_cycle(index, request)[0] for index in (0, 1, 5, 10**6)]
+        answers.append(app.follow_latest(True, request))
+        assert all("Cycle " in a and len(a.encode()) <= CYCLE_BYTES for a in answers)  # was 0.73 MB at block 1024
+    assert "more slots not drawn" in answers[0] or "more slots not drawn" in app.pick_cycle(0, request)[0]
+
+
+def test_a_long_races_final_frame_keeps_its_hover_boxes_within_budget(shipped, tmp_path, crafting):
+    """Item 4: a final frame (which Gradio keeps per session) carried every token's hover box."""
+    from app.view.budget import PANE_TIPS_BYTES
+
+    data = crafting.tiled(shipped, 4)  # 509 tokens, about the app's most (512)
+    _, frames, _ = replayed(data, tmp_path, max_replay_s=3)
+    last = final(frames)
+    assert html_bytes(frames[-1]) < 1_600_000  # was 2.0 MB, and it grew with every token
+    for lane in ("dflash", "ar", "lookup", "plain"):
+        pane, tokens = last[f"{lane}_tokens"], len(data["runs"][lane]["output_ids"])
+        assert pane.count('<span class="tok ') == tokens and "not drawn" not in pane  # every token is still drawn
+        tips = re.findall(r'<span class="tip">.*?</span>', pane)  # a hover box holds no span of its own
+        assert 0 < len(tips) < tokens and sum(len(t.encode()) for t in tips) <= PANE_TIPS_BYTES
+        # The newest tokens carry hover boxes; the oldest their one-line title.
+        assert '<span class="tip">' in pane.rsplit('<span class="tok ', 1)[1]
+        assert 'title="' in pane.split('<span class="tok ', 2)[1]
+
+
+def test_a_shipped_replay_still_draws_every_token_and_hover_box(tmp_path):
+    """What the budgets must not change: a recorded race of the app's size is drawn whole."""
+    last = final(within(60, lambda: list(App([], "", None).replay(str(SHIPPED), None, 4.0))))
+    for lane in ("dflash", "ar", "lookup", "plain"):
+        pane = last[f"{lane}_tokens"]
+        assert pane.count('<span class="tok ') == 128 == pane.count('<span class="tip">') and 'title="' not in pane
+    strip = last["dflash_strip"]
+    assert strip.count("<div style=\"white-space:nowrap\">") == 40 and "not drawn" not in strip
+    assert strip.count('<span class="chip ') == strip.count('<span class="tip">')
+
+
+# --- issue 59, 8: every replay failure is a message ------------------------------------------------------
+UNCHECKED = {  # each failed inside the replay with no message (the API answered {"error": null})
+    "no mask_id": (lambda t: d_block(t)["explain"].pop("mask_id"), "missing field trace.runs.dflash.blocks[0].explain.mask_id"),
+    "no positions": (lambda t: d_block(t)["explain"].update(positions=[]), "explain.positions must be the block's positions"),
+    "draft_passes 'x'": (lambda t: d_block(t).update(draft_passes="x"), "draft_passes must be int, got str: 'x'"),
+    "draft_passes [1]": (lambda t: d_block(t).update(draft_passes=[1]), "draft_passes must be int, got list"),
+    "draft_passes 10**4000": (lambda t: d_block(t).update(draft_passes=10**4000),
+                              "draft_passes is a 4001-digit integer; it must be from 0 to 3"),
+}
+
+
+@pytest.mark.parametrize("case", UNCHECKED)
+def test_a_trace_that_once_failed_silently_gets_a_message_naming_the_field(shipped, tmp_path, case):
+    edit, message = UNCHECKED[case]
+    path = crafted(shipped, edit, tmp_path)
+    with pytest.raises(gr.Error) as caught:
+        within(60, lambda: list(App([], "", None).replay(path, None, 4.0)))
+    assert message in caught.value.message and "unexpected" not in caught.value.message
+
+
+@pytest.mark.parametrize("stage", ["loading", "playing"])
+def test_any_failure_of_a_replay_becomes_the_escaped_visitor_message(stage, monkeypatch):
+    from app.serve import playback
+
+    def fail(*args, **kwargs):
+        raise KeyError(f"{HOSTILE} in {REPO}/assets/traces/secret.json")
+
+    monkeypatch.setattr(playback, "load_trace" if stage == "loading" else "race_frame", fail)
+    with pytest.raises(gr.Error) as caught:
+        within(60, lambda: list(App([], "", None).replay(str(SHIPPED), None, 4.0)))
+    message = caught.value.message
+    assert message.startswith("math-greedy could not be replayed (KeyError: ") and "secret.json" in message
+    assert "<img" not in message and "&lt;img src=x onerror=alert(1)&gt;" in message
+    assert str(REPO) not in message and "/assets/" not in message  # a file's name, never its folder

@@ -4,6 +4,7 @@ import copy
 import csv
 import io
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,8 @@ from dflash_core import trace as tr
 from dflash_core.__main__ import main
 from dflash_core.errors import DFlashError
 from dflash_core.prompt_lookup import PromptLookup
+
+SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "traces" / "math-greedy.json"
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +143,23 @@ FAULTS = {
                       "trace.runs.dflash.blocks[1].verify_s is -0.5"),
     "negative split": (lambda t: broken(t, lambda x: d_block(x)["explain"]["time"].update(other_s=-1e-3)),
                        tr.TraceTimingError, "explain.time.other_s is -0.001"),
+    # Issue 59: each of these reached the replay unchecked and failed there with no message at all.
+    "no mask_id": (lambda t: broken(t, lambda x: d_block(x)["explain"].pop("mask_id")), tr.TraceFieldError,
+                   "missing field trace.runs.dflash.blocks[0].explain.mask_id"),
+    "no positions": (lambda t: broken(t, lambda x: d_block(x)["explain"].update(positions=[])), tr.TraceFieldError,
+                     "trace.runs.dflash.blocks[0].explain.positions must be the block's positions"),
+    "draft_passes 'x'": (lambda t: broken(t, lambda x: d_block(x).update(draft_passes="x")), tr.TraceFieldError,
+                         "field trace.runs.dflash.blocks[0].draft_passes must be int, got str: 'x'"),
+    "draft_passes [1]": (lambda t: broken(t, lambda x: d_block(x).update(draft_passes=[1])), tr.TraceFieldError,
+                         "field trace.runs.dflash.blocks[0].draft_passes must be int, got list: a list of 1"),
+    "draft_passes 10**4000": (lambda t: broken(t, lambda x: d_block(x).update(draft_passes=10**4000)),
+                              tr.TraceFieldError,
+                              "trace.runs.dflash.blocks[0].draft_passes is a 4001-digit integer; it must be from 0 to 3"),
+    "a million layers": (lambda t: broken(t, lambda x: d_block(x)["explain"]["injected"].update(
+        target_layers=list(range(10**6)))), tr.TraceFieldError,
+                         "trace.runs.dflash.blocks[0].explain.injected.target_layers holds 1000000 layers; at most"),
+    "a 4001-digit cache length": (lambda t: broken(t, lambda x: d_block(x)["explain"]["cache"].update(
+        target_after=10**4000)), tr.TraceFieldError, "explain.cache.target_after is a 4001-digit integer; it must be"),
 }
 
 
@@ -152,6 +172,32 @@ def test_every_fault_has_its_own_error_and_message(race_trace, fault):
     assert isinstance(caught.value, DFlashError)
     # One class per fault: no fault is reported as another kind.
     assert type(caught.value) is error
+
+
+def test_token_texts_and_pieces_are_bounded_each_and_in_all(race_trace):
+    """Issue 59: a token's text is drawn in every pane, strip, hover box and cycle view that shows
+    it, so a few long texts made every frame of a replay huge; now each text and the sum are bounded."""
+    most = tr.MAX_TOKEN_CHARS
+    token = str(race_trace["runs"]["plain"]["output_ids"][0])
+    longest = copy.deepcopy(race_trace)
+    longest["tokens"][token] = "x" * most
+    assert tr.validate_trace(as_bytes(longest))  # the bound itself is allowed
+    longest["tokens"][token] += "x"
+    with pytest.raises(tr.TraceFieldError) as caught:
+        tr.validate_trace(as_bytes(longest))
+    assert str(caught.value) == (f"trace.tokens['{token}'] is {most + 1} characters long; a token's text may be at most "
+                                 f"{most} characters")
+    shipped = json.loads(SHIPPED.read_text())
+    shipped["pieces"]["ar"][5] = "y" * (most + 1)
+    with pytest.raises(tr.TraceFieldError, match=rf"trace.pieces.ar\[5\] \(token {shipped['runs']['ar']['output_ids'][5]}\) "
+                                                 rf"is {most + 1} characters long; a piece may be at most {most}"):
+        tr.validate_trace(as_bytes(shipped))
+    padded = json.loads(SHIPPED.read_text())
+    fill = tr.MAX_TEXT_CHARS // most + 1  # ids no run uses, each with a text at the bound
+    padded["tokens"].update({str(padded["vocab_size"] - 1 - i): "z" * most for i in range(fill)})
+    with pytest.raises(tr.TraceFieldError, match=rf"trace.tokens and trace.pieces hold \d+ characters of text; "
+                                                 rf"a trace may hold at most {tr.MAX_TEXT_CHARS}"):
+        tr.validate_trace(as_bytes(padded))
 
 
 def test_size_limit_is_checked_before_reading(tmp_path, monkeypatch):

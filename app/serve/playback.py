@@ -6,12 +6,16 @@ replay may cost is bounded: a visitor names a recorded run by its name (never a 
 file, which must not be another session's trace; at most `replay_concurrency` replays play and
 `replay_queue` wait (`ReplaySlots`); a recording longer than `max_replay_s` in real time plays
 faster, and frames and charts are drawn less often the bigger the recording, so that its total
-drawing work stays proportional to its size.
+drawing work stays proportional to its size; a frame of n bytes (each within the budgets of
+`view/budget.py`) takes at least n / BYTES_DRAWN_PER_S seconds, its drawing included, before the
+next is drawn. Any failure while loading or playing a trace reaches the visitor as a message.
 """
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -32,7 +36,16 @@ from .traces import TraceStore
 # the pacing keeps either under these rates, so a replay's drawing never grows with its length twice.
 TOKENS_DRAWN_PER_S = 50_000
 BLOCKS_CHARTED_PER_S = 20_000
+# What a frame sends: the biggest running frame of a shipped replay (235 KB) every FRAME_S (0.08 s)
+# is 2.9 MB/s, so those are never slowed; a crafted trace that fills every budget gets a frame about
+# every 0.4 s, and four replays together send at most 12 MB/s.
+BYTES_DRAWN_PER_S = 3_000_000
 WAIT_POLL_S = 1.0  # a replay waiting for a slot says so this often (and notices a client that left)
+
+
+def _html_bytes(values: tuple) -> int:
+    """The bytes of HTML in a frame's outputs (its text; the charts are paced by their blocks)."""
+    return sum(len(value.encode()) for value in values if isinstance(value, str))
 
 
 def _speed(value) -> float:
@@ -125,6 +138,10 @@ class Playback:
             speed = _speed(speed)
         except (ReplayError, TypeError, ValueError, OverflowError) as exc:
             raise visitor_error(str(exc)) from None
+        except gr.Error:  # already the visitor's message
+            raise
+        except Exception as exc:  # noqa: BLE001 - a fault no check foresaw still reaches the visitor
+            raise visitor_error(_failed(shipped, uploaded, exc)) from None
         try:
             self.slots.join(visitor)
         except ReplayBusy as exc:
@@ -139,7 +156,12 @@ class Playback:
                     return
                 yield note_frame(texts.REPLAY_WAITING.format(playing=self.slots.playing)).values()
             playing = True
-            yield from self._play(recording, speed, control, run, gone)
+            try:
+                yield from self._play(recording, speed, control, run, gone)
+            except gr.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001 - as above: a message, never silence
+                raise visitor_error(_failed(shipped, uploaded, exc, recording.name)) from None
         finally:
             if control is not None:
                 control.done(run)
@@ -163,6 +185,7 @@ class Playback:
         blocks = sum(len(run.blocks) for run in recording.runs.values())
         pacer = ChartPacer(max(CHART_EVERY_S, blocks / BLOCKS_CHARTED_PER_S))
         snapshot = None
+        next_frame = 0.0  # when the last frame's bytes allow the next one (time.perf_counter)
         for snapshot in race(
             {lane: recording.events(lane) for lane in lanes},
             block_sizes={lane: summary.block_size for lane, summary in recording.runs.items()},
@@ -181,7 +204,28 @@ class Playback:
                 return  # or a newer replay or race of this viewer took over the panes
             with_charts = pacer.due(snapshot)
             if not snapshot.done:
-                yield race_frame(
+                time.sleep(max(0.0, next_frame - time.perf_counter()))
+                started = time.perf_counter()  # drawing the frame counts towards its time
+                values = race_frame(
                     snapshot, pieces, recording.text_of, None, with_charts, control.viewer, running=running
                 ).values()
+                next_frame = started + _html_bytes(values) / BYTES_DRAWN_PER_S
+                yield values
+        time.sleep(max(0.0, next_frame - time.perf_counter()))
         yield race_frame(snapshot, pieces, recording.text_of, recording.report(), True, control.viewer, note=note).values()
+
+
+def _failed(shipped, uploaded, exc: Exception, name: str | None = None) -> str:
+    """The message of a replay that failed in a way no check caught: the trace named by its file's
+    name, the error's first line with every folder left out of the paths it quotes."""
+    if name is None:
+        try:
+            name = Path(str(uploaded or shipped)).stem[:80] or "the trace"
+        except (TypeError, ValueError):  # str() of a 5,000-digit number raises
+            name = "the trace"
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    first = _FOLDERS.sub("", first)
+    return texts.REPLAY_FAILED.format(name=name, error=f"{type(exc).__name__}: {first}")
+
+
+_FOLDERS = re.compile(r"(?:/[^/\s'\"]+)+/(?=[^/\s'\"])")  # "/srv/app/x.json" -> "x.json"

@@ -5,16 +5,19 @@ features injected into every drafter layer; 3 the drafter's single pass proposin
 top-3 per slot); 4 the target's verdict per slot (its own top-3); 5 the accepted prefix and the
 bonus token; 6 the cache lengths kept; 7 the cycle's time split against one plain decoding step,
 beside an autoregressive drafter's cycle: measured when the race has an AR lane, else estimated
-from DFlash's pass. All text is escaped here.
+from DFlash's pass. All text is escaped here. The view (also the cycle picker's answer) stays
+within CYCLE_BYTES: its slots are drawn in order until the budget is spent, the others counted.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from dflash_core.events import CycleExplanation
 
+from .budget import CYCLE_BYTES, first_within
 from .render import COLORS
 from .tips import prob, slot_decision, topk_rows, visible, why
 
@@ -77,50 +80,108 @@ def _bar(label: str, parts: list[tuple[str, float, str]], scale: float) -> str:
     )
 
 
-def cycle_html(dflash, plain, index: int | None, text_of: Callable[[int], str], ar=None) -> str:
-    """The view of DFlash cycle `index` (None or past the end: the latest shown); `ar`: the AR
-    drafter lane's view, when the race has one (its measured cycles go beside this one)."""
+@dataclass(frozen=True)
+class _Slot:
+    """What one slot adds to the view: its noisy-block cells (slot, position, drafter input; none
+    for the bonus column), its grid cells (head, position, drafter, verdict, committed) and its
+    chip in the accepted prefix (empty unless accepted)."""
+
+    noisy: tuple[str, str, str] | None
+    grid: tuple[str, str, str, str, str]
+    accepted: str
+
+    @property
+    def bytes(self) -> int:
+        return sum(len(part.encode()) for part in (*(self.noisy or ()), *self.grid, self.accepted))
+
+
+def cycle_html(dflash, plain, index, text_of: Callable[[int], str], ar=None) -> str:
+    """The view of DFlash cycle `index` (None, not a whole number or past the end: the latest
+    shown); `ar`: the AR drafter lane's view, when the race has one (its measured cycles go
+    beside this one)."""
     style = f"<style>{CYCLE_CSS}</style>"
     if dflash is None or not dflash.blocks:
         return style + '<div class="cycle" style="color:#667">No DFlash cycle yet: start a race or a replay.</div>'
     if not dflash.blocks[0].draft_ids:
         return style + '<div class="cycle" style="color:#667">Block size 1: nothing is drafted, every cycle is a plain step.</div>'
     last = len(dflash.blocks) - 1
-    index = last if index is None or not 0 <= int(index) <= last else int(index)
+    index = _index(index, last)
     block = dflash.blocks[index]
     explain = block.explain
     drafts = len(block.draft_ids)
     positions = list(explain.positions if explain is not None else range(block.position, block.position + drafts + 1))
     n = block.acceptance_length
-    accepted_text = " ".join(_tok(text_of(t), COLORS["accepted"]) for t in block.draft_ids[: block.accepted]) or "(none)"
     note = (
         ""
         if explain is not None
         else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
     )
-    return (
+    head = (
         f'{style}<div class="cycle" id="cycle-{_esc(block.index)}">'
         f"<h4>Cycle {_esc(block.index)} of {last + 1} · block at positions {_esc(positions[0])}–{_esc(positions[0] + drafts)} · "
         f"acceptance length {n} of {drafts + 1}</h4>{note}"
-        f"<h4>1 · the noisy block the drafter sees</h4>{_noisy_block(dflash, index, positions, text_of)}"
-        f"<h4>2 · target features injected into every drafter layer</h4><div>{_injected(explain)}</div>"
+    )
+    injected = f"<h4>2 · target features injected into every drafter layer</h4><div>{_injected(explain)}</div>"
+    bonus = (f" + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
+             f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>")
+    tail = (f"<h4>6 · caches kept</h4><div>{_caches(explain)}</div>"
+            f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index, ar)}</div>")
+    fixed = sum(len(part.encode()) for part in (head, injected, bonus, tail)) + _MARKUP_BYTES
+    slots = first_within(_slots(dflash, index, positions, text_of), lambda slot: slot.bytes, CYCLE_BYTES - fixed)
+    accepted = [slot.accepted for slot in slots if slot.accepted]
+    accepted_text = " ".join(accepted) or "(none)"
+    if len(accepted) < block.accepted:
+        accepted_text += f" … and {block.accepted - len(accepted)} more"
+    return (
+        f"{head}<h4>1 · the noisy block the drafter sees</h4>{_noisy_block(explain, slots, drafts + 1)}{injected}"
         f"<h4>3, 4 · the drafter's single pass proposes every slot; the target's verdict on each</h4>"
-        f"{_slots_grid(block, positions, text_of)}"
-        f"<h4>5 · accepted prefix and bonus</h4><div>{accepted_text} + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
-        f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>"
-        f"<h4>6 · caches kept</h4><div>{_caches(explain)}</div>"
-        f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index, ar)}</div>"
+        f"{_slots_grid(slots, block)}"
+        f"<h4>5 · accepted prefix and bonus</h4><div>{accepted_text}{bonus}{tail}"
     )
 
 
-def _noisy_block(view, index: int, positions: list[int], text_of) -> str:
-    """Slot 0's token, then a mask in every other slot, with their positions."""
+# The headings, table and row markup around the slots' cells, and the notes of slots left out.
+_MARKUP_BYTES = 1_000
+
+
+def _index(index, last: int) -> int:
+    """The cycle asked for, or the latest when `index` is None, not a whole number, or out of range."""
+    try:
+        index = int(index)
+    except (TypeError, ValueError, OverflowError):  # None, NaN, inf, text: the picker sent something else
+        return last
+    return index if 0 <= index <= last else last
+
+
+def _slots(view, index: int, positions: list[int], text_of) -> Iterator[_Slot]:
+    """Every slot of the cycle's view, built one at a time: 0 (the last bonus), each draft, and
+    a bonus column when every draft was kept."""
     block = view.blocks[index]
-    explain = block.explain
-    size = len(block.draft_ids) + 1
-    slot0 = explain.slot0_id if explain is not None else None
-    slot0_text = text_of(slot0) if slot0 is not None else _slot0_text(view, index, text_of)
-    cells = f"<td>{_tok(slot0_text, COLORS['bonus'])}</td>" + '<td><span class="mask">[MASK]</span></td>' * (size - 1)
+    drafts = len(block.draft_ids)
+    for s in range(drafts + 1 + (1 if block.accepted == drafts else 0)):
+        noisy = None
+        if s <= drafts:
+            if s == 0:
+                slot0 = block.explain.slot0_id if block.explain is not None else None
+                text = text_of(slot0) if slot0 is not None else _slot0_text(view, index, text_of)
+                given = f"<td>{_tok(text, COLORS['bonus'])}</td>"
+            else:
+                given = '<td><span class="mask">[MASK]</span></td>'
+            noisy = (f"<th>{s}</th>", f"<td>{_esc(positions[s])}</td>", given)
+        position = f"<td>{_esc(positions[s] if s < len(positions) else positions[-1] + 1)}</td>"
+        head = f"<th>slot {s}" + (" (bonus)" if s == drafts + 1 else "") + "</th>"
+        chip = _tok(text_of(block.draft_ids[s - 1]), COLORS["accepted"]) if 1 <= s <= block.accepted else ""
+        yield _Slot(noisy, (head, position, *_slot_cells(block, s, text_of)), chip)
+
+
+def _left_out(slots: list[_Slot], total: int) -> str:
+    missing = total - len(slots)
+    return f'<div style="color:#889">… {missing} more slots not drawn</div>' if missing > 0 else ""
+
+
+def _noisy_block(explain: CycleExplanation | None, slots: list[_Slot], size: int) -> str:
+    """Slot 0's token, then a mask in every other slot, with their positions."""
+    noisy = [slot.noisy for slot in slots if slot.noisy is not None]
     mask_id = explain.mask_id if explain is not None else None
     mask_note = (
         f'<div style="color:#555">slot 0 is the token committed last; slots 1..{size - 1} hold mask_id {int(mask_id)}.</div>'
@@ -128,9 +189,10 @@ def _noisy_block(view, index: int, positions: list[int], text_of) -> str:
         else ""
     )
     return (
-        '<table class="grid"><tr><th>slot</th>' + "".join(f"<th>{s}</th>" for s in range(size)) + "</tr>"
-        "<tr><th>position</th>" + "".join(f"<td>{_esc(p)}</td>" for p in positions[:size]) + "</tr>"
-        f"<tr><th>drafter input</th>{cells}</tr></table>{mask_note}"
+        '<table class="grid"><tr><th>slot</th>' + "".join(cells[0] for cells in noisy) + "</tr>"
+        "<tr><th>position</th>" + "".join(cells[1] for cells in noisy) + "</tr>"
+        f"<tr><th>drafter input</th>{''.join(cells[2] for cells in noisy)}</tr></table>"
+        f"{_left_out(noisy, size)}{mask_note}"
     )
 
 
@@ -146,18 +208,18 @@ def _injected(explain: CycleExplanation | None) -> str:
     )
 
 
-def _slots_grid(block, positions: list[int], text_of) -> str:
+def _slots_grid(slots: list[_Slot], block) -> str:
     """One column per slot (and one for the bonus when every draft was kept): the drafter's top-3,
     the target's verdict with its top-3, and what was committed."""
     drafts = len(block.draft_ids)
-    columns = range(drafts + 1 + (1 if block.accepted == drafts else 0))
-    head = "".join(f"<th>slot {s}" + (" (bonus)" if s == drafts + 1 else "") + "</th>" for s in columns)
-    pos_row = "".join(f"<td>{_esc(positions[s] if s < len(positions) else positions[-1] + 1)}</td>" for s in columns)
-    cells = [_slot_cells(block, s, text_of) for s in columns]
-    rows = [f"<tr><th>{label}</th>{''.join(c[i] for c in cells)}</tr>" for i, label in enumerate(
+    head = "".join(slot.grid[0] for slot in slots)
+    pos_row = "".join(slot.grid[1] for slot in slots)
+    rows = [f"<tr><th>{label}</th>{''.join(slot.grid[2 + i] for slot in slots)}</tr>" for i, label in enumerate(
         ("3 · drafter's one pass: top-3", "4 · target's verdict: its top-3", "committed")
     )]
-    return f'<table class="grid"><tr><th></th>{head}</tr><tr><th>position</th>{pos_row}</tr>{"".join(rows)}</table>'
+    total = drafts + 1 + (1 if block.accepted == drafts else 0)
+    return (f'<table class="grid"><tr><th></th>{head}</tr><tr><th>position</th>{pos_row}</tr>{"".join(rows)}</table>'
+            f"{_left_out(slots, total)}")
 
 
 def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:

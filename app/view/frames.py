@@ -4,7 +4,8 @@ A frame is one update of every output of a race (live or replayed), in the order
 endpoint's outputs (`FRAME_FIELDS`): every lane of `LANES` has a pane (its column's visibility, its
 stats, tokens and draft strip) whether it races or not, so the outputs are the same for every race.
 Frames are plain data, so that they cross process boundaries (ZeroGPU) by pickle. The charts and
-the hover boxes are heavy to ship, so they go out only in some frames.
+the hover boxes are heavy to ship, so they go out only in some frames; every part of a frame stays
+within its byte budget (`budget.py`).
 """
 
 from __future__ import annotations

@@ -3,19 +3,23 @@ summary (with a row per lane when more than DFlash and plain decoding raced).
 
 Token kinds come from the engine's events by position (a block's committed ids are its accepted
 draft tokens followed by the target's bonus token), never by searching decoded text. Every piece
-of model text is HTML-escaped here, the only place that turns text into markup.
+of model text is HTML-escaped here, the only place that turns text into markup. A pane and a strip
+draw their newest tokens and blocks, and hover boxes for the newest of those, within the byte
+budgets of `budget.py`, and say how many earlier ones they left out.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from ..race.interleave import SideView
 from ..race.lanes import COLORS as LANE_COLORS
 from ..race.lanes import LABELS
 from ..race.report import RaceReport
+from .budget import PANE_BYTES, PANE_TIPS_BYTES, STRIP_BYTES, STRIP_TIPS_BYTES, first_within
 from .tips import plain_tip, token_tip
 
 COLORS = {
@@ -68,21 +72,41 @@ def plain_marks(view: SideView) -> list[TokenMark]:
     return [TokenMark("plain", i, None, False) for i in range(view.num_tokens)]
 
 
-def lane_tips(view: SideView, text_of: Callable[[int], str]) -> list[str]:
+class Tips(Sequence):
+    """A pane's hover boxes in output order, each built when it is read: a pane draws those of
+    its newest tokens only, so the others are never built."""
+
+    def __init__(self, makers: list[Callable[[], str]]):
+        self._makers = makers
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [make() for make in self._makers[i]]
+        return self._makers[i]()
+
+
+def _constant(text: str) -> Callable[[], str]:
+    return lambda: text
+
+
+def lane_tips(view: SideView, text_of: Callable[[int], str]) -> Tips:
     """Hover boxes for a drafting lane's tokens, in output order (see `tips.py`)."""
-    tips = ['<span class="tip"><b>first token</b> · from the prefill: the target\'s own</span>'] if view.prefill else []
+    makers = [_constant('<span class="tip"><b>first token</b> · from the prefill: the target\'s own</span>')] if view.prefill else []
     for block in view.blocks:
         for i, token in enumerate(block.committed_ids):
             what = "accepted draft token" if i < block.accepted else "bonus token (the target's own)"
-            tips.append(token_tip(block, i + 1, what, text_of, token))
-    return tips
+            makers.append(partial(token_tip, block, i + 1, what, text_of, token))
+    return Tips(makers)
 
 
-def plain_tips(view: SideView, text_of: Callable[[int], str]) -> list[str]:
-    tips = ['<span class="tip"><b>first token</b> · from the prefill</span>'] if view.prefill else []
+def plain_tips(view: SideView, text_of: Callable[[int], str]) -> Tips:
+    makers = [_constant('<span class="tip"><b>first token</b> · from the prefill</span>')] if view.prefill else []
     for block in view.blocks:
-        tips.extend(plain_tip(block, text_of) for _ in block.committed_ids)
-    return tips
+        makers.extend(partial(plain_tip, block, text_of) for _ in block.committed_ids)
+    return Tips(makers)
 
 
 def _title(mark: TokenMark, position: int, text_of: Callable[[int], str], diff: bool, lane: str) -> str:
@@ -105,82 +129,125 @@ def tokens_html(
     pieces: list[str],
     text_of: Callable[[int], str],
     diff_at: int | None = None,
-    tips: list[str] | None = None,
+    tips: Sequence[str] | None = None,
     lane: str = "DFlash",
 ) -> str:
     """One span per token; `pieces[i]` is the decoded text of token i, `tips[i]` its hover box
     (already escaped HTML from `tips.py`; without one the browser's title tooltip is used);
-    `lane` names the pane's lane where the first difference is outlined."""
+    `lane` names the pane's lane where the first difference is outlined.
+
+    The newest tokens are drawn within PANE_BYTES, and hover boxes go to the newest of them
+    within PANE_TIPS_BYTES (read from `tips` only for those); a line says how many earlier
+    tokens were left out."""
     if not marks:
         return f'<div class="dflash-pane" style="{_PANE}"><span style="color:#889">waiting for tokens…</span></div>'
-    spans = []
-    for i, (mark, piece) in enumerate(zip(marks, pieces)):
-        style = f"background:{COLORS[mark.kind]};border-radius:3px;padding:1px 0"
-        if mark.block_start and mark.kind != "plain":
-            style += f";border-left:2px solid {BOUNDARY};padding-left:1px;margin-left:1px"
-        if i == diff_at:
-            style += f";outline:2px solid {DIFF}"
-        title = html.escape(_title(mark, i, text_of, i == diff_at, lane), quote=True)
-        data = (
-            ""
-            if mark.block is None
-            else f' data-block="{_text(mark.block)}"' + ("" if mark.slot is None else f' data-slot="{_text(mark.slot)}"')
-        )
-        tip = tips[i] if tips and i < len(tips) else ""
-        hover = "" if tip else f' title="{title}"'
-        spans.append(
-            f'<span class="tok tok-{mark.kind}"{data}{hover} style="{style}">{html.escape(piece)}{tip}</span>'
-        )
-    return f'<div class="dflash-pane" style="{_PANE}">{"".join(spans)}</div>'
+    count = min(len(marks), len(pieces))
+    spans, left, tips_left = [], PANE_BYTES, PANE_TIPS_BYTES if tips else 0
+    for i in range(count - 1, -1, -1):
+        tip = tips[i] if tips_left and i < len(tips) else ""
+        tip_bytes = len(tip.encode())
+        if tip_bytes > tips_left:  # this token and every earlier one keep their one-line title
+            tip, tip_bytes, tips_left = "", 0, 0
+        tips_left -= tip_bytes
+        span = _token_span(marks[i], pieces[i], i, text_of, diff_at, lane, tip)
+        left -= len(span.encode()) - tip_bytes
+        if left < 0:
+            break
+        spans.append(span)
+    skipped = count - len(spans)
+    more = f'<div style="color:#889">… {skipped} earlier tokens not drawn</div>' if skipped else ""
+    return f'<div class="dflash-pane" style="{_PANE}">{more}{"".join(reversed(spans))}</div>'
+
+
+def _token_span(mark: TokenMark, piece: str, i: int, text_of, diff_at: int | None, lane: str, tip: str) -> str:
+    """Token i's span, with its hover box `tip`, or without one ("") its title."""
+    style = f"background:{COLORS[mark.kind]};border-radius:3px;padding:1px 0"
+    if mark.block_start and mark.kind != "plain":
+        style += f";border-left:2px solid {BOUNDARY};padding-left:1px;margin-left:1px"
+    if i == diff_at:
+        style += f";outline:2px solid {DIFF}"
+    data = (
+        ""
+        if mark.block is None
+        else f' data-block="{_text(mark.block)}"' + ("" if mark.slot is None else f' data-slot="{_text(mark.slot)}"')
+    )
+    hover = "" if tip else f' title="{html.escape(_title(mark, i, text_of, i == diff_at, lane), quote=True)}"'
+    return f'<span class="tok tok-{mark.kind}"{data}{hover} style="{style}">{html.escape(piece)}{tip}</span>'
 
 
 def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 40, tips: bool = False) -> str:
     """Per block: what the drafter proposed, accepted in green, rejected in red, then the bonus.
 
-    tips: give each chip its hover box (top-k and verdict) instead of a title.
+    tips: give each chip its hover box (top-k and verdict) instead of a title. The newest of the
+    last `last` blocks are drawn within STRIP_BYTES (a block's drafts in order, with a count of
+    those that did not fit, and always its bonus), hover boxes to the newest chips within
+    STRIP_TIPS_BYTES.
     """
     # A lookup lane's first cycles may find no match: the strip shows once any block has drafts.
     if not any(block.draft_ids for block in view.blocks):
         return ""
     rows = []
-    shown = view.blocks[-last:]
-    for block in shown:
-        chips = []
-        for k, token in enumerate(block.draft_ids):
-            kind = "accepted" if k < block.accepted else "rejected"
-            deco = (
-                ""
-                if kind == "accepted"
-                else ";text-decoration:line-through;opacity:%s" % ("1" if k == block.accepted else "0.55")
-            )
-            title = html.escape(f"block {block.index}, slot {k + 1}: {kind} draft token", quote=True)
-            chosen = block.bonus_id if k == block.accepted else token
-            tip = token_tip(block, k + 1, f"{kind} draft token", text_of, chosen) if tips else ""
-            hover = "" if tip else f' title="{title}"'
-            chips.append(
-                f'<span class="chip chip-{kind}" data-block="{_text(block.index)}" data-slot="{k + 1}"{hover} '
-                f'style="background:{COLORS[kind]};border-radius:3px;padding:0 2px;margin-right:2px{deco}">'
-                f"{html.escape(_visible(text_of(token)))}{tip}</span>"
-            )
-        bonus_slot = block.accepted + 1
-        bonus_title = html.escape(f"block {block.index}, slot {bonus_slot}: bonus token", quote=True)
-        tip = token_tip(block, bonus_slot, "bonus token", text_of, block.bonus_id) if tips else ""
-        hover = "" if tip else f' title="{bonus_title}"'
-        chips.append(
-            f'<span class="chip chip-bonus" data-block="{_text(block.index)}" data-slot="{bonus_slot}"{hover} '
-            f'style="background:{COLORS["bonus"]};border-radius:3px;padding:0 2px;margin-left:6px">'
-            f"{html.escape(_visible(text_of(block.bonus_id)))}{tip}</span>"
-        )
-        rows.append(
-            f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;width:4.5em">'
-            f"#{_text(block.index)} {_text(block.acceptance_length)}/{len(block.draft_ids) + 1}</span>{''.join(chips)}</div>"
-        )
-    skipped = len(view.blocks) - len(shown)
+    left, tips_left = STRIP_BYTES, STRIP_TIPS_BYTES if tips else 0
+    for block in reversed(view.blocks[-last:]):
+        row, left, tips_left = _strip_row(block, text_of, left, tips_left)
+        if row is None:
+            break
+        rows.append(row)
+    skipped = len(view.blocks) - len(rows)
     more = f'<div style="color:#889">… {skipped} earlier blocks in the trace download</div>' if skipped else ""
     return (
         '<details class="draft-strip" open><summary>Drafts per block (accepted / rejected / bonus)</summary>'
         f'<div style="font-family:ui-monospace,monospace;font-size:12px;max-height:14em;overflow:auto">{more}'
-        f"{''.join(rows)}</div></details>"
+        f"{''.join(reversed(rows))}</div></details>"
+    )
+
+
+def _strip_row(block, text_of, left: int, tips_left: int) -> tuple[str | None, int, int]:
+    """(the block's row, or None when not even its label and bonus fit in `left` bytes; the bytes
+    and the hover-box bytes left after it)."""
+
+    def tip(slot: int, what: str, chosen: int) -> str:
+        nonlocal tips_left
+        box = token_tip(block, slot, what, text_of, chosen) if tips_left else ""
+        if len(box.encode()) > tips_left:  # this chip and every older one keep their title
+            box, tips_left = "", 0
+        tips_left -= len(box.encode())
+        return box
+
+    bonus_slot = block.accepted + 1
+    bonus_tip = tip(bonus_slot, "bonus token", block.bonus_id)
+    bonus = _chip(block, bonus_slot, block.bonus_id, "bonus", text_of, bonus_tip, "bonus token")
+    head = (f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;width:4.5em">'
+            f"#{_text(block.index)} {_text(block.acceptance_length)}/{len(block.draft_ids) + 1}</span>")
+    left -= len(head.encode()) + len(bonus.encode()) - len(bonus_tip.encode()) + len("</div>")
+    if left < 0:
+        return None, 0, tips_left
+
+    def chips():
+        for k, token in enumerate(block.draft_ids):
+            kind = "accepted" if k < block.accepted else "rejected"
+            box = tip(k + 1, f"{kind} draft token", block.bonus_id if k == block.accepted else token)
+            yield _chip(block, k + 1, token, kind, text_of, box, f"{kind} draft token"), len(box.encode())
+
+    drawn = first_within(chips(), lambda chip: len(chip[0].encode()) - chip[1], left)
+    left -= sum(len(chip.encode()) - box_bytes for chip, box_bytes in drawn)
+    cut = len(block.draft_ids) - len(drawn)
+    more = f'<span style="color:#889;margin:0 4px">… {cut} more drafts not drawn</span>' if cut else ""
+    return f"{head}{''.join(chip for chip, _ in drawn)}{more}{bonus}</div>", 0 if cut else left, tips_left
+
+
+def _chip(block, slot: int, token: int, kind: str, text_of, tip: str, what: str) -> str:
+    """One chip of the strip: a draft in `slot` (accepted or rejected), or the bonus token."""
+    if kind == "bonus":
+        style = f"background:{COLORS['bonus']};border-radius:3px;padding:0 2px;margin-left:6px"
+    else:
+        deco = "" if kind == "accepted" else ";text-decoration:line-through;opacity:%s" % (
+            "1" if slot == block.accepted + 1 else "0.55")
+        style = f"background:{COLORS[kind]};border-radius:3px;padding:0 2px;margin-right:2px{deco}"
+    hover = "" if tip else f' title="{html.escape(f"block {block.index}, slot {slot}: {what}", quote=True)}"'
+    return (
+        f'<span class="chip chip-{kind}" data-block="{_text(block.index)}" data-slot="{slot}"{hover} '
+        f'style="{style}">{html.escape(_visible(text_of(token)))}{tip}</span>'
     )
 
 

@@ -80,6 +80,7 @@ REPLAY_CAPPED = (
 REPLAY_START = "Replaying {label} at {speed:g}×"
 REPLAYING = "Replaying {name} at {speed:g}× (recorded compute clocks)…"
 REPLAY_NOTE = "Replay of a recorded run ({name}); times are the recorded compute clocks."
+REPLAY_FAILED = "{name} could not be replayed ({error}): the file holds something the trace checks did not foresee."
 
 # --- pause / step / continue ------------------------------------------------------------------------
 PAUSED = "**Paused** after cycle {cycle}: *Step* shows one more DFlash cycle, *Continue* resumes."
