@@ -209,3 +209,18 @@ def test_cli_block_size_auto_with_a_cost_profile(golden_dir, tmp_path, capsys):
                  "--prompt-ids", "5,6,7", "--block-size", "auto", "--cost-profile", str(profile)]) == 1
     assert "a cost profile is" in capsys.readouterr().err
 
+
+
+def test_bench_cycle_writes_a_cost_profile_that_generate_reads(tiny_dirs, tmp_path, capsys):
+    from dflash_core.bench.__main__ import main as bench
+
+    target_dir, drafter_dir = tiny_dirs
+    path = tmp_path / "profile.json"
+    assert bench(["cycle", "--target", str(target_dir), "--drafter", str(drafter_dir), "--block-sizes", "4,8",
+                  "--context", "24", "--threads", "1", "--cost-profile", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    profile = CostProfile.load(path)
+    assert profile.longest == 8 and profile.other_s > 0 and result["cost_profile"] == profile.to_dict()
+    target, drafter = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+    out = run(target, [3, 4, 5], drafter, max_new_tokens=12, block_size="auto", costs=profile)
+    assert out.output_ids == run(target, [3, 4, 5], max_new_tokens=12).output_ids
