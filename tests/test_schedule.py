@@ -99,7 +99,7 @@ def test_greedy_output_is_plain_decoding_whatever_lengths_are_verified(golden_pa
     assert accepted > 0, "no draft was accepted: the test would not exercise acceptance"
     if profile == "flat":
         assert lengths == {b}  # more drafts never cost more: verify them all
-    else:
+    elif profile == "steep":  # the measured profile is this machine's: which lengths it picks varies
         assert len(lengths) > 1, f"every cycle verified {lengths}: the test would not exercise prefixes"
 
 
