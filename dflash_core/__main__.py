@@ -22,6 +22,7 @@ from .events import Block, Prefill, Summary
 from .pair import DTYPES, load_pair
 from .prompting import IncrementalDecoder, encode_prompt
 from .sampling import SamplingParams
+from .schedule import AUTO, CostProfile
 from .trace import build_trace, lane_of, settings_of, write_trace
 
 
@@ -30,6 +31,16 @@ def parse_ids(text: str) -> list[int]:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def parse_block_size(text: str) -> int | str:
+    """A whole number of tokens, or "auto" (the block schedule, `schedule.py`)."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--block-size must be a whole number or {AUTO}, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", help="user message; goes through the target's chat template when it has one")
     prompt.add_argument("--prompt-ids", type=parse_ids, help="prompt token ids, comma-separated (no tokenizer needed)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--block-size", type=int, help="tokens per cycle (default: the drafter's trained size)")
+    gen.add_argument("--block-size", type=parse_block_size,
+                     help="tokens per cycle (default: the drafter's trained size), or auto: each cycle verifies "
+                     "the prefix of its draft worth its verify cost, up to the trained size")
+    gen.add_argument("--cost-profile", metavar="JSON",
+                     help="with --block-size auto: the verify cost per length (`bench cycle --cost-profile` writes "
+                     "one); default: measured at the start, a few dozen verifies")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -87,7 +103,7 @@ def main(argv=None) -> int:
             device=args.device,
             dtype=args.dtype,
             drafter_dtype=args.drafter_dtype,
-            block_size=args.block_size,
+            block_size=None if args.block_size == AUTO else args.block_size,
             static_cache=args.static_cache,
             cuda_graphs=args.cuda_graphs,
         )
@@ -111,6 +127,7 @@ def main(argv=None) -> int:
             sampling=sampling,
             stop_ids=stop_ids,
             explain=args.explain,
+            costs=CostProfile.load(args.cost_profile) if args.cost_profile else None,
         )
         text = IncrementalDecoder(tokenizer) if tokenizer is not None and not args.quiet else None
         for event in events:
@@ -127,7 +144,10 @@ def main(argv=None) -> int:
     if pair.drafter is None:
         mode = f"plain {target_dtype}"
     else:
-        mode = f"dflash block={summary.block_size} target {target_dtype} drafter {str(pair.drafter.dtype).removeprefix('torch.')}"
+        block = summary.block_size
+        if summary.block_schedule == AUTO:
+            block = f"auto (mean {summary.mean_verify_len:.2f} of {block})"
+        mode = f"dflash block={block} target {target_dtype} drafter {str(pair.drafter.dtype).removeprefix('torch.')}"
     print(
         f"[{mode}] {len(summary.output_ids)} tokens in {summary.total_s:.2f}s "
         f"({summary.tokens_per_s:.1f} tok/s), tau {summary.tau:.2f}, cycles {len(summary.blocks)}, "
@@ -138,7 +158,7 @@ def main(argv=None) -> int:
         trace = build_trace(
             settings=settings_of(args.prompt, prompt_ids, args.max_new_tokens, summary.block_size, sampling,
                                  target_dtype=pair.target.dtype, drafter_dtype=None if drafter is None else drafter.dtype,
-                                 explain=args.explain),
+                                 explain=args.explain, block_schedule=summary.block_schedule),
             pair={"id": None, "target": args.target, "drafter": None if drafter is None else args.drafter,
                   "trained_block_size": None if drafter is None else drafter.block_size},
             runs={lane_of(summary.method): summary},

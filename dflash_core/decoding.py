@@ -7,7 +7,8 @@ which cuts the output at a stop token or the limit and turns each cycle into a `
 cycle drafts comes from the drafter's session (`drafting.py`): a DFlash block in one pass, the
 autoregressive drafter's γ passes, or prompt lookup's copy; the verify and the loop are the same
 for all. Without a drafter, or with block size 1, each cycle verifies just the last token, which
-is exactly plain autoregressive decoding.
+is exactly plain autoregressive decoding. With `block_size="auto"` a block schedule (`schedule.py`)
+cuts each cycle's draft to the prefix worth its verify cost before the verify.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .errors import GenerationInputError
 from .events import Block, CycleExplanation, CycleTimes, Prefill, StopReason, Summary
 from .explain import explain_cycle
 from .sampling import SamplingParams, make_generator, probabilities, sample
+from .schedule import AUTO, BlockSchedule, CostProfile, measured_costs
 from .target import Target
 from .verify import accept
 
@@ -62,17 +64,33 @@ class _Marks:
         return [b - a for a, b in pairs]
 
 
-def _block_size(drafter, block_size: int | None) -> int:
-    """The block size a run uses: 1 without a drafter, else the given one or the drafter's trained size."""
+def _block_size(drafter, block_size: int | str | None) -> int:
+    """The (longest) block size a run uses: 1 without a drafter, else the given one or the drafter's
+    trained size, which is also the longest block of the schedule ("auto")."""
+    if block_size != AUTO and (isinstance(block_size, bool) or not isinstance(block_size, (int, type(None)))):
+        raise GenerationInputError(f"block_size must be a whole number, None or {AUTO!r}, got {block_size!r}")
     if drafter is None:
         return 1
-    if block_size is None:
+    if block_size is None or block_size == AUTO:
         return drafter.block_size
     if not 1 <= block_size <= drafter.block_size:
         raise GenerationInputError(
             f"block_size {block_size} must be between 1 and the drafter's trained block size {drafter.block_size}"
         )
     return block_size
+
+
+def _check_schedule(drafter, sampling: SamplingParams, draft_mode: str) -> None:
+    """A block schedule needs the drafter's probabilities, and with sampled drafts q for every slot
+    before any is drawn (schedule.py: the choice must not depend on what a draft drew)."""
+    method = method_name(drafter)
+    if hasattr(drafter, "session"):  # e.g. prompt lookup
+        raise GenerationInputError(f'block_size="auto" needs a drafter with probabilities; {method} has none')
+    if method in ("ar", "dflash2") and not sampling.greedy and draft_mode == "sample":
+        raise GenerationInputError(
+            f'block_size="auto" with sampled drafts needs a drafter that drafts every slot at once; {method} '
+            f'conditions each draft on the ones before it: use draft_mode="argmax" or a fixed block size'
+        )
 
 
 def check_inputs(target: Target, prompt_ids, max_new_tokens: int, block_size: int) -> None:
@@ -104,6 +122,7 @@ class Cycle:
     verify_s: float
     explanation: CycleExplanation | None
     draft_passes: int
+    verify_len: int  # tokens verified: slot 0 and the first verify_len - 1 of draft_ids
 
     @property
     def committed(self) -> list[int]:
@@ -116,20 +135,26 @@ class _Decoding:
     its drafter has not seen yet."""
 
     def __init__(self, target: Target, drafter, capacity: int, block_size: int,
-                 sampling: SamplingParams, draft_mode: DraftMode, explain: int):
+                 sampling: SamplingParams, draft_mode: DraftMode, explain: int, scheduled: bool,
+                 costs: CostProfile | None):
         self.target, self.block_size, self.sampling, self.explain = target, block_size, sampling, explain
         self.drafter = drafter if drafter is not None and block_size > 1 else None
         self.device = target.device
         self.generator = make_generator(sampling, self.device)
         target.reset(capacity)
-        self.session = None
+        self.session = self.schedule = None
+        scheduled = scheduled and self.drafter is not None
         if self.drafter is not None:
             self.session = open_session(self.drafter, RunSettings(
                 target=target, block_size=block_size, sampling=sampling, generator=self.generator,
                 sample_drafts=not sampling.greedy and draft_mode != "argmax", capacity=capacity,
                 graphs=target.graphs,  # the verify step replays inside target.forward; the draft step in the session
+                confidence=scheduled,
             ))
         target.tap_layers(self.session.target_layer_ids if self.session is not None else ())
+        if scheduled:
+            self.schedule = BlockSchedule(costs or measured_costs(target, block_size), block_size)
+            target.reset(capacity)  # a measurement leaves its context in the cache
 
     def choose(self, logits: torch.Tensor) -> int:
         if self.sampling.greedy:
@@ -161,15 +186,19 @@ class _Decoding:
         marks = _Marks(self.device)
         marks.mark()
         proposal = self.draft()
-        draft = proposal.ids
+        drafted = draft = proposal.ids
+        probs = proposal.probs
+        if self.schedule is not None:  # the one host read the schedule adds: the drafter's confidences
+            k = self.schedule.choose(proposal.confidence)
+            draft, probs = draft[:k], None if probs is None else probs[:k]
         marks.mark()
         block_ids = torch.cat([self.bonus_ids, draft])[None]
         logits, features = self.target.forward(block_ids)
         record = {} if self.explain else None
         # [accepted, bonus], on the device; the rule follows the proposal's q (None: a point mass)
-        outcome = accept(draft, logits, self.sampling, self.generator, proposal.probs, record)
+        outcome = accept(draft, logits, self.sampling, self.generator, probs, record)
         marks.mark()
-        accepted, bonus, *draft_ids = torch.cat([outcome, draft]).tolist()  # the cycle's one host sync
+        accepted, bonus, *draft_ids = torch.cat([outcome, drafted]).tolist()  # the cycle's one host sync
         self.bonus_ids = outcome[1:]
         draft_s, verify_s = marks.spans()
         position = self.start
@@ -186,7 +215,10 @@ class _Decoding:
                 self.explain, sampling=self.sampling, target=self.target, block_ids=block_ids, target_logits=logits,
                 record=record, accepted=accepted, bonus=bonus, times=times, drafting=proposal.view,
             )
-        return Cycle(position, tuple(draft_ids), accepted, bonus, draft_s, verify_s, explanation, proposal.passes)
+        if self.schedule is not None:
+            self.schedule.observe(time.perf_counter() - t0 - verify_s)
+        return Cycle(position, tuple(draft_ids), accepted, bonus, draft_s, verify_s, explanation, proposal.passes,
+                     block_ids.shape[1])
 
 
 @torch.inference_mode()
@@ -196,34 +228,42 @@ def generate(
     drafter: DFlashDrafter | Drafter | None = None,
     *,
     max_new_tokens: int = 128,
-    block_size: int | None = None,
+    block_size: int | str | None = None,
     sampling: SamplingParams = SamplingParams(),
     stop_ids: Iterable[int] = (),
     draft_mode: DraftMode = "sample",
     explain: int = 0,
+    costs: CostProfile | None = None,
 ) -> Iterator[Prefill | Block | Summary]:
     """Decode after `prompt_ids`, yielding `Prefill`, one `Block` per cycle, then `Summary`.
 
     drafter: None (plain decoding), a `DFlashDrafter` (DFlash, DFlash2, or the autoregressive
     drafter when its config says so), or any `drafting.Drafter`, e.g. `PromptLookup`. Each Block
     says how many drafter passes its draft took (`draft_passes`) and their time (`draft_s`).
-    block_size: tokens verified per cycle at most (default: the drafter's size; 1 = plain).
+    block_size: tokens verified per cycle at most (default: the drafter's size; 1 = plain), or
+    "auto": draft the drafter's whole block and verify each cycle the prefix worth its cost
+    (`schedule.py`); each Block's `verify_len` says how many tokens were verified.
+    costs: with "auto", the verify cost per length (`schedule.CostProfile`); default: measured
+    once for this target, thread count and block size, on first use (a few dozen verifies).
     draft_mode: how draft tokens are chosen when sampling: "sample" (drawn at the same temperature,
     speculative rejection sampling) or "argmax" (target sampled per slot, drafts kept while they
     match). Greedy decoding always drafts the argmax. Both are exact.
     explain: 0 = off; k > 0 puts in every `Block.explain` what the cycle saw and decided, with top-k
     lists of size k (`explain.py`), from the cycle's own tensors. Outputs are the same either way.
     """
+    scheduled = block_size == AUTO
     block_size = _block_size(drafter, block_size)
     if draft_mode not in DRAFT_MODES:
         raise GenerationInputError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
+    if scheduled and drafter is not None:
+        _check_schedule(drafter, sampling, draft_mode)
     if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
         raise GenerationInputError(f"explain must be 0 (off) or a top-k size >= 1, got {explain!r}")
     prompt_ids = [int(t) for t in prompt_ids]
     check_inputs(target, prompt_ids, max_new_tokens, block_size)
     stop_ids = frozenset(int(t) for t in stop_ids)
     decoding = _Decoding(target, drafter, len(prompt_ids) + max_new_tokens + block_size, block_size, sampling,
-                         draft_mode, explain)
+                         draft_mode, explain, scheduled, costs)
     prefill = decoding.prefill(prompt_ids)
     # Compute time only: a consumer may hold this generator suspended (the app interleaves two
     # runs), and that wait must not count against either side.
@@ -257,6 +297,7 @@ def generate(
             verify_s=cycle.verify_s,
             elapsed_s=compute_s,
             draft_passes=cycle.draft_passes,
+            verify_len=cycle.verify_len,
             explain=cycle.explanation,
         )
         blocks.append(event)
@@ -268,6 +309,7 @@ def generate(
         block_size=block_size,
         stop_reason=stop_reason,
         method=method_name(decoding.drafter),
+        block_schedule=AUTO if decoding.schedule is not None else "fixed",
         prefill=prefill,
         blocks=tuple(blocks),
         total_s=compute_s,

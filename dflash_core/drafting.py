@@ -23,6 +23,7 @@ import torch
 
 from .drafter import DrafterCache, static_slots
 from .explain import distribution
+from .schedule import draft_confidence
 from .sampling import SamplingParams
 
 
@@ -37,6 +38,7 @@ class RunSettings:
     sample_drafts: bool  # draw drafts from q (rejection rule) rather than take its argmax
     capacity: int  # positions the run may reach
     graphs: object | None  # the target's `StepGraphs`, when its verify replays from CUDA graphs
+    confidence: bool = False  # proposals carry the drafter's confidence per draft (a block schedule reads it)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Proposal:
     probs: torch.Tensor | None  # [n, V] q when the drafts were sampled from it; None: deterministic drafts
     passes: int  # drafter forward passes this proposal took
     view: DraftView | None = None  # filled when the run explains its cycles
+    confidence: torch.Tensor | None = None  # [n] when the run asks: `schedule.draft_confidence`
 
 
 class DraftSession(Protocol):
@@ -123,6 +126,11 @@ class _InjectedContext:
         run = self.run
         return self.drafter.propose(logits, run.sampling, run.generator, run.sample_drafts, run.target.vocab_size)
 
+    def confidence(self, logits, probs) -> torch.Tensor | None:
+        """The drafter's confidence per draft where the run asks for it (a block schedule), else None."""
+        run = self.run
+        return draft_confidence(self.drafter, logits, probs, run.sampling, run.target.vocab_size) if run.confidence else None
+
     def view(self, logits, probs) -> DraftView:
         drafter, run = self.drafter, self.run
 
@@ -166,7 +174,7 @@ class DFlashDrafting(_InjectedContext):
                 logits = self.step(bonus_ids, context, positions)
             cache.commit(injected)
         ids, probs = self.choose(logits)
-        return Proposal(ids, probs, 1, self.view(logits, probs) if explain else None)
+        return Proposal(ids, probs, 1, self.view(logits, probs) if explain else None, self.confidence(logits, probs))
 
 
 class ARDrafting(_InjectedContext):
@@ -197,7 +205,7 @@ class ARDrafting(_InjectedContext):
             all_logits.append(logits)
             features = features[:, :0]  # the context went in with the first pass
         cache.crop(start)  # keep the context; the tokens are redrafted after the verify
-        ids = torch.cat(drafts)
+        ids, logits = torch.cat(drafts), torch.cat(all_logits)
         probs = None if dists[0] is None else torch.cat(dists)
-        view = self.view(torch.cat(all_logits), probs) if explain else None
-        return Proposal(ids, probs, len(drafts), view)
+        view = self.view(logits, probs) if explain else None
+        return Proposal(ids, probs, len(drafts), view, self.confidence(logits, probs))

@@ -146,12 +146,21 @@ class Block:
     # Drafter forward passes behind draft_ids (their time is draft_s): 1 for DFlash, one per draft
     # for the autoregressive drafter, 0 for prompt lookup and plain decoding.
     draft_passes: int = 0
+    # Tokens the target verified: slot 0 and the first verify_len - 1 drafts. A block schedule
+    # (`schedule.py`) may verify fewer drafts than draft_ids holds; None (traces from before the
+    # schedule): all of them.
+    verify_len: int | None = None
     # What the cycle saw and decided, when decoding ran with `explain=k`; else None.
     explain: CycleExplanation | None = field(default=None, repr=False, compare=False, hash=False)
 
     @property
     def acceptance_length(self) -> int:
         return self.accepted + 1
+
+    @property
+    def verified(self) -> int:
+        """Drafts the target verified: the first `verified` of draft_ids."""
+        return len(self.draft_ids) if self.verify_len is None else self.verify_len - 1
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,9 @@ class Summary:
     blocks: tuple[Block, ...] = field(repr=False)
     total_s: float = 0.0  # compute seconds of the whole run, prefill included
     method: str = "plain"  # what drafted: plain, dflash, dflash2, ar or lookup (`drafting.method_name`)
+    # "fixed": every cycle verified its whole draft; "auto": a block schedule chose each cycle's
+    # verified length (`Block.verify_len`), block_size being the longest.
+    block_schedule: str = "fixed"
 
     @property
     def acceptance_lengths(self) -> list[int]:
@@ -192,6 +204,11 @@ class Summary:
         ]
 
     @property
+    def mean_verify_len(self) -> float:
+        """Mean tokens verified per cycle (block_size unless a schedule cut blocks)."""
+        return sum(b.verified + 1 for b in self.blocks) / len(self.blocks) if self.blocks else 0.0
+
+    @property
     def ttft_s(self) -> float:
         return self.prefill.seconds
 
@@ -216,6 +233,7 @@ class Summary:
             "new_tokens": len(self.output_ids),
             "cycles": len(self.blocks),
             "tau": self.tau,
+            "mean_verify_len": self.mean_verify_len,
             "acceptance_histogram": self.acceptance_histogram,
             "per_position_acceptance": self.per_position_acceptance,
             "tokens_per_s": self.tokens_per_s,
@@ -234,6 +252,7 @@ class Summary:
             "block_size": self.block_size,
             "acceptance_lengths": self.acceptance_lengths,
             "method": self.method,
+            "block_schedule": self.block_schedule,
             "prefill": asdict(self.prefill),
             "blocks": [_block_trace(b) for b in self.blocks],
             **self.metrics(),

@@ -10,7 +10,9 @@ file without importing or executing anything from it; `trace_csv` flattens per-b
     versions   dflash-studio, torch, transformers, python
     vocab_size every token id in the file is below it
     runs       {lane: Summary.to_trace()} for some of the lanes dflash, ar, lookup and plain; each run
-               names its `method` (dflash, dflash2, ar, lookup or plain)
+               names its `method` (dflash, dflash2, ar, lookup or plain) and its `block_schedule`
+               (fixed or auto), each block its `verify_len` (files from before the block schedule
+               have neither: every block verified its whole draft)
     report     the race report when a race ran, else absent
     tokens     {str(id): text} for every id in the runs, so a replay needs no tokenizer
 """
@@ -44,7 +46,9 @@ MAX_BYTES = 20_000_000  # 20 MB: far above any real race (the shipped 128-token 
 # DFlash's KV injection, prompt lookup, plain decoding.
 RUNS = ("dflash", "ar", "lookup", "plain")
 METHODS = ("dflash", "dflash2", "ar", "lookup", "plain")
-CSV_COLUMNS = ["lane", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s", "elapsed_s"]
+SCHEDULES = ("fixed", "auto")
+CSV_COLUMNS = ["lane", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s",
+               "elapsed_s", "verify_len"]
 
 
 class TraceError(DFlashError):
@@ -238,7 +242,8 @@ def trace_csv(trace: dict) -> str:
     for lane in RUNS:
         for b in trace["runs"].get(lane, {}).get("blocks", []):
             row = [lane, b["index"], b["position"], b["accepted"], b["accepted"] + 1, b["bonus_id"]]
-            writer.writerow(row + [f"{b[f]:.6f}" for f in ("draft_s", "verify_s", "elapsed_s")])
+            times = [f"{b[f]:.6f}" for f in ("draft_s", "verify_s", "elapsed_s")]
+            writer.writerow(row + times + [b.get("verify_len") or len(b["draft_ids"]) + 1])
     return out.getvalue()
 
 
@@ -427,6 +432,8 @@ def _run(run: dict, where: str) -> None:
         raise TraceFieldError(f"{where}.method is {_show(run['method'])}; expected one of {METHODS}")
     if run.get("stop_reason") is not None and run["stop_reason"] not in STOP_REASONS:
         raise TraceFieldError(f"{where}.stop_reason is {_show(run['stop_reason'])}; expected one of {STOP_REASONS}")
+    if run.get("block_schedule") is not None and run["block_schedule"] not in SCHEDULES:
+        raise TraceFieldError(f"{where}.block_schedule is {_show(run['block_schedule'])}; expected one of {SCHEDULES}")
     prefill = _field(run, "prefill", dict, where)
     _field(prefill, "token_id", int, f"{where}.prefill")
     _seconds(prefill, "seconds", f"{where}.prefill")
@@ -440,6 +447,8 @@ def _run(run: dict, where: str) -> None:
             _seconds(block, name, at)
         if "draft_passes" in block:  # traces before the AR drafter have none
             _int(block, "draft_passes", at)
+        if block.get("verify_len") is not None:  # absent before the block schedule
+            _int(block, "verify_len", at, low=1)
         if block.get("explain") is not None:
             _explain(_field(block, "explain", dict, at), f"{at}.explain")
 
@@ -481,8 +490,11 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         if drafts != size - 1 and not (lookup and drafts < size):
             most = f"up to {size - 1}" if lookup else f"{size - 1}"
             raise TraceFieldError(f"{at}.draft_ids holds {drafts} drafts; block_size {size} drafts {most}")
-        if not 0 <= block["accepted"] <= drafts:
-            raise TraceFieldError(f"{at}.accepted is {_show(block['accepted'])}; a block of {drafts} drafts accepts 0 to {drafts}")
+        verified = drafts if block.get("verify_len") is None else block["verify_len"] - 1
+        if verified > drafts:
+            raise TraceFieldError(f"{at}.verify_len is {_show(block['verify_len'])}; a block of {drafts} drafts verifies at most {drafts + 1} tokens")
+        if not 0 <= block["accepted"] <= verified:
+            raise TraceFieldError(f"{at}.accepted is {_show(block['accepted'])}; a block of {verified} verified drafts accepts 0 to {verified}")
         if block["position"] != prompt_len + len(output) - 1:
             raise TraceFieldError(
                 f"{at}.position is {_show(block['position'])}; after {len(output)} tokens it is {prompt_len + len(output) - 1}"

@@ -27,7 +27,7 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     torch.set_num_threads(2)  # so that the flag, not the environment, is what makes it 1
     assert main([
         "--target", str(target_dir), "--drafter", str(drafter_dir), "--prompts", str(prompts),
-        "--num-prompts", "2", "--max-new-tokens", "12", "--block-sizes", "8,4", "--threads", "1",
+        "--num-prompts", "2", "--max-new-tokens", "12", "--block-sizes", "8,4,auto", "--threads", "1",
     ]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     result = json.loads(lines[-1])
@@ -39,12 +39,30 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     for key in ("speedup", "dflash_tok_s", "plain_tok_s", "speedup_prompt_lookup", "speedup_hf_generate"):
         assert result[key] > 0
     assert any("DFlash block 4" in line for line in lines)
+    # The block schedule races beside the fixed sizes, with its verified length and per-set figures.
+    auto = result["per_block_size"]["auto"]
+    assert auto["identical"] == 1.0 and 1 <= auto["mean_verify_len"] <= 8
+    assert result["per_block_size"]["8"]["mean_verify_len"] == 8.0
+    assert set(auto["per_set"]) == {"prompts"} and auto["per_set"]["prompts"]["num_prompts"] == 2
+    assert any(line.startswith("DFlash block auto") for line in lines)
     # The tiny target fits in a cache, so its one-row path is never timed and stays packed.
     assert result["cpu_single_row"] == ("oneDNN" if packing_wanted() else None)
     # The first two prompts are picked; the headline tau is the block-weighted mean of theirs.
     per_category = result["tau_per_category"]
     assert set(per_category) == {"math", "code"} and min(per_category.values()) >= 1.0
     assert min(per_category.values()) <= result["tau"] <= max(per_category.values())
+
+
+def test_block_sizes_auto_is_for_the_dflash_races_only(capsys):
+    with pytest.raises(SystemExit):
+        main(["--block-sizes", "4,auto", "--methods", "plain,dflash"])
+    assert "--block-sizes auto races the engine's DFlash only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["cycle", "--block-sizes", "auto"])
+    assert "--block-sizes auto is for the benchmark's DFlash races" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--block-sizes", "4,x"])
+    assert "--block-sizes must be whole numbers or auto" in capsys.readouterr().err
 
 
 def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):

@@ -22,6 +22,7 @@ from dflash_core.diagnostics.syncs import SyncCounter
 from dflash_core.drafter import DrafterCache, static_slots
 from dflash_core.errors import ConfigError
 from dflash_core.fallbacks import FallbackWarning
+from dflash_core.schedule import CostProfile
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -137,6 +138,23 @@ def test_graphs_decode_token_for_token(golden_pair, golden_expected, sampling, f
         ((1,), (1, 8, feature_width), (1, 16)), ((1,), (1, 4, feature_width), (1, 8)),
     ])
     assert all(fake.replays[shapes] > 10 for shapes in fake.captured)
+
+
+def test_the_block_schedule_under_graphs_is_the_eager_run(golden_pair, golden_expected):
+    """Scheduled blocks change the verify's shape from cycle to cycle, and the drafter's padded
+    context with it: each shape replays its own graph, and the run is the eager one token for token."""
+    plain, drafter = golden_pair
+    fake = FakeGraphs()
+    on = graphed(plain, fake)
+    costs = CostProfile(tuple(1 + 0.4 * k for k in range(drafter.block_size)))
+    for prompt in golden_expected["prompts"][:2]:
+        ids = prompt["prompt_ids"]
+        off, graphs = (run(t, ids, drafter, max_new_tokens=40, block_size="auto", costs=costs) for t in (plain, on))
+        assert graphs.output_ids == off.output_ids == run(plain, ids, None, max_new_tokens=40).output_ids
+        assert [b.verify_len for b in graphs.blocks] == [b.verify_len for b in off.blocks]
+        assert graphs.acceptance_lengths == off.acceptance_lengths
+    verify_shapes = {shapes[0][1] for shapes in fake.captured if len(shapes) == 2}
+    assert len(verify_shapes) > 1, f"one verify length only ({verify_shapes}): the test would not change shapes"
 
 
 def test_graphs_with_a_llama_target_and_draft_modes(tiny_pair, fresh_notices):

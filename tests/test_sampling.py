@@ -12,6 +12,7 @@ from tiny import build_drafter, build_target
 from dflash_core import DFlashDrafter, PromptLookup, SamplingParams, Target, run
 from dflash_core.errors import GenerationInputError
 from dflash_core.sampling import probabilities
+from dflash_core.schedule import CostProfile
 from dflash_core.verify import greedy_accept, match_sampled_accept, rejection_accept
 
 
@@ -149,6 +150,33 @@ def test_sampling_matches_exact_target_distribution(tiny_vocab_pair, method, dra
         if getattr(drafter, "draft_vocab", None) is not None:
             assert {t for blk in out.blocks for t in blk.draft_ids} <= set(drafter.draft_vocab.tolist())
     assert accepted > CHI_SQUARE_RUNS // 5, "drafts were rarely accepted: the test would not exercise the acceptance rule"
+    assert chi_square_ok(counts, exact)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,draft_vocab,draft_mode", [
+    ("dflash", None, "sample"), ("ar", None, "argmax"),
+])
+def test_the_block_schedule_keeps_the_exact_target_distribution(tiny_vocab_pair, method, draft_vocab, draft_mode):
+    """block_size="auto" verifies a prefix of each draft, its length chosen from the drafter's q and the
+    cost profile: still exact. The profiles (a draft costing 0 to 0.36 of a step) put the choice at
+    every length from 0 drafts to all, and near the drafts' confidences (about 1/3 here), where q decides."""
+    target, drafter = tiny_vocab_pair(draft_vocab, method)
+    prompt, length = [1, 2, 0], 3
+    params = SamplingParams(temperature=1.3, top_k=3)
+    exact = exact_joint(target, prompt, length, params).flatten()
+    counts, accepted, lengths = torch.zeros_like(exact), 0, set()
+    for seed in range(CHI_SQUARE_RUNS):
+        step = (0.0, 0.32, 0.35, 0.36)[seed % 4]
+        costs = CostProfile(tuple(1 + step * k for k in range(4)))
+        out = run(target, prompt, drafter, max_new_tokens=length, block_size="auto", costs=costs,
+                  sampling=SamplingParams(1.3, top_k=3, seed=seed), draft_mode=draft_mode)
+        a, b, c = out.output_ids
+        counts[a * 16 + b * 4 + c] += 1
+        accepted += sum(blk.accepted for blk in out.blocks)
+        lengths |= {blk.verify_len for blk in out.blocks}
+    assert accepted > CHI_SQUARE_RUNS // 5, "drafts were rarely accepted: the test would not exercise the acceptance rule"
+    assert len(lengths) > 1, f"every cycle verified {lengths} tokens: the test would not exercise the schedule"
     assert chi_square_ok(counts, exact)
 
 

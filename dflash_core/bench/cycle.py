@@ -14,6 +14,10 @@ acceptance (random weights and random context ids).
 
     python -m dflash_core.bench cycle --block-sizes 4,8,16         # the default pair, CPU
     python -m dflash_core.bench cycle --synthetic qwen3-8b --device cuda --dtype bfloat16
+
+`--cost-profile FILE` also writes the block schedule's cost profile of the largest block
+(`schedule.CostProfile`: the verify at every length, and the rest of a cycle), which
+`generate --block-size auto --cost-profile FILE` then uses instead of measuring its own.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..config import default_target_layer_ids, parse_drafter_config
 from ..cpu_linear import single_row_library
 from ..drafter import DFlashDrafter
 from ..sampling import SamplingParams
+from ..schedule import CostProfile, measure_costs
 from ..target import Target, default_attention
 from .run import add_pair_args, load_pair_of, parse
 
@@ -190,15 +195,6 @@ def time_cycle(target: Target, drafter: DFlashDrafter, context: int, block: int,
     }
 
 
-def run_synthetic(shape: str = "tiny", device: str = "cpu", dtype: str = "fp32", iters: int = 20) -> dict:
-    """`time_cycle` on random-weight models of `shape` (see SHAPES), at its block and context."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; choose from {sorted(SHAPES)}")
-    s = SHAPES[shape]
-    target, drafter = build_pair(shape, device, DTYPES[dtype])
-    return {"shape": shape, **time_cycle(target, drafter, s["context"], s["block"], iters)}
-
-
 def print_table(r: dict) -> None:
     name = f"synthetic {r['shape']}" if "shape" in r else r.get("target", "pair")
     one_row = f", one-row matmuls by {r['cpu_single_row']}" if r.get("cpu_single_row") else ""
@@ -220,15 +216,26 @@ def print_table(r: dict) -> None:
     print("  implied speedup: " + ", ".join(f"tau={tau}: {x:.2f}x" for tau, x in r["speedup"].items()))
 
 
-def cycle_times(args) -> dict:
-    """`time_cycle` for the loaded pair at each block size; prints one table per size."""
-    pair = load_pair_of(args)
+def cycle_times(args, pair) -> dict:
+    """`time_cycle` for the loaded (target, drafter) at each block size; prints one table per size."""
+    target, drafter = pair
     result = {"target": str(args.target), "drafter": str(args.drafter), "per_block_size": {}}
-    for b in args.block_sizes or [pair.drafter.block_size]:
-        r = time_cycle(pair.target, pair.drafter, args.context, b, taus=(2, 3, 4, 6, 8, 12, 16))
+    for b in args.block_sizes or [drafter.block_size]:
+        r = time_cycle(target, drafter, args.context, b, taus=(2, 3, 4, 6, 8, 12, 16))
         print_table({"target": result["target"], **r})
         result["per_block_size"][b] = r
     return result
+
+
+def write_profile(target: Target, drafter: DFlashDrafter, timed: dict, path: str) -> CostProfile:
+    """The cost profile of `timed` (one `time_cycle` result), written to `path` as JSON."""
+    target.tap_layers(drafter.target_layer_ids)
+    verify_s = measure_costs(target, timed["block_size"], timed["context"]).verify_s
+    target.reset()
+    profile = CostProfile(verify_s, (timed["draft_ms"] + timed["bookkeeping_ms"]) / 1000)
+    with open(path, "w") as f:
+        json.dump(profile.to_dict(), f)
+    return profile
 
 
 def main(argv=None) -> int:
@@ -237,11 +244,22 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=200, help="context length before the timed cycle")
     parser.add_argument("--synthetic", metavar="SHAPE", choices=sorted(SHAPES),
                         help="time random-weight models of this shape instead of the pair (qwen3-8b, qwen3-4b, tiny)")
+    parser.add_argument("--cost-profile", metavar="FILE",
+                        help="also write the block schedule's cost profile of the largest block here (JSON)")
     args = parse(parser, argv)
     if args.synthetic:
-        result = run_synthetic(args.synthetic, args.device, args.dtype)
+        s = SHAPES[args.synthetic]
+        pair = build_pair(args.synthetic, args.device, DTYPES[args.dtype])
+        result = {"shape": args.synthetic, **time_cycle(*pair, s["context"], s["block"])}
         print_table(result)
+        timed = result
     else:
-        result = cycle_times(args)
+        pair = load_pair_of(args)
+        pair = (pair.target, pair.drafter)
+        result = cycle_times(args, pair)
+        timed = result["per_block_size"][max(result["per_block_size"])]
+    if args.cost_profile:
+        profile = write_profile(*pair, timed, args.cost_profile)
+        result["cost_profile"] = profile.to_dict()
     print(json.dumps(result))
     return 0

@@ -43,6 +43,7 @@ from ..default_target import DEFAULT_TARGET
 from ..lossless import compare as lossless_check
 from ..pair import DTYPES, fetch_target, load_drafter, load_pair
 from ..prompting import encode_prompt
+from ..schedule import AUTO
 from . import SUBCOMMANDS
 from .datasets import parse_datasets
 from .methods import DEFAULT_AR_DRAFTER, METHODS, benchmark_methods, parse_methods, print_methods_table
@@ -112,8 +113,16 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
                         help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only)")
-    parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--block-sizes", type=parse_block_sizes, metavar="LIST",
+                        help="comma-separated block sizes; the benchmark's races also take auto (the block schedule)")
     add_threads_arg(parser)
+
+
+def parse_block_sizes(text: str) -> list[int | str]:
+    try:
+        return [x if x == AUTO else int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--block-sizes must be whole numbers or {AUTO}, comma-separated, got {text!r}") from None
 
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:
@@ -128,9 +137,12 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
 
 
-def parse(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
-    """`parser`'s arguments, with --threads applied and --cuda-graphs checked where the parser has them."""
+def parse(parser: argparse.ArgumentParser, argv, auto: bool = False) -> argparse.Namespace:
+    """`parser`'s arguments, with --threads applied and --cuda-graphs checked where the parser has them;
+    `auto`: whether --block-sizes may name the block schedule."""
     args = parser.parse_args(argv)
+    if not auto and AUTO in (getattr(args, "block_sizes", None) or ()):
+        parser.error(f"--block-sizes {AUTO} is for the benchmark's DFlash races; give whole numbers here")
     if getattr(args, "threads", None) is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
@@ -159,10 +171,12 @@ def benchmark(args) -> dict:
     chat_args = reasoning_args(tokenizer, args.thinking) if tokenizer is not None else {}
     encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]
     peers = ("hf_generate", "prompt_lookup") if args.peers else ()
-    # DFlash variants raced on every prompt: the drafter at each block size, then `--versus` at the first.
-    variants = {f"dflash_b{b}": (drafter, b) for b in block_sizes}
+    # DFlash variants raced on every prompt: the drafter at each block size (auto: the block
+    # schedule), then `--versus` at the first.
+    variants = {variant_name(b): (drafter, b) for b in block_sizes}
     if args.versus:
-        variants["versus"] = (load_drafter(target, args.versus, drafter.dtype, block_sizes[0]), block_sizes[0])
+        fixed = None if block_sizes[0] == AUTO else block_sizes[0]
+        variants["versus"] = (load_drafter(target, args.versus, drafter.dtype, fixed), block_sizes[0])
 
     def decode(prompt_ids, variant=None):
         model, block_size = variants[variant] if variant else (None, None)
@@ -204,7 +218,9 @@ def benchmark(args) -> dict:
     def figures(v, picked) -> dict:
         """tau, speedup and identical of variant `v` over the prompts `picked` (indices)."""
         lengths = [length for i in picked for length in summaries[v][i].acceptance_lengths]
+        verified = [blk.verified + 1 for i in picked for blk in summaries[v][i].blocks]
         return {"num_prompts": len(picked), "tau": statistics.fmean(lengths) if lengths else None,
+                "mean_verify_len": statistics.fmean(verified) if verified else None,
                 "speedup": tok_s(v, picked) / tok_s("plain", picked),
                 "identical": sum(same[v][i] for i in picked) / len(picked)}
 
@@ -224,7 +240,7 @@ def benchmark(args) -> dict:
     per_block = {}
 
     def overall(v) -> dict:
-        b = variants[v][1]
+        b = variants[v][0].block_size if variants[v][1] == AUTO else variants[v][1]
         lengths = [length for s in summaries[v] for length in s.acceptance_lengths]
         cycles = sum(len(s.blocks) for s in summaries[v])
         return {
@@ -240,11 +256,12 @@ def benchmark(args) -> dict:
             ],
             "draft_ms_per_cycle": 1000 * sum(s.draft_s for s in summaries[v]) / cycles,
             "verify_ms_per_cycle": 1000 * sum(s.verify_s for s in summaries[v]) / cycles,
+            "mean_verify_len": sum(blk.verified + 1 for s in summaries[v] for blk in s.blocks) / cycles,
         }
 
-    per_block = {b: overall(f"dflash_b{b}") for b in block_sizes}
+    per_block = {b: {**overall(variant_name(b)), "per_set": per_set(variant_name(b))} for b in block_sizes}
     head = per_block[block_sizes[0]]
-    sets = per_set(f"dflash_b{block_sizes[0]}")
+    sets = head["per_set"]
     prefix = len(sets) > 1
     tau_per_category = {(f"{name}/{c}" if prefix else c): r["tau"]
                         for name, s in sets.items() for c, r in s["per_category"].items()}
@@ -285,6 +302,10 @@ def benchmark(args) -> dict:
         "versus": versus,
         "vllm": vllm,
     }
+
+
+def variant_name(block_size: int | str) -> str:
+    return f"dflash_b{block_size}" if block_size != AUTO else f"dflash_{AUTO}"
 
 
 def vllm_rows(args, encoded: list[list[int]], plain_ids: list[list[int]], block_size: int, our_plain_tok_s: float) -> dict:
@@ -344,6 +365,14 @@ def print_table(result: dict) -> None:
               + (", eager" if vllm["eager"] else ", torch.compile") + "): speedup over vLLM plain; identical: "
               f"outputs equal to our plain decoding; tau from vLLM's per-request metrics "
               f"({d['tau']:.3f}; its aggregate counters: {d['tau_counters']:.3f})")
+    if len(result["per_block_size"]) > 1:
+        names = list(result["per_set"])
+        print("every block size by prompt set (speedup / tau / mean tokens verified per cycle):")
+        print(f"{'block':<22}" + "".join(f"{name:>26}" for name in names))
+        for b, r in result["per_block_size"].items():
+            cells = [f"{s['speedup']:.2f}x / {s['tau']:.2f} / {s['mean_verify_len']:.2f}"
+                     for s in (r["per_set"][name] for name in names)]
+            print(f"{'DFlash block ' + str(b):<22}" + "".join(f"{c:>26}" for c in cells))
     tables = [("", result["per_set"])]
     if versus:
         tables.append((f"versus ({Path(versus['drafter']).name}), ", versus["per_set"]))
@@ -406,7 +435,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-unavailable", action="store_true",
                         help="with --dataset: leave out (and name) a dataset that cannot be loaded instead of stopping; "
                         "exit 3 when none can")
-    args = parse(parser, argv)
+    args = parse(parser, argv, auto=True)
+    if AUTO in (args.block_sizes or ()) and (args.methods or args.peer):
+        parser.error(f"--block-sizes {AUTO} races the engine's DFlash only: without --methods or --peer")
     if args.dataset:
         if args.methods or args.versus or args.peer or args.prompts:
             parser.error("--dataset races plain decoding and DFlash on the datasets: without --methods, --versus, "

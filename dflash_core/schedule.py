@@ -1,0 +1,175 @@
+"""The per-cycle block schedule: how many of a cycle's drafts are worth their verify cost.
+
+`generate(..., block_size="auto")` drafts the drafter's whole block every cycle, then verifies only
+its first k drafts, the k that maximizes expected tokens per second of the cycle:
+
+    rate(k) = (1 + E[accepted | k]) / (other_s + verify_s[k + 1]),
+    E[accepted | k] = sum over j <= k of c_1 * ... * c_j
+
+c_i: the drafter's probability for draft i (`draft_confidence`); verify_s[L]: seconds of the
+target's verify of L tokens, from a `CostProfile` measured once per target, thread count and
+longest block (`measured_costs`) or given; other_s: the cycle's cost besides the verify (the
+draft, the acceptance, the cache bookkeeping), its mean over the run's previous cycles. The 1
+is the target's bonus token, which every cycle commits.
+
+A prefix of a draft is verified exactly as a full draft is, so the output stays that of plain
+decoding at temperature 0 and exact in distribution when sampling, provided the choice of k does
+not depend on which token a sampled draft drew: keeping a draft only when it was a likely draw
+would skew what is emitted. So with sampled drafts c_i is the expected probability of a draw,
+sum_x q_i(x)^2, a function of q_i alone; and only a drafter that computes every slot's q before
+drawing any (DFlash: one pass) may be scheduled then. Deterministic drafts (greedy, argmax)
+use the draft's own probability, which is the same thing for them: max_x q_i(x).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import GenerationInputError
+from .explain import distribution
+
+AUTO = "auto"  # the block_size that asks for the schedule
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """What a cycle costs at each verify length: verify_s[L - 1] seconds for a verify of L tokens
+    (slot 0 and L - 1 drafts), L = 1 .. len(verify_s); other_s: the rest of a cycle (the draft,
+    acceptance and bookkeeping), or None to learn it from the run's own cycles."""
+
+    verify_s: tuple[float, ...]
+    other_s: float | None = None
+
+    def __post_init__(self):
+        times = [*self.verify_s, *([] if self.other_s is None else [self.other_s])]
+        if not self.verify_s or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times):
+            raise GenerationInputError(
+                f"a cost profile needs verify seconds for lengths 1, 2, ... and finite times >= 0; got "
+                f"verify_s={list(self.verify_s)[:20]}, other_s={self.other_s}"
+            )
+        if max(self.verify_s) <= 0:
+            raise GenerationInputError(f"a cost profile's verify times are all zero: {list(self.verify_s)[:20]}")
+
+    @property
+    def longest(self) -> int:
+        return len(self.verify_s)
+
+    def to_dict(self) -> dict:
+        return {"verify_s": list(self.verify_s), "other_s": self.other_s}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostProfile:
+        if not isinstance(data, dict) or not isinstance(data.get("verify_s"), list):
+            raise GenerationInputError(f'a cost profile is {{"verify_s": [seconds per length], "other_s": seconds}}; got {data!r:.80}')
+        return cls(tuple(data["verify_s"]), data.get("other_s"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostProfile:
+        """A profile from a JSON file (`to_dict`'s form; `bench cycle --cost-profile` writes one)."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as exc:
+            raise GenerationInputError(f"cannot read the cost profile {path}: {exc}") from None
+
+
+def expected_accepted(confidence: list[float]) -> list[float]:
+    """E[accepted drafts] when verifying the first k drafts, for k = 0 .. len(confidence)."""
+    out, reach = [0.0], 1.0
+    for c in confidence:
+        reach *= c  # the chance that every draft up to this one is accepted
+        out.append(out[-1] + reach)
+    return out
+
+
+def best_length(confidence: list[float], verify_s, other_s: float) -> int:
+    """The number of drafts k (0 .. len(confidence)) with the most expected tokens per second;
+    the shortest among equals."""
+    gains = expected_accepted(confidence)
+    rates = [(1 + gains[k]) / (other_s + verify_s[k]) for k in range(min(len(gains), len(verify_s)))]
+    return max(range(len(rates)), key=lambda k: (rates[k], -k))
+
+
+class BlockSchedule:
+    """One run's schedule: chooses each cycle's verified drafts (`choose`) and learns the cost
+    of a cycle besides its verify from the cycles that ran (`observe`)."""
+
+    def __init__(self, costs: CostProfile, block_size: int):
+        if costs.longest < block_size:
+            raise GenerationInputError(
+                f"the cost profile covers verify lengths up to {costs.longest}, the block size is {block_size}"
+            )
+        self.verify_s = costs.verify_s[:block_size]
+        self.given_other_s = costs.other_s
+        self.other_total, self.cycles = 0.0, 0
+
+    @property
+    def other_s(self) -> float:
+        if self.given_other_s is not None:
+            return self.given_other_s
+        return self.other_total / self.cycles if self.cycles else 0.0
+
+    def choose(self, confidence: torch.Tensor) -> int:
+        """Drafts to verify, from the drafter's confidence per draft (one host read)."""
+        return best_length(confidence.tolist(), self.verify_s, self.other_s)
+
+    def observe(self, other_s: float) -> None:
+        """A cycle's seconds besides its verify."""
+        self.other_total += other_s
+        self.cycles += 1
+
+
+def draft_confidence(drafter, logits, probs, sampling, vocab_size: int) -> torch.Tensor:
+    """[n] the drafter's probability for each of its n drafts, as the schedule reads it (module doc).
+
+    logits: what the drafter's `draft_logits` returned; probs: the q rows sampled drafts were
+    drawn from, or None for deterministic drafts (the mode of the sampling distribution).
+    """
+    if probs is not None:
+        return probs.square().sum(dim=-1)
+    return distribution(drafter.full_logits(logits, vocab_size), sampling).amax(dim=-1)
+
+
+# Measured profiles, per target (dropped with it) and (longest, threads, feature taps, device).
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def measured_costs(target, longest: int, context: int = 64) -> CostProfile:
+    """The profile `measure_costs` gives for `target`, measured on first use and kept with it."""
+    key = (longest, torch.get_num_threads(), target.feature_layers, str(target.device), context)
+    per_target = _MEASURED.setdefault(target, {})
+    if key not in per_target:
+        per_target[key] = measure_costs(target, longest, context)
+    return per_target[key]
+
+
+@torch.inference_mode()
+def measure_costs(target, longest: int, context: int = 64, rounds: int = 3) -> CostProfile:
+    """Seconds of the target's verify of 1 .. `longest` tokens (with its feature taps as they are
+    set) after `context` random tokens: the least of `rounds` timings of each, after one warm-up
+    round, the lengths interleaved so a change in the machine's load touches them all alike. Leaves
+    the target's cache holding the context; the caller resets it."""
+    device = target.device
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.vocab_size, (1, context + longest), generator=generator).to(device)
+    target.reset(context + longest)
+    target.forward(ids[:, :context], last_logits_only=True)
+    best = [math.inf] * longest
+    for round_ in range(rounds + 1):
+        for length in range(1, longest + 1):
+            target.crop(context)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            logits, _ = target.forward(ids[:, context : context + length])
+            int(logits[-1].argmax())  # a cycle's verify ends with its result on the host
+            if round_:  # the first round warms up kernels, allocator and graph captures
+                best[length - 1] = min(best[length - 1], time.perf_counter() - t0)
+    target.crop(context)
+    return CostProfile(tuple(best))
