@@ -431,17 +431,18 @@ class Attacks:
     # --- 4: a paused race left behind --------------------------------------------------------------
     def pause_and_leave(self) -> dict:
         """A race paused, then: its page closed ("left"), kept open and idle ("stays", until the
-        pause deadline), or kept open while 260 fresh sessions push it out of the pause table
-        ("evicted"). Each time another visitor's race, queued behind it, must finish."""
+        pause budget), or kept open while 260 calls with made-up sessions try to push it out of the
+        pause table ("made_up_sessions": since issue 59 they cannot, so it holds to the budget like
+        "stays"). Each time another visitor's race, queued behind it, must finish."""
         out = {}
-        for how in ("left", "stays", "evicted"):
+        for how in ("left", "stays", "made_up_sessions"):
             self.runner.check_time()
             page = Page(self, "Tell me a very short story about a cat.", self.args.cancel_tokens)
             page.pause()
             paused = time.perf_counter()
             if how == "left":
                 page.leave()
-            if how == "evicted":
+            if how == "made_up_sessions":
                 pick = self.fn_index("cycle-pick")
                 with httpx.Client(timeout=30) as http:
                     for _ in range(260):
@@ -453,8 +454,8 @@ class Attacks:
                 probe, ok = str(exc), False
             waited = round(time.perf_counter() - paused, 2)
             page.leave()
-            # Leaving or eviction free the model well before the deadline; staying, at it.
-            if how == "stays":
+            # Leaving frees the model well before the budget; staying, at it, whatever else is sent.
+            if how != "left":
                 ok = ok and self.args.max_pause_s <= waited < self.args.max_pause_s + self.args.probe_timeout_s
             else:
                 ok = ok and waited < self.args.max_pause_s

@@ -7,8 +7,8 @@ file, which must not be another session's trace; at most `replay_concurrency` re
 `replay_queue` wait (`ReplaySlots`); a recording longer than `max_replay_s` in real time plays
 faster, and frames and charts are drawn less often the bigger the recording, so that its total
 drawing work stays proportional to its size; a frame of n bytes (each within the budgets of
-`view/budget.py`) takes at least n / BYTES_DRAWN_PER_S seconds, its drawing included, before the
-next is drawn. Any failure while loading or playing a trace reaches the visitor as a message.
+`view/budget.py`) takes at least n x (replays playing) / BYTES_DRAWN_PER_S seconds, its drawing
+included, before the next is drawn: all replays together draw at most BYTES_DRAWN_PER_S. Any failure while loading or playing a trace reaches the visitor as a message.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from .traces import TraceStore
 # the pacing keeps either under these rates, so a replay's drawing never grows with its length twice.
 TOKENS_DRAWN_PER_S = 50_000
 BLOCKS_CHARTED_PER_S = 20_000
-# What a frame sends: the biggest running frame of a shipped replay (235 KB) every FRAME_S (0.08 s)
-# is 2.9 MB/s, so those are never slowed; a crafted trace that fills every budget gets a frame about
-# every 0.4 s, and four replays together send at most 12 MB/s.
+# What the replays playing send, together: building a frame's HTML costs the CPU a live race needs,
+# so the rate is the server's, shared by the replays playing (one replay alone: the biggest running
+# frame of a shipped replay, 235 KB every FRAME_S of 0.08 s, is 2.9 MB/s and never slowed; four
+# replays of crafted traces that fill every budget send 3 MB/s in all, not four times that).
 BYTES_DRAWN_PER_S = 3_000_000
 WAIT_POLL_S = 1.0  # a replay waiting for a slot says so this often (and notices a client that left)
 
@@ -209,7 +210,7 @@ class Playback:
                 values = race_frame(
                     snapshot, pieces, recording.text_of, None, with_charts, control.viewer, running=running
                 ).values()
-                next_frame = started + _html_bytes(values) / BYTES_DRAWN_PER_S
+                next_frame = started + _html_bytes(values) * max(1, self.slots.playing) / BYTES_DRAWN_PER_S
                 yield values
         time.sleep(max(0.0, next_frame - time.perf_counter()))
         yield race_frame(snapshot, pieces, recording.text_of, recording.report(), True, control.viewer, note=note).values()
