@@ -9,7 +9,8 @@ file without importing or executing anything from it; `trace_csv` flattens per-b
     hardware   device, cpu, threads, gpu
     versions   dflash-studio, torch, transformers, python
     vocab_size every token id in the file is below it
-    runs       {lane: Summary.to_trace()} for some of the lanes dflash, ar, lookup and plain; each run
+    runs       {lane: Summary.to_trace()} for some of the lanes dflash, scheduled (DFlash with the block
+               schedule), ar, lookup and plain; each run
                names its `method` (dflash, dflash2, ar, lookup or plain) and its `block_schedule`
                (fixed or auto), each block its `verify_len` (files from before the block schedule
                have neither: every block verified its whole draft)
@@ -42,9 +43,10 @@ if TYPE_CHECKING:
 SCHEMA = "dflash-trace/2"
 READS = (SCHEMA, "dflash-trace/1")  # /1: the same fields, only the dflash and plain runs, no run methods
 MAX_BYTES = 20_000_000  # 20 MB: far above any real race (the shipped 128-token ones are listed in docs/benchmarks.md)
-# The lanes a race may hold, in the order they are shown: DFlash, the autoregressive drafter with
-# DFlash's KV injection, prompt lookup, plain decoding.
-RUNS = ("dflash", "ar", "lookup", "plain")
+# The lanes a race may hold, in the order they are shown: DFlash, DFlash with the per-cycle block
+# schedule (block_size="auto"), the autoregressive drafter with DFlash's KV injection, prompt
+# lookup, plain decoding. A file holds some of them, so files from before a lane was added still read.
+RUNS = ("dflash", "scheduled", "ar", "lookup", "plain")
 METHODS = ("dflash", "dflash2", "ar", "lookup", "plain")
 SCHEDULES = ("fixed", "auto")
 CSV_COLUMNS = ["lane", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s",

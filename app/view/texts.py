@@ -54,8 +54,12 @@ NO_AR_DRAFTER = (
     "{label} has no autoregressive drafter, so it cannot race the AR drafter lane. Pairs with one: {pairs}."
 )
 VLLM_LANES = (
-    "A vLLM pair races the server's DFlash against its plain decoding only: the AR drafter and prompt "
-    "lookup lanes run in this engine, on the app's local pairs."
+    "A vLLM pair races the server's DFlash against its plain decoding only: the scheduled block, AR "
+    "drafter and prompt lookup lanes run in this engine, on the app's local pairs."
+)
+SCHEDULED_SAMPLING = (
+    "{label}'s drafter ({method}) conditions each draft on the ones before it, so the scheduled block lane "
+    "races it at temperature 0 only (the schedule must not depend on what a sampled draft drew)."
 )
 
 # --- a replay ---------------------------------------------------------------------------------------
