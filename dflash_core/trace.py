@@ -513,7 +513,8 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         clock = block["elapsed_s"]
         output.extend(committed)
         if block.get("explain") is not None:
-            _consistent_explain(block["explain"], f"{at}.explain", size, block["position"], drafts)
+            # The cycle explained what it verified: slot 0 and the verified drafts (all, at a fixed block).
+            _consistent_explain(block["explain"], f"{at}.explain", size, block["position"], verified)
     if run["total_s"] < clock:
         raise TraceTimingError(f"{where}.total_s is {run['total_s']}, earlier than its last cycle ({clock})")
     if run["output_ids"] != output:
@@ -524,11 +525,11 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
 
 def _consistent_explain(info: dict, where: str, size: int, position: int, drafts: int) -> None:
     """An explanation no larger than its block: its positions are the block's (slot 0, then one
-    per draft), B target rows, B - 1 draft rows and verdicts."""
+    per verified draft), B target rows, B - 1 draft rows and verdicts."""
     if info["positions"] != list(range(position, position + drafts + 1)):
         raise TraceFieldError(
             f"{where}.positions must be the block's positions {position} to {position + drafts} (slot 0, then one per "
-            f"draft), got {_show(info['positions'])}"
+            f"verified draft), got {_show(info['positions'])}"
         )
     for name, most in (("target_topk", size), ("draft_topk", size - 1)):
         if len(info[name]) > most:
