@@ -23,5 +23,5 @@ def lane_title(lane: str, block_size: int) -> str:
     if lane == "lookup":
         return f"Prompt lookup (block {block_size}, no model)"
     if lane == "scheduled":
-        return f"DFlash, scheduled block (up to {block_size}, chosen per cycle: 1 pass per cycle)"
+        return f"DFlash, scheduled block (1 to {block_size}, chosen each cycle: 1 pass per cycle)"
     return f"DFlash (block {block_size}: 1 pass per cycle)"

@@ -199,7 +199,7 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
     skipped = len(view.blocks) - len(rows)
     more = f'<div style="color:#889">… {skipped} earlier blocks in the trace download</div>' if skipped else ""
     cut = any(block.verified < len(block.draft_ids) for block in view.blocks)
-    kinds = "accepted / rejected / not verified / bonus; verified tokens per block" if cut else "accepted / rejected / bonus"
+    kinds = "accepted / rejected / not verified / bonus; kept / verified" if cut else "accepted / rejected / bonus"
     return (
         f'<details class="draft-strip" open><summary>Drafts per block ({kinds})</summary>'
         f'<div style="font-family:ui-monospace,monospace;font-size:12px;max-height:14em;overflow:auto">{more}'
@@ -222,7 +222,7 @@ def _strip_row(block, text_of, left: int, tips_left: int) -> tuple[str | None, i
     bonus_slot = block.accepted + 1
     bonus_tip = tip(bonus_slot, "bonus token", block.bonus_id)
     bonus = _chip(block, bonus_slot, block.bonus_id, "bonus", text_of, bonus_tip, "bonus token")
-    head = (f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;width:4.5em">'
+    head = (f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;min-width:6em">'
             f"#{_text(block.index)} {_text(block.acceptance_length)}/{_text(block.verified + 1)}</span>")
     left -= len(head.encode()) + len(bonus.encode()) - len(bonus_tip.encode()) + len("</div>")
     if left < 0:
