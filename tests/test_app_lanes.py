@@ -144,3 +144,20 @@ def test_the_shipped_traces_from_before_the_scheduled_lane_still_replay():
     for path in files:
         recording = load_trace(path)
         assert "scheduled" not in recording.runs and recording.runs["dflash"].block_schedule == "fixed", path.name
+
+
+def test_a_drafter_that_drafts_slot_by_slot_races_the_scheduled_lane_at_temperature_0_only(tiny_dirs, tmp_path, one_thread):
+    from tiny import build_dflash2_drafter
+
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
+    from app.ui import App
+    from app.view.frames import FRAME_FIELDS
+
+    spec = cli_pair(str(tiny_dirs[0]), str(build_dflash2_drafter(tmp_path / "dflash2", tiny_dirs[0])))
+    app = App([spec], spec.id, PairCache("cpu"))
+    with pytest.raises(Exception, match=r"drafter \(dflash2\) conditions each draft on the ones before it, so the "
+                                        "scheduled block lane races it at temperature 0 only"):
+        list(app.compare(PROMPT, 8, BLOCK, 0.8, 1.0, 0, ["scheduled"]))
+    *_, last = app.compare(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["scheduled"])
+    assert dict(zip(FRAME_FIELDS, last))["report"]["lanes"]["scheduled"]["identical"] is True
