@@ -77,14 +77,14 @@ def run_race_in_browser(
             page.wait_for_selector("#chart-acceptance .js-plotly-plot .scatterlayer path", state="attached",
                                    timeout=timeout_ms)
             page.wait_for_timeout(500)  # let the last chart frame paint
+            raced = [lane for lane in LANES if lane in ("dflash", *lanes, "plain")]
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
             return {
                 "first_token_s": round(first_token_s, 3),
                 "target_tokens": page.locator("#dflash-tokens .tok-bonus, #dflash-tokens .tok-first").count(),
                 "plain_tokens": page.locator("#plain-tokens .tok-plain").count(),
-                "lane_tokens": {lane: page.locator(f"#{lane}-tokens .tok").count()
-                                for lane in LANES},
+                "lane_tokens": {lane: page.locator(f"#{lane}-tokens .tok").count() for lane in raced},
                 "lanes_visible": [lane for lane in LANES
                                   if page.locator(f"#{lane}-pane").is_visible()],
                 "plots": page.locator(".js-plotly-plot").count(),
