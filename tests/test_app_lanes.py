@@ -161,3 +161,29 @@ def test_a_drafter_that_drafts_slot_by_slot_races_the_scheduled_lane_at_temperat
         list(app.compare(PROMPT, 8, BLOCK, 0.8, 1.0, 0, ["scheduled"]))
     *_, last = app.compare(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["scheduled"])
     assert dict(zip(FRAME_FIELDS, last))["report"]["lanes"]["scheduled"]["identical"] is True
+
+
+def test_a_stopped_race_names_each_lanes_method_and_schedule_in_its_trace(tiny_dirs, one_thread):
+    from types import SimpleNamespace
+
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
+    from app.ui import App
+    from app.view.frames import FRAME_FIELDS
+
+    spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    app = App([spec], spec.id, PairCache("cpu"))
+    visitor = SimpleNamespace(session_hash="stopper")  # all a handler reads of gr.Request
+    frames = app.compare("Tell me a long story.", 400, BLOCK, 0.0, 1.0, 0, ["scheduled", "lookup"], request=visitor)
+    for values in frames:  # every lane has tokens on screen (a lane with none leaves no trace to write)
+        shown = [values[FRAME_FIELDS.index(f"{lane}_tokens")] for lane in ("dflash", "scheduled", "lookup", "plain")]
+        if all(isinstance(html, str) and html.count('class="tok ') >= 3 for html in shown):
+            break
+    assert app.stops.request("stopper") is True
+    *_, last = frames
+    last = dict(zip(FRAME_FIELDS, last))
+    assert last["report"]["stopped"] is True, last["report"]
+    trace = validate_trace(last["trace_file"])
+    assert {lane: (run["method"], run["block_schedule"]) for lane, run in trace["runs"].items()} == {
+        "dflash": ("dflash", "fixed"), "scheduled": ("dflash", "auto"), "lookup": ("lookup", "fixed"),
+        "plain": ("plain", "fixed")}

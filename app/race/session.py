@@ -11,7 +11,7 @@ GPU worker process.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dflash_core.events import Summary
 from dflash_core.lossless import Verdict
@@ -119,10 +119,16 @@ class RaceSession:
     def result(self) -> RaceResult | None:
         """The race's verdict, report and trace, from its last snapshot; None when it stopped
         before every lane had a token."""
+        from dflash_core.drafting import method_name  # torch only for a live race
+
         how = "stopped" if self.last.stopped else "running"
         summaries = {name: view.as_summary(how) for name, view in self.last.lanes.items()}
         if any(summary is None for summary in summaries.values()):
             return None
+        # A stopped lane's summary is one over what was shown: it names what drafted, as the engine's does.
+        summaries = {name: summary if self.last.lanes[name].done else replace(
+            summary, method=method_name(self.lanes[name].drafter),
+            block_schedule="auto" if self.lanes[name].scheduled else "fixed") for name, summary in summaries.items()}
         d, p = summaries["dflash"], summaries["plain"]
         verdicts = {}
         if self.sampling.greedy and not self.last.stopped:
