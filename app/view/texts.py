@@ -13,7 +13,8 @@ autoregressive drafter (one pass per drafted token, the same injected target fea
 
 Block size is a hardware trade-off: a bigger block lets more tokens be accepted per cycle, but on a
 CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half), so here the block-4 pair is the
-faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper."""
+faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper. The
+*scheduled block* lane lets DFlash choose each cycle how many of its drafts to verify."""
 
 REPLAY_TAB = (
     "No model needed: replay a race recorded on the default pair (or upload a trace a race "
