@@ -9,7 +9,8 @@ file without importing or executing anything from it; `trace_csv` flattens per-b
     hardware   device, cpu, threads, gpu
     versions   dflash-studio, torch, transformers, python
     vocab_size every token id in the file is below it
-    runs       {lane: Summary.to_trace()} for some of the lanes dflash, ar, lookup and plain; each run
+    runs       {lane: Summary.to_trace()} for some of the lanes dflash, scheduled (DFlash with the block
+               schedule), ar, lookup and plain; each run
                names its `method` (dflash, dflash2, ar, lookup or plain) and its `block_schedule`
                (fixed or auto), each block its `verify_len` (files from before the block schedule
                have neither: every block verified its whole draft)
@@ -42,9 +43,10 @@ if TYPE_CHECKING:
 SCHEMA = "dflash-trace/2"
 READS = (SCHEMA, "dflash-trace/1")  # /1: the same fields, only the dflash and plain runs, no run methods
 MAX_BYTES = 20_000_000  # 20 MB: far above any real race (the shipped 128-token ones are listed in docs/benchmarks.md)
-# The lanes a race may hold, in the order they are shown: DFlash, the autoregressive drafter with
-# DFlash's KV injection, prompt lookup, plain decoding.
-RUNS = ("dflash", "ar", "lookup", "plain")
+# The lanes a race may hold, in the order they are shown: DFlash, DFlash with the per-cycle block
+# schedule (block_size="auto"), the autoregressive drafter with DFlash's KV injection, prompt
+# lookup, plain decoding. A file holds some of them, so files from before a lane was added still read.
+RUNS = ("dflash", "scheduled", "ar", "lookup", "plain")
 METHODS = ("dflash", "dflash2", "ar", "lookup", "plain")
 SCHEDULES = ("fixed", "auto")
 CSV_COLUMNS = ["lane", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s",
@@ -511,7 +513,8 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         clock = block["elapsed_s"]
         output.extend(committed)
         if block.get("explain") is not None:
-            _consistent_explain(block["explain"], f"{at}.explain", size, block["position"], drafts)
+            # The cycle explained what it verified: slot 0 and the verified drafts (all, at a fixed block).
+            _consistent_explain(block["explain"], f"{at}.explain", size, block["position"], verified)
     if run["total_s"] < clock:
         raise TraceTimingError(f"{where}.total_s is {run['total_s']}, earlier than its last cycle ({clock})")
     if run["output_ids"] != output:
@@ -522,11 +525,11 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
 
 def _consistent_explain(info: dict, where: str, size: int, position: int, drafts: int) -> None:
     """An explanation no larger than its block: its positions are the block's (slot 0, then one
-    per draft), B target rows, B - 1 draft rows and verdicts."""
+    per verified draft), B target rows, B - 1 draft rows and verdicts."""
     if info["positions"] != list(range(position, position + drafts + 1)):
         raise TraceFieldError(
             f"{where}.positions must be the block's positions {position} to {position + drafts} (slot 0, then one per "
-            f"draft), got {_show(info['positions'])}"
+            f"verified draft), got {_show(info['positions'])}"
         )
     for name, most in (("target_topk", size), ("draft_topk", size - 1)):
         if len(info[name]) > most:

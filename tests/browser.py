@@ -4,6 +4,8 @@ Used by the browser test and to make the README screenshot::
 
     python app.py --port 7861 &   # the offline default pair, which has every lane
     python tests/browser.py http://127.0.0.1:7861 assets/screenshot.png --max-new-tokens 96 --lanes ar,lookup
+    python app.py --port 7861 --pair smollm2-135m-b16 &   # the block-16 drafter, fixed and scheduled
+    python tests/browser.py http://127.0.0.1:7861 assets/scheduled-lane.png --max-new-tokens 96 --lanes scheduled
     python app.py --replay assets/traces/math-greedy.json --port 7862 &
     python tests/browser.py http://127.0.0.1:7862 assets --replay-shots   # replay.png, inside-a-cycle.png
     python tests/browser.py http://127.0.0.1:7861 assets/doctor-panel.png --doctor-shot   # "Why this tau?"
@@ -19,6 +21,8 @@ import shutil
 import time
 from pathlib import Path
 
+from dflash_core.trace import RUNS as LANES
+
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = [
     "--no-sandbox",
@@ -30,7 +34,7 @@ LAUNCH_ARGS = [
     "--disable-sync",
 ]
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that returns True when n is a prime number."
-LANE_LABELS = {"ar": "AR drafter", "lookup": "prompt lookup"}  # the start of each checkbox's label
+LANE_LABELS = {"scheduled": "DFlash, scheduled block", "ar": "AR drafter", "lookup": "prompt lookup"}  # the start of each checkbox's label
 
 
 def chromium_path() -> str | None:
@@ -41,7 +45,7 @@ def run_race_in_browser(
     url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0,
     lanes: tuple[str, ...] = (),
 ) -> dict:
-    """Open the page, wait for the models, tick the added `lanes` (ar, lookup), race `prompt`, and
+    """Open the page, wait for the models, tick the added `lanes` (scheduled, ar, lookup), race `prompt`, and
     save a full-page screenshot.
 
     Returns what the page showed, plus `first_token_s`: seconds from the click to the first
@@ -73,15 +77,15 @@ def run_race_in_browser(
             page.wait_for_selector("#chart-acceptance .js-plotly-plot .scatterlayer path", state="attached",
                                    timeout=timeout_ms)
             page.wait_for_timeout(500)  # let the last chart frame paint
+            raced = [lane for lane in LANES if lane in ("dflash", *lanes, "plain")]
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
             return {
                 "first_token_s": round(first_token_s, 3),
                 "target_tokens": page.locator("#dflash-tokens .tok-bonus, #dflash-tokens .tok-first").count(),
                 "plain_tokens": page.locator("#plain-tokens .tok-plain").count(),
-                "lane_tokens": {lane: page.locator(f"#{lane}-tokens .tok").count()
-                                for lane in ("dflash", "ar", "lookup", "plain")},
-                "lanes_visible": [lane for lane in ("dflash", "ar", "lookup", "plain")
+                "lane_tokens": {lane: page.locator(f"#{lane}-tokens .tok").count() for lane in raced},
+                "lanes_visible": [lane for lane in LANES
                                   if page.locator(f"#{lane}-pane").is_visible()],
                 "plots": page.locator(".js-plotly-plot").count(),
                 "bars": page.locator("#chart-acceptance .js-plotly-plot .bars path").count(),
@@ -253,7 +257,7 @@ def main(argv=None) -> None:
     parser.add_argument("output", type=Path)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-new-tokens", type=int)
-    parser.add_argument("--lanes", default="", help="lanes to add to DFlash and plain decoding, e.g. ar,lookup")
+    parser.add_argument("--lanes", default="", help="lanes to add to DFlash and plain decoding, e.g. scheduled,ar,lookup")
     parser.add_argument(
         "--replay-shots", action="store_true",
         help="the app serves a replay (python app.py --replay FILE): save replay.png and inside-a-cycle.png in OUTPUT (a folder)",

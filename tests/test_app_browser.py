@@ -47,13 +47,13 @@ def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
 
 
 @pytest.mark.slow
-def test_browser_races_four_lanes_each_in_its_own_pane(app_url):
-    shot = ARTIFACTS / "app-four-lanes.png"
+def test_browser_races_five_lanes_each_in_its_own_pane(app_url):
+    shot = ARTIFACTS / "app-five-lanes.png"
     seen = run_race_in_browser(app_url, "What is the capital of France?", shot, max_new_tokens=24, timeout_s=90,
-                               lanes=("ar", "lookup"))
-    assert seen["lanes_visible"] == ["dflash", "ar", "lookup", "plain"]
-    assert all(count == 24 for count in seen["lane_tokens"].values()), seen["lane_tokens"]
-    assert "AR drafter" in seen["summary"] and "prompt lookup" in seen["summary"]
+                               lanes=("scheduled", "ar", "lookup"))
+    assert seen["lanes_visible"] == ["dflash", "scheduled", "ar", "lookup", "plain"]
+    assert seen["lane_tokens"] == dict.fromkeys(seen["lanes_visible"], 24)
+    assert all(lane in seen["summary"] for lane in ("DFlash, scheduled block", "AR drafter", "prompt lookup"))
     assert '"lanes"' in seen["report"]
 
 

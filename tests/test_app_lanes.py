@@ -19,6 +19,7 @@ from dflash_core.trace import validate_trace  # noqa: E402
 
 PROMPT = "What is the capital of France? Paris is the capital of France. What is"
 BLOCK = 4
+TRAINED = 8  # the tiny drafter's trained block (tests/tiny.py): the scheduled lane's longest
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_the_visitor_picks_the_lanes_and_a_bad_pick_is_named(client):
     assert out["report"]["lanes"]["lookup"]["identical"] is None  # sampling: not checked
     two, _ = race(client, [])
     assert list(two["report"]["lanes"]) == ["dflash", "plain"] and "lanes-table" not in two["summary"]
-    with pytest.raises(Exception, match="Unknown lane 'medusa': the lanes a race can add are ar, lookup"):
+    with pytest.raises(Exception, match="Unknown lane 'medusa': the lanes a race can add are scheduled, ar, lookup"):
         client.predict(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["medusa"], api_name="/compare")
     # The app keeps serving after the refusal.
     ok, _ = race(client, ["ar"])
@@ -88,3 +89,101 @@ def test_a_pair_without_an_ar_drafter_says_which_pairs_have_one(tiny_dirs, one_t
     app = App([spec], spec.id, PairCache("cpu"))
     with pytest.raises(Exception, match="has no autoregressive drafter, so it cannot race the AR drafter lane"):
         list(app.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["ar"]))
+
+
+def test_the_scheduled_lane_races_losslessly_and_its_trace_records_each_verified_length(client):
+    out, _ = race(client, ["scheduled"])
+    report = out["report"]["lanes"]
+    assert list(report) == ["dflash", "scheduled", "plain"]
+    assert report["scheduled"]["identical"] is True and report["scheduled"]["lossless"] == "identical"
+    # The slider's block is the fixed lane's; the schedule chooses up to the drafter's trained size.
+    assert report["scheduled"]["block_size"] == TRAINED and report["dflash"]["block_size"] == BLOCK
+    assert out["scheduled_tokens"].count('class="tok ') == 24
+    assert "DFlash, scheduled block (1 to 8, chosen each cycle: 1 pass per cycle)" in out["scheduled_stats"]
+    trace = validate_trace(out["trace_file"])
+    run = trace["runs"]["scheduled"]
+    assert run["block_schedule"] == "auto" and trace["runs"]["dflash"]["block_schedule"] == "fixed"
+    assert run["output_ids"] == trace["runs"]["plain"]["output_ids"]
+    lengths = [b["verify_len"] for b in run["blocks"]]
+    assert all(1 <= n <= TRAINED for n in lengths) and all(len(b["draft_ids"]) == TRAINED - 1 for b in run["blocks"])
+    assert run["mean_verify_len"] == pytest.approx(sum(lengths) / len(lengths))
+    # The strip labels each block by its verified length and outlines the drafts past it.
+    unverified = sum(TRAINED - n for n in lengths)
+    assert unverified > 0  # a random drafter's drafts are rarely worth a verify: the schedule cut some
+    assert out["scheduled_strip"].count('class="chip chip-unverified"') == unverified
+    assert f"#0 {run['blocks'][0]['accepted'] + 1}/{lengths[0]}" in out["scheduled_strip"]
+
+
+def test_a_scheduled_race_replays_from_its_trace_as_it_was_shown(tiny_dirs, one_thread):
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
+    from app.serve.replay import load_trace
+    from app.ui import App
+    from app.view.frames import FRAME_FIELDS
+
+    spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    app = App([spec], spec.id, PairCache("cpu"))
+    *_, live = app.compare(PROMPT, 16, BLOCK, 0.0, 1.0, 0, ["scheduled"])
+    live = dict(zip(FRAME_FIELDS, live))
+    recording = load_trace(live["trace_file"])
+    assert recording.runs["scheduled"].block_schedule == "auto"
+    assert all(b.verify_len is not None for b in recording.runs["scheduled"].blocks)
+    *_, replayed = app.replay(live["trace_file"], None, 4.0)
+    replayed = dict(zip(FRAME_FIELDS, replayed))
+    for name in ("scheduled_tokens", "scheduled_strip", "dflash_strip", "report"):
+        assert replayed[name] == live[name], name
+
+
+def test_the_shipped_traces_from_before_the_scheduled_lane_still_replay():
+    from pathlib import Path
+
+    from app.serve.replay import load_trace
+
+    files = sorted(Path(__file__).resolve().parents[1].glob("assets/traces/*-*.json"))
+    assert files
+    for path in files:
+        recording = load_trace(path)
+        assert "scheduled" not in recording.runs and recording.runs["dflash"].block_schedule == "fixed", path.name
+
+
+def test_a_drafter_that_drafts_slot_by_slot_races_the_scheduled_lane_at_temperature_0_only(tiny_dirs, tmp_path, one_thread):
+    from tiny import build_dflash2_drafter
+
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
+    from app.ui import App
+    from app.view.frames import FRAME_FIELDS
+
+    spec = cli_pair(str(tiny_dirs[0]), str(build_dflash2_drafter(tmp_path / "dflash2", tiny_dirs[0])))
+    app = App([spec], spec.id, PairCache("cpu"))
+    with pytest.raises(Exception, match=r"drafter \(dflash2\) conditions each draft on the ones before it, so the "
+                                        "scheduled block lane races it at temperature 0 only"):
+        list(app.compare(PROMPT, 8, BLOCK, 0.8, 1.0, 0, ["scheduled"]))
+    *_, last = app.compare(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["scheduled"])
+    assert dict(zip(FRAME_FIELDS, last))["report"]["lanes"]["scheduled"]["identical"] is True
+
+
+def test_a_stopped_race_names_each_lanes_method_and_schedule_in_its_trace(tiny_dirs, one_thread):
+    from types import SimpleNamespace
+
+    from app.serve.models import PairCache
+    from app.serve.pairs import cli_pair
+    from app.ui import App
+    from app.view.frames import FRAME_FIELDS
+
+    spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    app = App([spec], spec.id, PairCache("cpu"))
+    visitor = SimpleNamespace(session_hash="stopper")  # all a handler reads of gr.Request
+    frames = app.compare("Tell me a long story.", 400, BLOCK, 0.0, 1.0, 0, ["scheduled", "lookup"], request=visitor)
+    for values in frames:  # every lane has tokens on screen (a lane with none leaves no trace to write)
+        shown = [values[FRAME_FIELDS.index(f"{lane}_tokens")] for lane in ("dflash", "scheduled", "lookup", "plain")]
+        if all(isinstance(html, str) and html.count('class="tok ') >= 3 for html in shown):
+            break
+    assert app.stops.request("stopper") is True
+    *_, last = frames
+    last = dict(zip(FRAME_FIELDS, last))
+    assert last["report"]["stopped"] is True, last["report"]
+    trace = validate_trace(last["trace_file"])
+    assert {lane: (run["method"], run["block_schedule"]) for lane, run in trace["runs"].items()} == {
+        "dflash": ("dflash", "fixed"), "scheduled": ("dflash", "auto"), "lookup": ("lookup", "fixed"),
+        "plain": ("plain", "fixed")}

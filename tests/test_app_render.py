@@ -95,6 +95,41 @@ def test_draft_strip_shows_rejected_drafts():
     assert "#0 2/4" in strip and "#1 4/4" in strip
 
 
+def test_draft_strip_marks_the_drafts_a_block_schedule_left_unverified():
+    from dataclasses import replace
+
+    cut = replace(block(0, [2, 3, 4, 5, 9], accepted=2, bonus=4), verify_len=3)  # 2 of 5 drafts verified, both kept
+    rejected = replace(block(1, [3, 3, 3, 3, 3], accepted=0, bonus=9), verify_len=3)  # slot 1 rejected, slots 3-5 cut
+    whole = replace(block(2, [2, 2, 2, 2, 2], accepted=5, bonus=9), verify_len=6)
+    v = view([cut, rejected, whole], block_size=6, name="scheduled")
+    strip = render.draft_strip_html(v, text_of, tips=True)
+    # The label is accepted + bonus over the tokens verified, never the drafted block.
+    assert "#0 3/3" in strip and "#1 1/3" in strip and "#2 6/6" in strip
+    assert strip.count('class="chip chip-unverified"') == 6 and strip.count('class="chip chip-rejected"') == 2
+    assert strip.count('class="chip chip-accepted"') == 7
+    assert "not verified" in strip.split("</summary>")[0]
+    # The first cut block's bonus and its unverified drafts say the schedule cut them, not a rejection.
+    first = strip.split('data-block="1"')[0]
+    assert "All 2 verified drafts were accepted" in first and "Rejected" not in first
+    assert "Not verified: the block schedule verified 2 of this cycle&#x27;s 5 drafts" in strip
+    # A fixed block's strip has no unverified chips and the old labels.
+    fixed = render.draft_strip_html(view([block(0, [2, 1, 4], accepted=1, bonus=5)]), text_of)
+    assert "chip-unverified" not in fixed and "#0 2/4" in fixed and "not verified" not in fixed
+    assert "draft not verified" in render.legend_html()
+
+
+def test_acceptance_chart_draws_the_scheduled_lanes_verified_length_per_cycle():
+    from dataclasses import replace
+
+    blocks = [replace(block(i, [2, 3, 4, 5, 9], accepted=1, bonus=4), verify_len=n) for i, n in enumerate((2, 6, 3))]
+    fig = charts.acceptance_figure({"dflash": view([block(0, [2, 3, 4], 3, 5)]),
+                                    "scheduled": view(blocks, block_size=6, name="scheduled")})
+    verified = [t for t in fig.data if "verified per cycle" in t.name]
+    assert len(verified) == 1 and list(verified[0].y) == [2, 6, 3] and "mean 3.7" in verified[0].name
+    assert not [t for t in charts.acceptance_figure({"dflash": view([block(0, [2, 3, 4], 3, 5)])}).data
+                if "verified" in t.name]
+
+
 def test_draft_strip_shows_a_lookup_lane_whose_first_cycle_found_no_match():
     v = view([block(0, [], 0, 5), block(1, [2, 3], 2, 9)], name="lookup")
     strip = render.draft_strip_html(v, text_of)

@@ -100,7 +100,7 @@ def test_a_huge_block_size_without_a_report_is_refused_at_once(shipped, tmp_path
 
 
 SIZING = {  # each field that sizes a replay's work, set past what the file holds
-    "accepted": (lambda t: d_block(t).update(accepted=10**6), "blocks[0].accepted is 1000000; a block of 3 drafts"),
+    "accepted": (lambda t: d_block(t).update(accepted=10**6), "blocks[0].accepted is 1000000; a block of 3 verified drafts"),
     "index": (lambda t: d_block(t, 1).update(index=10**9), "blocks[1].index is 1000000000"),
     "position": (lambda t: d_block(t).update(position=10**12), "blocks[0].position is 1000000000000"),
     "drafts": (lambda t: d_block(t)["draft_ids"].extend([1] * 50), "blocks[0].draft_ids holds 53 drafts"),
@@ -393,7 +393,7 @@ BAD_TRACES = {
     "temperature hot": (lambda t: t["settings"].update(temperature="hot"),
                         "field trace.settings.temperature must be int or float, got str: 'hot'"),
     "accepted a million": (lambda t: d_block(t).update(accepted=10**6),
-                           "trace.runs.dflash.blocks[0].accepted is 1000000; a block of 3 drafts accepts 0 to 3"),
+                           "trace.runs.dflash.blocks[0].accepted is 1000000; a block of 3 verified drafts accepts 0 to 3"),
     "token key not an id": (lambda t: t["tokens"].update(abc="x"), "trace.tokens key 'abc' is not a token id"),
     "huge token id": (lambda t: t["runs"]["plain"]["output_ids"].append(HUGE), "['a 401-digit integer'] are outside"),
 }

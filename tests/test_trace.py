@@ -70,6 +70,28 @@ def test_a_lookup_run_may_draft_fewer_tokens_than_its_block_and_no_other_may(rac
         tr.validate_trace(as_bytes(renamed))
 
 
+def test_a_scheduled_run_with_explanations_validates_and_its_cut_blocks_explain_what_they_verified(golden_pair, golden_expected):
+    from dflash_core.schedule import CostProfile
+
+    target, drafter = golden_pair
+    prompt = golden_expected["prompts"][0]["prompt_ids"]
+    steep = CostProfile(tuple(float(n * n) for n in range(1, drafter.block_size + 1)))  # each extra token costs more
+    runs = {
+        "dflash": run(target, prompt, drafter, max_new_tokens=16, block_size=4, explain=3),
+        "scheduled": run(target, prompt, drafter, max_new_tokens=16, block_size="auto", costs=steep, explain=3),
+        "plain": run(target, prompt, None, max_new_tokens=16),
+    }
+    trace = tr.build_trace(settings=tr.settings_of(None, prompt, 16, 4, SamplingParams()),
+                           pair={"id": "golden", "target": "t", "drafter": "d", "trained_block_size": drafter.block_size},
+                           runs=runs, vocab_size=target.vocab_size, text_of=lambda t: f"tok{t}", device="cpu")
+    blocks = trace["runs"]["scheduled"]["blocks"]
+    cut = [b for b in blocks if b["verify_len"] < drafter.block_size]
+    assert cut, "no cycle verified less than its block: the test would not exercise the rule"
+    assert all(len(b["explain"]["positions"]) == b["verify_len"] for b in blocks)
+    assert list(tr.validate_trace(as_bytes(trace))["runs"]) == ["dflash", "scheduled", "plain"]
+    assert trace["runs"]["scheduled"]["output_ids"] == trace["runs"]["plain"]["output_ids"]
+
+
 def test_a_first_format_trace_is_still_read_with_its_two_runs(race_trace):
     old = copy.deepcopy(race_trace)
     old["schema"] = "dflash-trace/1"

@@ -2,7 +2,8 @@
 other (`interleave.py`), their snapshots, then a typed result (lossless verdict, report, trace).
 
 A lane is one named decoder of the same prompt with the same target: DFlash and plain decoding
-always, and the autoregressive drafter and prompt lookup when the visitor adds them (`LANES`).
+always, and DFlash with the per-cycle block schedule, the autoregressive drafter and prompt lookup
+when the visitor adds them (`LANES`).
 What is kept per lane is kept by name. Takes and gives only plain data: on ZeroGPU it runs in a
 GPU worker process.
 """
@@ -10,7 +11,7 @@ GPU worker process.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dflash_core.events import Summary
 from dflash_core.lossless import Verdict
@@ -29,16 +30,23 @@ EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for 
 @dataclass(frozen=True)
 class Lane:
     """One decoder in a race: the target instance it decodes with (each lane holds its own KV
-    caches) and its drafter (None: plain decoding, one token per step)."""
+    caches) and its drafter (None: plain decoding, one token per step). scheduled: the block
+    schedule picks each cycle's verified length, block_size being the longest."""
 
     target: object
     drafter: object | None = None
     block_size: int = 1
+    scheduled: bool = False
+
+    @property
+    def block_argument(self) -> int | str:
+        """What `generate` takes as its block_size for this lane."""
+        return "auto" if self.scheduled else self.block_size
 
 
 def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, Lane]:
-    """The lanes `names` of a pair, in the order of `LANES`: its DFlash drafter at `block_size`, its
-    autoregressive drafter (at most at its trained size), prompt lookup, and plain decoding, each on
+    """The lanes `names` of a pair, in the order of `LANES`: its DFlash drafter at `block_size`, the
+    same drafter with the block schedule (up to its trained size), its autoregressive drafter (at most at its trained size), prompt lookup, and plain decoding, each on
     a target instance of its own (`LoadedPair.lane_target`)."""
     from dflash_core.prompt_lookup import PromptLookup  # torch only for a live race
 
@@ -46,6 +54,8 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, La
         target = pair.lane_target(name)
         if name == "dflash":
             return Lane(target, pair.drafter, block_size)
+        if name == "scheduled":
+            return Lane(target, pair.drafter, pair.drafter.block_size, scheduled=True)
         if name == "ar":
             return Lane(target, pair.ar_drafter, min(block_size, pair.ar_drafter.block_size))
         if name == "lookup":
@@ -94,7 +104,7 @@ class RaceSession:
         common = {"max_new_tokens": self.max_new_tokens, "sampling": self.sampling, "stop_ids": self.pair.stop_ids,
                   "explain": EXPLAIN_TOP_K}
         events = {
-            name: generate(lane.target, self.prompt_ids, lane.drafter, block_size=lane.block_size, **common)
+            name: generate(lane.target, self.prompt_ids, lane.drafter, block_size=lane.block_argument, **common)
             for name, lane in self.lanes.items()
         }
         try:
@@ -109,10 +119,16 @@ class RaceSession:
     def result(self) -> RaceResult | None:
         """The race's verdict, report and trace, from its last snapshot; None when it stopped
         before every lane had a token."""
+        from dflash_core.drafting import method_name  # torch only for a live race
+
         how = "stopped" if self.last.stopped else "running"
         summaries = {name: view.as_summary(how) for name, view in self.last.lanes.items()}
         if any(summary is None for summary in summaries.values()):
             return None
+        # A stopped lane's summary is one over what was shown: it names what drafted, as the engine's does.
+        summaries = {name: summary if self.last.lanes[name].done else replace(
+            summary, method=method_name(self.lanes[name].drafter),
+            block_schedule="auto" if self.lanes[name].scheduled else "fixed") for name, summary in summaries.items()}
         d, p = summaries["dflash"], summaries["plain"]
         verdicts = {}
         if self.sampling.greedy and not self.last.stopped:

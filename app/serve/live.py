@@ -61,7 +61,9 @@ class LiveRace:
             temperature: 0 for greedy decoding, where both outputs must be identical; above 0 samples.
             top_p: nucleus sampling mass in (0, 1]; 1 keeps the whole distribution.
             seed: random seed for sampling (a whole number >= 0).
-            lanes: drafters to race beside DFlash and plain decoding, a list of names: "ar" (an
+            lanes: drafters to race beside DFlash and plain decoding, a list of names: "scheduled"
+                (DFlash drafting its trained block and verifying, each cycle, the prefix its block
+                schedule finds worth the verify cost; block_size does not apply to it), "ar" (an
                 autoregressive drafter with DFlash's KV injection, one pass per draft; only pairs
                 that ship one) and "lookup" (prompt lookup: copies what followed an earlier match
                 in the context, no model). Empty or omitted: DFlash and plain decoding only.

@@ -45,7 +45,7 @@ class LoadedPair:
     @property
     def lanes(self) -> tuple[str, ...]:
         """The lanes this pair can race (dflash_core.trace.RUNS order)."""
-        return ("dflash", *(("ar",) if self.ar_drafter is not None else ()), "lookup", "plain")
+        return ("dflash", "scheduled", *(("ar",) if self.ar_drafter is not None else ()), "lookup", "plain")
 
     def lane_target(self, lane: str) -> Target:
         """The target instance `lane` decodes with: DFlash the pair's own, plain its second, every

@@ -165,6 +165,7 @@ def _summary(run: dict, lane: str) -> Summary:
         blocks=tuple(blocks),
         total_s=float(run["total_s"]),
         method=str(run.get("method") or lane),  # traces before dflash-trace/2 name no method
+        block_schedule=run.get("block_schedule", "fixed"),  # traces before the block schedule name none
     )
 
 

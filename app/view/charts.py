@@ -43,7 +43,9 @@ def _figure(title: str, x_title: str, y_title: str, traces: list[dict], **axes) 
 
 
 def acceptance_figure(lanes: dict[str, SideView]) -> go.Figure:
-    """Per drafting lane (by name): each block's acceptance length (bars, one lane alone) and the running tau."""
+    """Per drafting lane (by name): each block's acceptance length (bars, one lane alone) and the
+    running tau; for the scheduled lane also each block's verified length, the length its block
+    schedule chose (dotted steps)."""
     traces = []
     alone = len(lanes) == 1
     for name, view in lanes.items():
@@ -58,10 +60,21 @@ def acceptance_figure(lanes: dict[str, SideView]) -> go.Figure:
         label = "tau (running mean)" if alone else f"{LABELS[name]} tau"
         traces.append({"type": "scatter", "x": x, "y": running, "mode": "lines", "name": f"{label} = {running[-1]:.2f}",
                        "line": {"color": "#222" if alone else COLORS[name]}})
+        if name == "scheduled":
+            traces.append(_verified_trace(view))
     top = max((view.block_size for view in lanes.values()), default=1)
     return _figure(
         "Acceptance length per block", "block", "tokens accepted (incl. bonus)", traces, yaxis={"range": [0, top + 0.5]},
     )
+
+
+def _verified_trace(view: SideView) -> dict:
+    """The scheduled lane's verified tokens per block (slot 0 and the verified drafts): the block
+    length its schedule chose each cycle, and their mean."""
+    lengths = [b.verified + 1 for b in view.blocks]
+    return {"type": "scatter", "x": list(range(len(lengths))), "y": lengths, "mode": "lines", "line": {
+        "color": COLORS["scheduled"], "dash": "dot", "shape": "hvh"},
+        "name": f"scheduled block: verified per cycle (mean {sum(lengths) / len(lengths):.1f})"}
 
 
 def speed_figure(lanes: dict[str, SideView]) -> go.Figure:

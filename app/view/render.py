@@ -28,7 +28,9 @@ COLORS = {
     "first": "#ffd98a",  # first token, from the prefill: also the target's own
     "plain": "#d6e4ff",  # plain decoding: every token is the target's own
     "rejected": "#f6b8b8",  # draft token the target threw away
+    "unverified": "#eef0f3",  # draft token a block schedule left out of the verify (dashed outline)
 }
+_UNVERIFIED = "outline:1px dashed #8a94a6;outline-offset:-1px"  # drawn inside the chip: no layout shift
 BOUNDARY = "#5a6b8c"
 DIFF = "#d11a2a"
 
@@ -176,7 +178,8 @@ def _token_span(mark: TokenMark, piece: str, i: int, text_of, diff_at: int | Non
 
 
 def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 40, tips: bool = False) -> str:
-    """Per block: what the drafter proposed, accepted in green, rejected in red, then the bonus.
+    """Per block: what the drafter proposed, accepted in green, rejected in red, then the bonus; a
+    scheduled block's drafts past those verified (`Block.verified`) are outlined, not verified.
 
     tips: give each chip its hover box (top-k and verdict) instead of a title. The newest of the
     last `last` blocks are drawn within STRIP_BYTES (a block's drafts in order, with a count of
@@ -195,8 +198,10 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
         rows.append(row)
     skipped = len(view.blocks) - len(rows)
     more = f'<div style="color:#889">… {skipped} earlier blocks in the trace download</div>' if skipped else ""
+    cut = any(block.verified < len(block.draft_ids) for block in view.blocks)
+    kinds = "accepted / rejected / not verified / bonus; kept / verified" if cut else "accepted / rejected / bonus"
     return (
-        '<details class="draft-strip" open><summary>Drafts per block (accepted / rejected / bonus)</summary>'
+        f'<details class="draft-strip" open><summary>Drafts per block ({kinds})</summary>'
         f'<div style="font-family:ui-monospace,monospace;font-size:12px;max-height:14em;overflow:auto">{more}'
         f"{''.join(reversed(rows))}</div></details>"
     )
@@ -217,17 +222,18 @@ def _strip_row(block, text_of, left: int, tips_left: int) -> tuple[str | None, i
     bonus_slot = block.accepted + 1
     bonus_tip = tip(bonus_slot, "bonus token", block.bonus_id)
     bonus = _chip(block, bonus_slot, block.bonus_id, "bonus", text_of, bonus_tip, "bonus token")
-    head = (f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;width:4.5em">'
-            f"#{_text(block.index)} {_text(block.acceptance_length)}/{len(block.draft_ids) + 1}</span>")
+    head = (f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;min-width:6em">'
+            f"#{_text(block.index)} {_text(block.acceptance_length)}/{_text(block.verified + 1)}</span>")
     left -= len(head.encode()) + len(bonus.encode()) - len(bonus_tip.encode()) + len("</div>")
     if left < 0:
         return None, 0, tips_left
 
     def chips():
         for k, token in enumerate(block.draft_ids):
-            kind = "accepted" if k < block.accepted else "rejected"
-            box = tip(k + 1, f"{kind} draft token", block.bonus_id if k == block.accepted else token)
-            yield _chip(block, k + 1, token, kind, text_of, box, f"{kind} draft token"), len(box.encode())
+            kind = "accepted" if k < block.accepted else "rejected" if k < block.verified else "unverified"
+            what = "draft token not verified" if kind == "unverified" else f"{kind} draft token"
+            box = tip(k + 1, what, block.bonus_id if k == block.accepted else token)
+            yield _chip(block, k + 1, token, kind, text_of, box, what), len(box.encode())
 
     drawn = first_within(chips(), lambda chip: len(chip[0].encode()) - chip[1], left)
     left -= sum(len(chip.encode()) - box_bytes for chip, box_bytes in drawn)
@@ -240,6 +246,8 @@ def _chip(block, slot: int, token: int, kind: str, text_of, tip: str, what: str)
     """One chip of the strip: a draft in `slot` (accepted or rejected), or the bonus token."""
     if kind == "bonus":
         style = f"background:{COLORS['bonus']};border-radius:3px;padding:0 2px;margin-left:6px"
+    elif kind == "unverified":
+        style = f"background:{COLORS[kind]};{_UNVERIFIED};border-radius:3px;padding:0 2px;margin-right:2px;color:#555"
     else:
         deco = "" if kind == "accepted" else ";text-decoration:line-through;opacity:%s" % (
             "1" if slot == block.accepted + 1 else "0.55")
@@ -261,10 +269,12 @@ def legend_html() -> str:
         ("accepted", "accepted draft token"),
         ("bonus", "bonus token (the target's own)"),
         ("rejected", "rejected draft token (in the strip)"),
+        ("unverified", "draft not verified (the scheduled block's cut)"),
         ("plain", "plain decoding"),
     ]
     chips = "".join(
-        f'<span style="background:{COLORS[k]};border-radius:3px;padding:1px 6px;margin-right:10px">{label}</span>'
+        f'<span style="background:{COLORS[k]};{_UNVERIFIED if k == "unverified" else ""};border-radius:3px;'
+        f'padding:1px 6px;margin-right:10px">{label}</span>'
         for k, label in items
     )
     return (

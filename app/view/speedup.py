@@ -132,7 +132,8 @@ def _curves(lanes: dict, plain, measured: dict | None) -> list[Curve]:
 
     curves = []
     for name, summary in lanes.items():
-        if summary is None or summary.block_size < 2:
+        # The model's curve is one fixed block per run; a schedule's cut drafts would read as rejected.
+        if summary is None or summary.block_size < 2 or name == "scheduled":
             continue
         auto = name == "ar"
         costs = run_costs(summary, plain, per_pass=auto)

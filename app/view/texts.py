@@ -13,7 +13,8 @@ autoregressive drafter (one pass per drafted token, the same injected target fea
 
 Block size is a hardware trade-off: a bigger block lets more tokens be accepted per cycle, but on a
 CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half), so here the block-4 pair is the
-faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper."""
+faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper. The
+*scheduled block* lane lets DFlash choose each cycle how many of its drafts to verify."""
 
 REPLAY_TAB = (
     "No model needed: replay a race recorded on the default pair (or upload a trace a race "
@@ -54,8 +55,12 @@ NO_AR_DRAFTER = (
     "{label} has no autoregressive drafter, so it cannot race the AR drafter lane. Pairs with one: {pairs}."
 )
 VLLM_LANES = (
-    "A vLLM pair races the server's DFlash against its plain decoding only: the AR drafter and prompt "
-    "lookup lanes run in this engine, on the app's local pairs."
+    "A vLLM pair races the server's DFlash against its plain decoding only: the scheduled block, AR "
+    "drafter and prompt lookup lanes run in this engine, on the app's local pairs."
+)
+SCHEDULED_SAMPLING = (
+    "{label}'s drafter ({method}) conditions each draft on the ones before it, so the scheduled block lane "
+    "races it at temperature 0 only (the schedule must not depend on what a sampled draft drew)."
 )
 
 # --- a replay ---------------------------------------------------------------------------------------

@@ -90,6 +90,18 @@ def why(block, slot: int, text_of: Callable[[int], str]) -> str:
     bonus = repr(text_of(block.bonus_id))
     if slot > len(block.draft_ids):
         return f"All {len(block.draft_ids)} drafts were accepted; the target adds its own next token {bonus} (the bonus)."
+    verified, drafts = block.verified, len(block.draft_ids)
+    if slot > verified and accepted == verified:  # the block schedule's cut, not a rejection
+        return (
+            f"All {verified} verified drafts were accepted; the target adds its own next token {bonus} (the bonus). "
+            f"The block schedule verified {verified} of this cycle's {drafts} drafts: the rest were worth less than "
+            "their verify cost."
+        )
+    if slot > verified:
+        return (
+            f"Not verified: the block schedule verified {verified} of this cycle's {drafts} drafts, and slot "
+            f"{accepted + 1} among them was rejected."
+        )
     draft = repr(text_of(block.draft_ids[slot - 1]))
     entry = slot_decision(explain, slot)
     if slot <= accepted:
