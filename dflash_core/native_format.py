@@ -46,11 +46,19 @@ def native_config(config, special_ids: dict | None = None) -> dict:
     loads the checkpoint back. `special_ids`: the target's bos/eos/pad ids (None each otherwise).
     """
     if getattr(config, "dflash2", None) is not None:
-        raise ConfigError("transformers' native DFlash has no DFlash2 convolutions or path selector: a DFlash2 drafter cannot be exported")
+        raise ConfigError(
+            "transformers' native DFlash has no DFlash2 convolutions or path selector: a DFlash2 drafter "
+            "cannot be exported"
+        )
     if getattr(config, "autoregressive", False):
-        raise ConfigError("transformers' native DFlash drafts a block in one bidirectional pass: the autoregressive drafter cannot be exported")
+        raise ConfigError(
+            "transformers' native DFlash drafts a block in one bidirectional pass: the autoregressive drafter "
+            "cannot be exported"
+        )
     if getattr(config, "attention_bias", False):
-        raise ConfigError("transformers' native DFlash drafter has no attention biases; this drafter has attention_bias=True")
+        raise ConfigError(
+            "transformers' native DFlash drafter has no attention biases; this drafter has attention_bias=True"
+        )
     layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
     fields = {key: getattr(config, key) for key in SHARED_KEYS}
     fields["head_dim"] = config.head_dim or config.hidden_size // config.num_attention_heads
@@ -61,13 +69,13 @@ def native_config(config, special_ids: dict | None = None) -> dict:
         mask_token_id=config.mask_token_id,
         target_layer_ids=list(config.target_layer_ids),
         vocab_size=config.vocab_size,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )
     if config.num_target_layers is not None:
         fields["num_target_layers"] = config.num_target_layers
     if "sliding_attention" in layer_types:
         fields["sliding_window"] = config.sliding_window
-    fields.update({k: v for k, v in (special_ids or {}).items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")})
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        fields[key] = (special_ids or {}).get(key)
     return fields
 
 

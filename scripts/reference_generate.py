@@ -38,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--stop-ids", default="", help="comma-separated ids that end a generation")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default="cpu", help="torch device of target and drafter")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", required=True, help="write the JSON result here")
     return p.parse_args(argv)
@@ -85,8 +86,8 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     stop_ids = [int(t) for t in args.stop_ids.split(",") if t] or None
     start = time.perf_counter()
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
-    drafter = load_drafter(args.drafter, dtype)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval()
+    drafter = load_drafter(args.drafter, dtype).to(args.device)
     load_s = time.perf_counter() - start
     drafts: list = []
     record_drafts(drafter, drafts)
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
 
     def generate(ids, max_new_tokens):
         before = time.perf_counter()
-        stats = reference.dflash_generate(drafter, target, torch.tensor([ids]), max_new_tokens, stop_ids,
+        stats = reference.dflash_generate(drafter, target, torch.tensor([ids], device=args.device), max_new_tokens, stop_ids,
                                           block_size=args.block_size, return_stats=True)
         return time.perf_counter() - before, stats
 

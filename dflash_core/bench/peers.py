@@ -52,7 +52,7 @@ def peer_rows(name: str, args, encoded: list[list[int]], ours: list[dict], block
     print(f"  {name}: {len(encoded)} prompts, plain then DFlash", file=sys.stderr, flush=True)
     if name == "transformers":
         rows = transformers_rows(target_dir, drafter, encoded, ours, max_new_tokens=args.max_new_tokens,
-                                 dtype=args.dtype, eos=eos)
+                                 dtype=args.dtype, eos=eos, device=args.device)
     elif name == "reference":
         rows = reference_rows(target_dir, drafter, encoded, ours, args, block_size, eos)
     else:
@@ -63,7 +63,7 @@ def peer_rows(name: str, args, encoded: list[list[int]], ours: list[dict], block
 def reference_rows(target_dir, drafter, encoded, ours, args, block_size, eos) -> dict:
     """The reference package plain (its loop at block size 1) and DFlash, with its drafts against ours."""
     common = {"max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": torch.get_num_threads(),
-              "stop_ids": [eos] if eos is not None else None}
+              "stop_ids": [eos] if eos is not None else None, "device": args.device}
     runs = {"plain": reference_generate(target_dir, encoded, drafter, block_size=1, **common),
             "dflash": reference_generate(target_dir, encoded, drafter, block_size=block_size, **common)}
 

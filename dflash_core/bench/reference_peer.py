@@ -28,7 +28,8 @@ REFERENCE = PeerVenv("dflash 0.1.0", "DFLASH_REFERENCE_VENV", ".venv-reference",
 
 def reference_generate(target_dir, prompts: list[list[int]], drafter, *, block_size: int | None = None,
                        max_new_tokens: int = 128, dtype: str = "float32", threads: int | None = None,
-                       stop_ids: list[int] | None = None, workdir: str | Path | None = None) -> dict:
+                       stop_ids: list[int] | None = None, device: str = "cpu",
+                       workdir: str | Path | None = None) -> dict:
     """The reference package's greedy decoding of `prompts` (token ids, already through the chat
     template), one at a time, with `drafter` at `block_size` (1: plain decoding; None: the drafter's).
 
@@ -37,7 +38,7 @@ def reference_generate(target_dir, prompts: list[list[int]], drafter, *, block_s
     "dflash", "torch" and "transformers".
     """
     args = ["--target", str(target_dir), "--drafter", str(drafter), "--max-tokens", str(max_new_tokens),
-            "--dtype", dtype]
+            "--dtype", dtype, "--device", device]
     if block_size is not None:
         args += ["--block-size", str(block_size)]
     if threads:

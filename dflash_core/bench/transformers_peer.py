@@ -56,7 +56,7 @@ def timed_hf_generate(model, prompt_ids, max_new_tokens, eos_id, **kwargs):
 
 
 def transformers_rows(target_dir, drafter, encoded: list[list[int]], ours: list[dict], *, max_new_tokens: int,
-                      dtype: str, eos: int | None, workdir=None) -> dict:
+                      dtype: str, eos: int | None, device="cpu", workdir=None) -> dict:
     """transformers plain and native DFlash (with `drafter`, exported) on the prompt ids `encoded`,
     against this engine's runs `ours` (per prompt: "plain_ids", its plain output, and "lengths", its
     DFlash accepted lengths per cycle): tok/s, outputs identical to ours, tau, and the share of
@@ -69,8 +69,8 @@ def transformers_rows(target_dir, drafter, encoded: list[list[int]], ours: list[
         native_dir = Path(tmp) / "drafter"
         export_native(drafter, native_dir, dtype=dtype)
         start = time.perf_counter()
-        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch_dtype).eval()
-        draft = AutoModel.from_pretrained(native_dir, dtype=torch_dtype).eval()
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch_dtype).to(device).eval()
+        draft = AutoModel.from_pretrained(native_dir, dtype=torch_dtype).to(device).eval()
         load_s = time.perf_counter() - start
     dflash = {"assistant_model": draft, "speculation_type": "dflash"}
     warm = encoded[0][:8]
