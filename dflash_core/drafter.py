@@ -9,7 +9,7 @@ architecture `DFlashARDraftModel`) runs the same layers causally: its block hold
 query per pass (`drafting.ARDrafting` at inference, the causal mask of `training/objective.py` in
 training). Loads and saves the released checkpoint format of
 both (docs/design.md §3); a drafter with a draft vocabulary is stored in the form vLLM reads (§7), and
-files of the older form still load.
+files of the older form still load. Also loads transformers' native DFlash checkpoints (`native_format.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from . import kernels
+from . import kernels, native_format
 from .config import drafter_config_dict, parse_drafter_config
 from .cpu_linear import pack_linears
 from .dflash2 import BlockConv, PathScores, PathSelector
@@ -378,12 +378,20 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     @classmethod
-    def from_pretrained(cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, progress=None) -> "DFlashDrafter":
-        """Load a released drafter (`config.json` + `model.safetensors`) from a directory or Hub id
-        (`progress`: see `hub.resolve_model_dir`)."""
+    def from_pretrained(
+        cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, progress=None, vocab_size: int | None = None
+    ) -> DFlashDrafter:
+        """Load a drafter (`config.json` + `model.safetensors`) from a directory or Hub id: the
+        released format, or transformers' native one (`native_format.py`), which drafts over the
+        target's whole head. `vocab_size`: the target's, for a native config that gives none;
+        `progress`: see `hub.resolve_model_dir`."""
         directory = resolve_model_dir(path_or_id, ("config.json", "model.safetensors"), progress=progress)
-        config = parse_drafter_config(json.loads((directory / "config.json").read_text()))
-        state, head_copy = _from_file_state(load_file(directory / "model.safetensors"), config, directory)
+        raw = json.loads((directory / "config.json").read_text())
+        tensors = load_file(directory / "model.safetensors")
+        if native_format.is_native(raw):
+            raw, tensors = native_format.released_config(raw, vocab_size), native_format.from_native_state(tensors)
+        config = parse_drafter_config(raw)
+        state, head_copy = _from_file_state(tensors, config, directory)
         with torch.device("meta"):
             model = cls(config)
         expected = set(model.state_dict())

@@ -152,7 +152,9 @@ def load_pair(
 
 def load_drafter(target: Target, drafter, dtype: torch.dtype, block_size=None, progress=None) -> DFlashDrafter:
     """A drafter (path or Hub id) on the target's device, validated against it and ready for decoding."""
-    model = DFlashDrafter.from_pretrained(drafter, device=target.device, dtype=dtype, progress=progress)
+    model = DFlashDrafter.from_pretrained(
+        drafter, device=target.device, dtype=dtype, progress=progress, vocab_size=target.vocab_size
+    )
     validate_pair(target, model, block_size)
     pack_linears(model)  # loaded for decoding, not training: its weights are fixed
     return model

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs what the app needs; with --dev, also what the tests need;
-# with --vllm, only the separate .venv-vllm (vLLM, see below).
+# with --vllm, only the separate .venv-vllm (vLLM, see below); with --reference, only the separate
+# .venv-reference (z-lab's reference package `dflash`, see below).
 # Safe to rerun: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,25 @@ if [ "${1:-}" = "--vllm" ]; then
   exit 0
 fi
 # ---- end of --vllm ----
+
+# ---- --reference: a separate .venv-reference holding z-lab's reference package `dflash` ----
+# `dflash[local]` pins torch 2.13.0 and transformers 5.15.0, so it never shares the app's venv;
+# `bench --peer reference` and tests/test_reference.py run its `dflash_generate` there.
+if [ "${1:-}" = "--reference" ]; then
+  reference_version=0.1.0
+  [ -x .venv-reference/bin/python ] || "${PYTHON:-python3}" -m venv .venv-reference
+  rpy=.venv-reference/bin/python
+  if ! "$rpy" -c "import importlib.metadata as m, sys; sys.exit(m.version('dflash') != '$reference_version')" 2>/dev/null; then
+    # The CPU torch 2.13.0 wheel satisfies the pin where pip's sources have it; PyTorch's CPU index
+    # otherwise keeps pip from pulling the CUDA build.
+    "$rpy" -m pip install --quiet --disable-pip-version-check "dflash[local]==$reference_version" 2>/dev/null \
+      || "$rpy" -m pip install --quiet --disable-pip-version-check \
+           --extra-index-url https://download.pytorch.org/whl/cpu "dflash[local]==$reference_version"
+  fi
+  echo "reference setup done: $("$rpy" -c 'import importlib.metadata as m, torch, transformers; print("dflash", m.version("dflash"), "torch", torch.__version__, "transformers", transformers.__version__)')"
+  exit 0
+fi
+# ---- end of --reference ----
 
 [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)

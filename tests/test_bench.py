@@ -214,12 +214,30 @@ def test_a_flag_that_became_a_subcommand_says_which(flag, now, capsys):
     assert f"is now a subcommand: python -m dflash_core.bench {now}" in capsys.readouterr().err
 
 
-def test_peer_vllm_without_a_vllm_venv_says_how_to_make_one(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("DFLASH_VLLM_VENV", str(tmp_path / "no-venv"))
+@pytest.mark.parametrize("peer, variable", [("vllm", "DFLASH_VLLM_VENV"), ("reference", "DFLASH_REFERENCE_VENV")])
+def test_a_peer_without_its_venv_says_how_to_make_one(peer, variable, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(variable, str(tmp_path / "no-venv"))
     with pytest.raises(SystemExit):
-        main(["--peer", "vllm", "--num-prompts", "1"])
+        main(["--peer", peer, "--num-prompts", "1"])
     err = capsys.readouterr().err
-    assert f"{tmp_path / 'no-venv'}/bin/python does not exist" in err and "scripts/setup.sh --vllm" in err
+    assert f"{tmp_path / 'no-venv'}/bin/python does not exist" in err and f"scripts/setup.sh --{peer}" in err
+
+
+@pytest.mark.skipif(not hasattr(__import__("transformers"), "MuseGlimmerAssistantModel"),
+                    reason="this transformers has no native DFlash (MuseGlimmerAssistantModel, 5.25 on)")
+def test_peer_transformers_runs_its_native_dflash_with_the_exported_drafter(tiny_dirs, capsys):
+    target_dir, drafter_dir = tiny_dirs
+    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--drafter-dtype", "float32",
+                 "--prompt-set", "natural", "--num-prompts", "2", "--max-new-tokens", "16", "--no-peers",
+                 "--threads", "1", "--peer", "transformers", "--peer", "transformers"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    peer = result["transformers"]
+    assert peer["engine"].startswith("transformers 5.") and peer["drafts_over"] == "the target's whole head"
+    # The same drafter in float32 on both sides: transformers' loop keeps our outputs and our cycles.
+    assert peer["plain"]["identical"] == peer["dflash"]["identical"] == peer["dflash"]["same_cycles"] == 1.0
+    assert peer["dflash"]["speedup"] == pytest.approx(peer["dflash"]["tok_s"] / peer["plain"]["tok_s"])
+    assert out.count("transformers 5.") >= 2 and "same drafter and numerics" in out
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,9 @@ training prompt sources) or both; tau, speedup and identical are reported per se
 drafter with the same KV injection, prompt lookup) against plain decoding on the same prompts
 (`methods.py`).
 
+`--peer transformers|reference|vllm` (repeatable) also runs the field's engines plain and DFlash on the
+same prompt ids, dtype and threads, and prints one table beside this engine's rows (`peers.py`).
+
 `--dataset gsm8k,math500,humaneval,mbpp,mt-bench` races plain decoding and DFlash on the reference
 benchmark's datasets with their prompt formats and multi-turn MT-Bench instead, and prints the paper's
 table (`paper_table.py`, `datasets.py`).
@@ -30,7 +33,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -41,13 +43,15 @@ from ..cpu_linear import single_row_library
 from ..decoding import run
 from ..default_target import DEFAULT_TARGET
 from ..lossless import compare as lossless_check
-from ..pair import DTYPES, fetch_target, load_drafter, load_pair
+from ..pair import DTYPES, load_drafter, load_pair
 from ..prompting import encode_prompt
 from ..schedule import AUTO
 from . import SUBCOMMANDS
 from .datasets import parse_datasets
 from .methods import DEFAULT_AR_DRAFTER, METHODS, benchmark_methods, parse_methods, print_methods_table
-from .vllm_peer import VllmUnavailable, vllm_generate, vllm_python
+from .peers import PEERS, VENVS, peer_rows, print_peer_table, ratios
+from .transformers_peer import timed_hf_generate
+from .venv_peer import PeerUnavailable
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
 DEFAULT_DRAFTER = "assets/drafters/smollm2-135m-instruct-dflash"
@@ -86,19 +90,6 @@ def select_prompts(prompts_path: str | None, prompt_set: str, limit: int) -> lis
         # The generated split falls back to a few built-in prompts where its file is missing.
         sets = {name: None if name == "generated" else str(PROMPT_SETS[name]) for name in names}
     return [{**record, "set": name} for name, path in sets.items() for record in load_prompts(path, limit)]
-
-
-def timed_hf_generate(model, prompt_ids, max_new_tokens, eos_id, **kwargs):
-    """Wall time and new ids of transformers' own `generate` (greedy)."""
-    ids = torch.tensor([prompt_ids], device=model.device)
-    start = time.perf_counter()
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-        eos_token_id=eos_id, pad_token_id=eos_id, **kwargs,
-    )
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, out[0, len(prompt_ids) :].tolist()
 
 
 def add_pair_args(parser: argparse.ArgumentParser) -> None:
@@ -266,7 +257,14 @@ def benchmark(args) -> dict:
     tau_per_category = {(f"{name}/{c}" if prefix else c): r["tau"]
                         for name, s in sets.items() for c, r in s["per_category"].items()}
     versus = {"drafter": str(args.versus), **overall("versus"), "per_set": per_set("versus")} if args.versus else None
-    vllm = vllm_rows(args, encoded, plain_ids, block_sizes[0], plain_tok_s) if "vllm" in getattr(args, "peer", ()) else None
+    # What every peer is compared with, per prompt: our plain output, our DFlash cycles at the first block size.
+    ours = [{"plain_ids": plain_ids[i], "lengths": summaries[f"dflash_b{block_sizes[0]}"][i].acceptance_lengths,
+             "drafts": [list(b.draft_ids) for b in summaries[f"dflash_b{block_sizes[0]}"][i].blocks]}
+            for i in range(len(encoded))]
+    field = {}
+    for name in getattr(args, "peer", ()):
+        field[name] = peer_rows(name, args, encoded, ours, block_sizes[0], eos)
+        ratios(field[name], plain_tok_s, head["tok_s"])
     return {
         "target": str(args.target),
         "drafter": str(args.drafter),
@@ -300,37 +298,15 @@ def benchmark(args) -> dict:
         "per_set": sets,
         "tau_per_category": tau_per_category,
         "versus": versus,
-        "vllm": vllm,
+        # What this engine's drafts are chosen from: the peers' rows say where theirs differ.
+        "drafts_over": f"its draft vocabulary ({drafter.config.draft_vocab_size} ids)" if getattr(
+            drafter.config, "draft_vocab_size", None) else "the target's whole head",
+        **{name: field.get(name) for name in PEERS},
     }
 
 
 def variant_name(block_size: int | str) -> str:
     return f"dflash_b{block_size}" if block_size != AUTO else f"dflash_{AUTO}"
-
-
-def vllm_rows(args, encoded: list[list[int]], plain_ids: list[list[int]], block_size: int, our_plain_tok_s: float) -> dict:
-    """vLLM plain and vLLM DFlash (the drafter at `block_size`) on the same prompt ids, dtype and
-    threads, after this engine's runs (one process on the cores at a time); outputs against ours."""
-    threads = torch.get_num_threads()
-    target_dir = fetch_target(args.target)
-    drafter = str(Path(args.drafter).resolve()) if Path(args.drafter).exists() else args.drafter
-    common = {"max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": threads, "eager": args.vllm_eager}
-    runs = {}
-    for name, extra in (("plain", {}), ("dflash", {"drafter": drafter, "num_speculative_tokens": block_size - 1})):
-        print(f"  vLLM {name}: {len(encoded)} prompts in {vllm_python().parent.parent.name}", file=sys.stderr, flush=True)
-        runs[name] = vllm_generate(target_dir, encoded, **common, **extra)
-
-    def row(run) -> dict:
-        outputs = [o["token_ids"] for o in run["outputs"]]
-        return {"tok_s": run["summary"]["tok_per_s"], "load_s": run["load_s"],
-                "speedup_over_our_plain": run["summary"]["tok_per_s"] / our_plain_tok_s,
-                "identical": sum(o == ours for o, ours in zip(outputs, plain_ids, strict=True)) / len(plain_ids)}
-
-    plain, dflash = row(runs["plain"]), row(runs["dflash"])
-    dflash.update(tau=runs["dflash"]["summary"]["tau"], tau_counters=runs["dflash"]["summary"]["tau_counters"],
-                  speedup=dflash["tok_s"] / plain["tok_s"], spec_decode_totals=runs["dflash"]["spec_decode_totals"])
-    return {"version": runs["plain"]["vllm"], "torch": runs["plain"]["torch"], "dtype": args.dtype, "threads": threads,
-            "eager": args.vllm_eager, "block_size": block_size, "plain": plain, "dflash": dflash}
 
 
 def print_table(result: dict) -> None:
@@ -356,15 +332,6 @@ def print_table(result: dict) -> None:
         if speedup is not None:
             print(f"{label:<22}{speedup * plain:>9.1f}{speedup:>9.2f}")
     print(f"{'HF assisted':<22}{'n/a: no same-tokenizer assistant available offline':>36}")
-    if vllm := result.get("vllm"):
-        p, d = vllm["plain"], vllm["dflash"]
-        print(f"{'vLLM plain':<22}{p['tok_s']:>9.1f}{1.0:>9.2f}{'':>7}{p['identical']:>11.2f}")
-        label = f"vLLM DFlash block {vllm['block_size']}"
-        print(f"{label:<22}{d['tok_s']:>9.1f}{d['speedup']:>9.2f}{d['tau']:>7.2f}{d['identical']:>11.2f}")
-        print(f"vLLM {vllm['version']} ({vllm['dtype']}, {vllm['threads']} threads"
-              + (", eager" if vllm["eager"] else ", torch.compile") + "): speedup over vLLM plain; identical: "
-              f"outputs equal to our plain decoding; tau from vLLM's per-request metrics "
-              f"({d['tau']:.3f}; its aggregate counters: {d['tau_counters']:.3f})")
     if len(result["per_block_size"]) > 1:
         names = list(result["per_set"])
         print("every block size by prompt set (speedup / tau / mean tokens verified per cycle):")
@@ -383,6 +350,7 @@ def print_table(result: dict) -> None:
             for label, r in ((name, s), *((f"  {c}", r) for c, r in s["per_category"].items())):
                 tau = f"{r['tau']:>7.2f}" if r["tau"] is not None else f"{'-':>7}"
                 print(f"{label:<22}{r['num_prompts']:>9}{r['speedup']:>9.2f}{tau}{r['identical']:>11.2f}")
+    print_peer_table(result)
 
 
 # Flags of the main benchmark that became subcommands.
@@ -411,9 +379,11 @@ def main(argv=None) -> int:
                         "for templates that read reasoning_effort or reasoning_strength (the reference's --reasoning)")
     parser.add_argument("--batch-invariant", choices=("auto", "on", "off"), default="auto",
                         help="verify blocks bitwise as one-token steps (auto: bf16 on CPU; batch_invariant.py)")
-    parser.add_argument("--peer", action="append", choices=["vllm"], default=[],
-                        help="also race vLLM plain and vLLM DFlash on the same prompt ids, dtype and threads "
-                             "(vLLM runs in its own venv: scripts/setup.sh --vllm)")
+    parser.add_argument("--peer", action="append", choices=list(PEERS), default=[],
+                        help="also race this engine of the field, plain and DFlash, on the same prompt ids, dtype and "
+                             "threads (repeatable): transformers (its native DFlash, with the drafter exported), "
+                             "reference (z-lab's dflash package: scripts/setup.sh --reference), vllm "
+                             "(scripts/setup.sh --vllm); one table puts them beside this engine")
     parser.add_argument("--vllm-eager", action="store_true",
                         help="with --peer vllm: skip vLLM's torch.compile (starts faster; for checks, not timing)")
     parser.add_argument("--versus", metavar="DRAFTER",
@@ -462,11 +432,13 @@ def main(argv=None) -> int:
         print(json.dumps(result))
         # A clear divergence from plain decoding at T=0 is a bug (a near-tie is rounding: lossless.py).
         return 1 if any(r.get("lossless", {}).get("diverged") for r in result["methods"].values()) else 0
-    if "vllm" in args.peer:
+    for name in dict.fromkeys(args.peer):
         try:
-            vllm_python()  # a missing venv is named now, not after this engine's runs
-        except VllmUnavailable as exc:
+            if name in VENVS:
+                VENVS[name].python()  # a missing venv is named now, not after this engine's runs
+        except PeerUnavailable as exc:
             parser.error(str(exc))
+    args.peer = list(dict.fromkeys(args.peer))
     result = benchmark(args)
     print_table(result)
     print(json.dumps(result))
