@@ -213,6 +213,13 @@ class Attacks:
             raise AssertionError(f"a normal race failed: {result['error']}")
         return round(time.perf_counter() - started, 2)
 
+    def try_probe(self) -> tuple[float | str, bool]:
+        """(`probe()`'s seconds, True), or (why it failed, False)."""
+        try:
+            return self.probe(), True
+        except AssertionError as exc:
+            return str(exc), False
+
     def fn_index(self, elem_id: str, api_name: str | None = None) -> int:
         """The function index of the event fired by the component `elem_id` (or named `api_name`)."""
         ids = {c["id"] for c in self.config["components"] if c.get("props", {}).get("elem_id") == elem_id}
@@ -448,10 +455,7 @@ class Attacks:
                     for _ in range(260):
                         http.post(f"{self.api}/run/predict", json={"data": [0], "fn_index": pick,
                                                                     "session_hash": uuid.uuid4().hex[:11]})
-            try:
-                probe, ok = self.probe(), True
-            except AssertionError as exc:
-                probe, ok = str(exc), False
+            probe, ok = self.try_probe()
             waited = round(time.perf_counter() - paused, 2)
             page.leave()
             # Leaving frees the model well before the budget; staying, at it, whatever else is sent.
@@ -518,10 +522,7 @@ class Attacks:
                     return
 
         threading.Thread(target=keep_pausing, daemon=True).start()
-        try:
-            probe, ok = self.probe(), True
-        except AssertionError as exc:
-            probe, ok = str(exc), False
+        probe, ok = self.try_probe()
         waited = round(time.perf_counter() - paused, 2)
         stop.set()
         page.leave()
@@ -542,10 +543,7 @@ class Attacks:
                     "trigger_id": None})
                 codes.append(answer.status_code)
                 said = answer.text if answer.status_code != 200 else said
-        try:
-            probe, ok = self.probe(), True
-        except AssertionError as exc:
-            probe, ok = str(exc), False
+        probe, ok = self.try_probe()
         with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"), timeout=120) as http:
             posted = http.post(f"{self.api}/call/replay", json={"data": ["math-greedy", None, 4.0]})
             replay_ok = posted.status_code == 200 and "event: complete" in http.get(
@@ -610,10 +608,7 @@ class Attacks:
         traces = len(list(self.server.tmp.glob("dflash-traces-*/*/dflash_trace.json")))
         page = Page(self, "Write a long story about a lighthouse keeper.", self.args.cancel_tokens)
         page.leave()
-        try:
-            probe, ok = self.probe(), True
-        except AssertionError as exc:
-            probe, ok = str(exc), False
+        probe, ok = self.try_probe()
         time.sleep(5)
         written = len(list(self.server.tmp.glob("dflash-traces-*/*/dflash_trace.json"))) - traces
         return {"probe_s": probe, "traces_written": written, "ok": ok and written <= 1}  # the probe's own
