@@ -151,7 +151,7 @@ def test_a_visitor_holds_at_most_its_share_of_replay_places_and_others_still_get
     hog = [app.replay(str(SHIPPED), None, 0.25, request_from(f"h{i}", "10.0.0.6")) for i in range(3)]
     assert "Replaying" in str(next(hog[0])[0])
     assert "Waiting for a free replay slot" in str(next(hog[1])[0])
-    with pytest.raises(gr.Error, match="You already have 2 replays playing or waiting"):
+    with pytest.raises(gr.Error, match="Your address already has 2 replays playing or waiting"):
         next(hog[2])
     other = app.replay(str(SHIPPED), None, 0.25, request_from("v", "10.0.0.7"))
     assert "Waiting for a free replay slot" in str(next(other)[0])  # in line, not refused
@@ -183,7 +183,7 @@ def test_one_address_may_keep_only_its_share_of_the_race_queue_waiting(served_ti
     codes = [a.status_code for a in answers]
     # One runs, two wait; the other three are refused at once with the reason, whatever session id each sent.
     assert codes.count(200) <= 3 and codes.count(503) >= 3, codes
-    assert "You already have 2 requests waiting" in answers[-1].text
+    assert "Your address already has 2 requests waiting" in answers[-1].text
     assert _join(url, demo, "127.0.0.3", "someone-else").status_code == 200
     demo.dflash_app.stop(SimpleNamespace(session_hash=None))
 

@@ -16,7 +16,7 @@ from .limits import Limits
 
 BUSY = "queue_full"  # Gradio's own refusal kind: answered with HTTP 503 and the message
 VISITOR_FULL = (
-    "You already have {waiting} requests waiting here, the most one visitor may have (--per-visitor); "
+    "Your address already has {waiting} requests waiting here, the most one address may have (--per-visitor); "
     "wait for them to finish, or stop one."
 )
 QUEUE_FULL = "This server is busy: {waiting} requests are waiting already. Try again in a minute."

@@ -74,7 +74,7 @@ REPLAY_BUSY = (
     "(--replay-concurrency, --replay-queue). Please try again in a moment."
 )
 REPLAY_YOURS_BUSY = (
-    "You already have {held} replays playing or waiting, the most one visitor may have (--per-visitor); "
+    "Your address already has {held} replays playing or waiting, the most one address may have (--per-visitor); "
     "wait for one to finish."
 )
 REPLAY_WAITING = "Waiting for a free replay slot ({playing} replays are playing)…"
