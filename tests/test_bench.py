@@ -375,3 +375,13 @@ def test_methods_on_both_sets_report_each_set(methods_setup, tmp_path, monkeypat
     # The whole run's cycles are the sets' cycles together.
     assert result["methods"]["dflash"]["cycles"] == sum(rows["dflash"]["cycles"] for rows in result["per_set"].values())
     assert any(line.startswith("natural: plain tau 1.00") for line in lines)
+
+
+def test_the_schedule_may_lead_the_block_sizes(tiny_dirs, capsys):
+    """`--block-sizes auto,...` as the docs' command has it: the headline is the scheduled race."""
+    target_dir, drafter_dir = tiny_dirs
+    assert main(["--target", str(target_dir), "--drafter", str(drafter_dir), "--num-prompts", "1",
+                 "--max-new-tokens", "8", "--block-sizes", "auto,2", "--threads", "1", "--no-peers"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["identical"] == 1.0 and set(result["per_block_size"]) == {"auto", "2"}
+    assert 1 <= result["per_block_size"]["auto"]["mean_verify_len"] <= 8

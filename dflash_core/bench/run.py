@@ -258,8 +258,8 @@ def benchmark(args) -> dict:
                         for name, s in sets.items() for c, r in s["per_category"].items()}
     versus = {"drafter": str(args.versus), **overall("versus"), "per_set": per_set("versus")} if args.versus else None
     # What every peer is compared with, per prompt: our plain output, our DFlash cycles at the first block size.
-    ours = [{"plain_ids": plain_ids[i], "lengths": summaries[f"dflash_b{block_sizes[0]}"][i].acceptance_lengths,
-             "drafts": [list(b.draft_ids) for b in summaries[f"dflash_b{block_sizes[0]}"][i].blocks]}
+    ours = [{"plain_ids": plain_ids[i], "lengths": summaries[variant_name(block_sizes[0])][i].acceptance_lengths,
+             "drafts": [list(b.draft_ids) for b in summaries[variant_name(block_sizes[0])][i].blocks]}
             for i in range(len(encoded))]
     field = {}
     for name in getattr(args, "peer", ()):
