@@ -21,6 +21,7 @@ import json
 import threading
 import time
 from collections import defaultdict, deque
+from types import SimpleNamespace
 from urllib.parse import unquote
 
 import gradio as gr
@@ -90,7 +91,7 @@ class HttpGuard:
         return await self.app(scope, receive, send)
 
     async def _upload(self, scope, receive, send):
-        visitor, declared = visitor_of(_Peer(scope)), _content_length(scope)
+        visitor, declared = visitor_of(_peer(scope)), _content_length(scope)
         if declared is not None and declared > self.budget.per_request:
             return await _answer(send, 413, _too_big(self.budget.per_request))
         if not self.budget.allows(visitor, declared or 1):
@@ -123,13 +124,10 @@ class HttpGuard:
             self.budget.record(visitor, counted)
 
 
-class _Peer:
+def _peer(scope) -> SimpleNamespace:
     """The parts of an ASGI scope `visitor_of` reads, as a request has them."""
-
-    def __init__(self, scope):
-        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        host = (scope.get("client") or ("", 0))[0]
-        self.client = type("Client", (), {"host": host})()
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    return SimpleNamespace(headers=headers, client=SimpleNamespace(host=(scope.get("client") or ("", 0))[0]))
 
 
 def _content_length(scope) -> int | None:
