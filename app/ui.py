@@ -23,6 +23,7 @@ from dflash_core.trace import MAX_BYTES
 
 from .race.control import Controls
 from .race.lanes import CHOICES, LANES
+from .race.thinking import DEFAULT
 from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
 from .serve.http_guard import MULTIPART_SLACK, HttpGuard, UploadBudget, refuse_url_inputs
@@ -72,6 +73,7 @@ class App:
         self.stops = self.live.stops  # the Stop button's requests
         # The handlers, by the names the wiring (and the `compare` / `select_pair` endpoints) use.
         self.load_selected, self.select_pair = self.loading.load_selected, self.loading.select_pair
+        self.thinking_control, self.thinking_status = self.loading.thinking_control, self.loading.thinking_status
         self.compare, self.stop = self.live.compare, self.live.stop
         self.replay, self.diagnose = self.playback.replay, self.diagnosis.diagnose
         self.pause, self.step, self.resume = self.stepping.pause, self.stepping.step, self.stepping.resume
@@ -160,6 +162,7 @@ class LiveTab:
     status: gr.Markdown
     inputs: list  # the `compare` inputs but the pair: prompt, max new tokens, block size, temperature, top-p, seed, lanes
     block_size: gr.Slider
+    thinking: gr.Radio  # the chat template's thinking switch; shown where the pair's template has one
     run_button: gr.Button
     stop_button: gr.Button
 
@@ -207,11 +210,13 @@ def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits) -> LiveTab:
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
             seed = gr.Number(value=0, precision=0, label="Seed (sampling only)")
             lanes = gr.CheckboxGroup(CHOICES, value=[], label=texts.LANES_CHOICE, elem_id="lanes-choice")
+            thinking = gr.Radio(texts.THINKING_CHOICES, value=DEFAULT, label=texts.THINKING_CHOICE, visible=False,
+                                elem_id="thinking-choice")
             with gr.Row():
                 run_button = gr.Button("Race ▶", variant="primary", elem_id="run", scale=3)
                 stop_button = gr.Button("Stop ■", variant="stop", elem_id="stop", scale=1)
     inputs = [prompt, max_new_tokens, block_size, temperature, top_p, seed, lanes]
-    return LiveTab(pair_state, pair_choice, status, inputs, block_size, run_button, stop_button)
+    return LiveTab(pair_state, pair_choice, status, inputs, block_size, thinking, run_button, stop_button)
 
 
 def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
@@ -379,16 +384,22 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
 
 def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs: list, summary):
     """The pair selector, Race and Stop; returns the race's event."""
-    demo.load(app.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size], api_visibility="private")
+    # The thinking control follows the loaded pair: shown where its template has the switch.
+    thinking_control = {"fn": app.thinking_control, "inputs": [live.pair_state], "outputs": [live.thinking],
+                        "api_visibility": "private"}
+    demo.load(app.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size],
+              api_visibility="private").then(**thinking_control)
     # Callable by name, not an MCP tool (see `replay`): a pair chosen in one MCP call would not
     # outlive it.
     live.pair_choice.change(
         app.select_pair, inputs=[live.pair_choice], outputs=[live.pair_state, live.status, live.block_size],
         api_name="select_pair", api_visibility="undocumented",
-    )
+    ).then(**thinking_control)
+    live.thinking.input(app.thinking_status, inputs=[live.pair_state, live.thinking], outputs=[live.status],
+                        queue=False, api_visibility="private")
     race_event = live.run_button.click(
         app.compare,
-        inputs=[*live.inputs, live.pair_state],
+        inputs=[*live.inputs, live.pair_state, live.thinking],
         outputs=outputs,
         api_name="compare",
         # Progress (the queue position while waiting) on the summary only: on the panes an

@@ -4,8 +4,10 @@
 file without importing or executing anything from it; `trace_csv` flattens per-block metrics.
 
     schema     "dflash-trace/2" ("dflash-trace/1", with only the dflash and plain runs, is still read)
-    settings   prompt, prompt_ids, max_new_tokens, block_size, temperature, top_p, top_k, seed, ...
-    pair       id, target, drafter, trained_block_size
+    settings   prompt, prompt_ids, max_new_tokens, block_size, temperature, top_p, top_k, seed, ...;
+               thinking ("on" / "off") where the chat template has that switch
+    pair       id, target, drafter, trained_block_size; chat_template (in words), trained_thinking
+               ("on" / "off") where the drafter's setting is recorded
     hardware   device, cpu, threads, gpu
     versions   dflash-studio, torch, transformers, python
     vocab_size every token id in the file is below it
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .chat_template import THINKING_CHOICES
 from .errors import DFlashError
 from .events import Summary
 
@@ -468,6 +471,13 @@ def _settings(settings: dict) -> None:
     _int(settings, "seed", where, optional=True)
     if "explain" in settings:
         _int(settings, "explain", where, optional=True)
+    _thinking(settings, "thinking", where)
+
+
+def _thinking(obj: dict, name: str, where: str) -> None:
+    """An optional thinking setting: "on" or "off"."""
+    if obj.get(name) is not None and obj[name] not in THINKING_CHOICES:
+        raise TraceFieldError(f"{where}.{name} is {_show(obj[name])}; expected one of {THINKING_CHOICES}")
 
 
 def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None:
@@ -580,6 +590,7 @@ def validate_trace(source: str | os.PathLike | bytes) -> dict:
     if not 1 <= vocab <= MAX_VOCAB:
         raise TraceFieldError(f"trace.vocab_size must be from 1 to {MAX_VOCAB}, got {_show(vocab)}")
     _settings(trace["settings"])
+    _thinking(trace["pair"], "trained_thinking", "trace.pair")
     runs = trace["runs"]
     sides = sorted(runs)
     lanes = RUNS if trace["schema"] == SCHEMA else ("dflash", "plain")

@@ -47,7 +47,9 @@ def test_compare_is_a_tool_and_answers_with_the_json_summary(served):
     assert "compare" in {t.name for t in tools} and not {"stop", "pause", "load_selected"} & {t.name for t in tools}
     tool = next(t for t in tools if t.name == "compare")
     assert "tau" in tool.description and "speedup" in tool.description
-    assert set(tool.inputSchema["properties"]) == {"prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed", "lanes"}
+    assert set(tool.inputSchema["properties"]) == {"prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed", "lanes",
+                                                   "thinking"}
+    assert "enable_thinking" in tool.inputSchema["properties"]["thinking"]["description"]
     assert "chat template" in tool.inputSchema["properties"]["prompt"]["description"]
     assert not result.isError
     # Gradio returns the endpoint's outputs in order, as text; the summary is the `report` output.

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from dflash_core.chat_template import describe_template
 from dflash_core.events import Summary
 from dflash_core.lossless import Verdict
 from dflash_core.lossless import compare as lossless_check
@@ -79,8 +80,11 @@ class RaceSession:
     """One race of `pair` on one prompt; `snapshots()` runs it, `result()` sums it up."""
 
     def __init__(self, pair, device, prompt: str | None, prompt_ids: list[int], max_new_tokens: int,
-                 block_size: int, sampling, lanes=("dflash", "plain")):
+                 block_size: int, sampling, lanes=("dflash", "plain"), thinking: str | None = None):
+        """thinking: "on" / "off" as `prompt_ids` went through the chat template, None for the pair's
+        default; the trace records it beside the drafter's trained setting."""
         self.pair, self.device = pair, device
+        self.thinking = pair.thinking(thinking)
         self.prompt, self.prompt_ids = prompt, prompt_ids
         self.max_new_tokens, self.block_size, self.sampling = max_new_tokens, block_size, sampling
         self.lanes = pair_lanes(pair, block_size, lanes)
@@ -137,14 +141,17 @@ class RaceSession:
                         for name, summary in summaries.items() if name != "plain"}
         report = race_report(d, p, self.sampling.temperature, self.block_size, verdicts.get("dflash"),
                              stopped=self.last.stopped, lanes=summaries, verdicts=verdicts)
-        spec = self.pair.spec
+        spec, thinking = self.pair.spec, self.thinking
         trace = build_trace(
             settings=settings_of(
                 self.prompt, self.prompt_ids, self.max_new_tokens, self.block_size, self.sampling,
                 target_dtype=self.pair.target.dtype, drafter_dtype=self.pair.drafter.dtype, explain=EXPLAIN_TOP_K,
+                **({"thinking": thinking.used} if thinking.used is not None else {}),
             ),
             pair={"id": spec.id, "target": spec.target, "drafter": spec.drafter,
-                  "trained_block_size": self.pair.trained_block_size, "chat_template": self.pair.chat_template,
+                  "trained_block_size": self.pair.trained_block_size,
+                  "chat_template": describe_template(self.pair.tokenizer, thinking.args),
+                  **({"trained_thinking": thinking.trained} if thinking.trained is not None else {}),
                   **({"ar_drafter": spec.ar_drafter} if "ar" in self.lanes else {})},
             runs=summaries,
             vocab_size=self.pair.target.vocab_size,

@@ -91,6 +91,7 @@ class Request:
     max_new_tokens: int
     block_size: int
     sampling: SamplingParams
+    thinking: str | None = None  # "on" / "off" through the chat template; None: the pair's default (race/thinking.py)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

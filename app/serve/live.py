@@ -8,12 +8,14 @@ failure reaches the visitor as a message.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
 
 from ..race.control import Control, Controls
 from ..race.stopping import StopRequests
+from ..race.thinking import check_thinking
 from ..view import texts
 from ..view.frames import ChartPacer, Frame, note_frame, race_frame, released_text
 from .callers import is_mcp, session_of, visitor_of
@@ -46,7 +48,7 @@ class LiveRace:
         return self.loading.pairs
 
     def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, lanes=None, pair_id=None,
-                request: gr.Request = None):
+                thinking=None, request: gr.Request = None):
         """Race DFlash speculative decoding against plain decoding of the same target on one prompt.
 
         Every lane decodes the same prompt (sent through the target's chat template) with the same
@@ -67,6 +69,9 @@ class LiveRace:
                 autoregressive drafter with DFlash's KV injection, one pass per draft; only pairs
                 that ship one) and "lookup" (prompt lookup: copies what followed an earlier match
                 in the context, no model). Empty or omitted: DFlash and plain decoding only.
+            thinking: "on" or "off" turns the chat template's thinking switch (enable_thinking, in
+                Qwen3-style templates) for every lane's prompt; "default" or omitted uses the setting
+                the pair's drafter was trained with. A pair whose template has no switch refuses "on" and "off".
 
         Returns:
             The race's outputs; the `report` one is a JSON summary: `tau` (mean tokens accepted per
@@ -88,6 +93,7 @@ class LiveRace:
         try:
             req = check_request(self.limits, prompt, max_new_tokens, block_size, temperature, top_p, seed)
             names = check_lanes(lanes)
+            req = replace(req, thinking=check_thinking(thinking))
         except (ValueError, OverflowError) as exc:  # DFlashError is a ValueError too
             raise visitor_error(str(exc)) from None
         kind = self.loading.kinds[spec.kind]
@@ -117,7 +123,7 @@ class LiveRace:
                 control = self.controls.get(session) if not mcp else self.controls.detached()
             kwargs = {"control": control} if in_process else {}
             stream = self.race_stream(
-                *args, prompt=req.prompt, lanes=lanes, stop=stop if in_process else None, **kwargs
+                *args, prompt=req.prompt, lanes=lanes, stop=stop if in_process else None, thinking=req.thinking, **kwargs
             )
             try:
                 for frame, data in gpu_errors_as_messages(stream):
@@ -132,11 +138,12 @@ class LiveRace:
                 stream.close()
 
     def race_frames(self, pair_id, prompt_ids, max_new_tokens, block_size, temperature, top_p, seed, prompt=None,
-                    lanes=("dflash", "plain"), stop=None, control: Control | None = None):
+                    lanes=("dflash", "plain"), stop=None, control: Control | None = None, thinking=None):
         """The model work of one race: yields (Frame, None) while it runs, then (Frame, trace).
 
         Takes and yields only plain data, so that it can run in a GPU worker process (ZeroGPU);
-        `control` (Pause / Step) is given only when it runs in this process.
+        `control` (Pause / Step) is given only when it runs in this process. thinking: "on" / "off"
+        as `prompt_ids` were encoded, None for the pair's default (the trace records it).
         """
         from dflash_core import SamplingParams
 
@@ -145,7 +152,7 @@ class LiveRace:
         device = kind.device(spec)
         sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
         try:
-            race = kind.open(spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes)
+            race = kind.open(spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes, thinking)
         except Exception as exc:  # noqa: BLE001 - a server down or serving another model reaches the visitor
             raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None

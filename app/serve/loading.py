@@ -12,6 +12,9 @@ import time
 
 import gradio as gr
 
+from dflash_core.chat_template import describe_template, has_thinking_switch
+
+from ..race.thinking import DEFAULT, check_thinking
 from ..view import texts
 from .failures import failure_message
 from .pairs import PairSpec, availability
@@ -79,13 +82,41 @@ class PairLoading:
             return
         trained = pair.trained_block_size
         freed = texts.FREED.format(labels=", ".join(self.cache.freed)) if self.cache.freed else ""
-        status = texts.READY.format(
-            label=spec.label, device=device, load_s=pair.load_s, numerics=pair.numerics, trained=trained,
-            drafter_dtype=str(pair.drafter.dtype).removeprefix("torch."),
-            chat_template=pair.chat_template, size=pair.size.describe() if pair.size else "size not counted",
-            freed=freed,
+        yield self._ready(pair, device, None, freed), gr.update(maximum=trained, value=trained)
+
+    def _ready(self, pair, device: str, thinking: str | None, freed: str = "") -> str:
+        """The status line of a loaded pair whose races use `thinking` ("on", "off", None: its default)."""
+        used = pair.thinking(thinking)
+        return texts.READY.format(
+            label=pair.spec.label, device=device, load_s=pair.load_s, numerics=pair.numerics,
+            trained=pair.trained_block_size, drafter_dtype=str(pair.drafter.dtype).removeprefix("torch."),
+            chat_template=describe_template(pair.tokenizer, used.args), thinking=used.trained_words(),
+            size=pair.size.describe() if pair.size else "size not counted", freed=freed,
         )
-        yield status, gr.update(maximum=trained, value=trained)
+
+    def _loaded(self, pair_id: str):
+        """The loaded pair of a local `pair_id`, else None (not loaded yet, unknown, or served by vLLM)."""
+        spec = self.pairs.get(pair_id)
+        if spec is None or spec.kind != "local" or self.cache is None or not self.cache.is_loaded(spec):
+            return None
+        return self.cache.get(spec)
+
+    def thinking_control(self, pair_id: str):
+        """The thinking control once `pair_id` has loaded: shown, at the pair's default, only where the
+        target's chat template has the switch (the status line says so where it has none)."""
+        pair = self._loaded(pair_id)
+        return gr.update(visible=pair is not None and has_thinking_switch(pair.tokenizer), value=DEFAULT)
+
+    def thinking_status(self, pair_id: str, thinking):
+        """The status line as the visitor sets the thinking control: the setting their races use
+        beside the one the drafter was trained with; a bad value is named."""
+        pair = self._loaded(pair_id)
+        if pair is None:
+            return gr.skip()
+        try:
+            return self._ready(pair, self.cache.device_for(pair.spec), check_thinking(thinking))
+        except ValueError as exc:  # DFlashError is a ValueError
+            return texts.BAD_THINKING.format(why=str(exc))
 
     def select_pair(self, pair_id: str):
         """The pair selector (also the `select_pair` endpoint): this session races `pair_id` from now on,

@@ -22,6 +22,7 @@ from dflash_core.memory_need import MARGIN, PairSize, check_fits, pair_size
 from dflash_core.pair import ModelPair, default_drafter_dtype, fetch_target, load_drafter, parse_dtype
 from dflash_core.prompting import encode_prompt
 
+from ..race.thinking import Thinking, race_thinking
 from .pairs import PairSpec, availability
 
 
@@ -88,8 +89,15 @@ class LoadedPair:
         """The template prompts go through, in words (the status line names it)."""
         return describe_template(self.tokenizer, self.template_args)
 
-    def encode(self, prompt: str) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt, template_args=self.template_args)
+    def thinking(self, choice: str | None = None) -> Thinking:
+        """The thinking setting of a race with `choice` ("on", "off", None for the pair's default),
+        beside the drafter's trained one (`race/thinking.py`)."""
+        return race_thinking(self.tokenizer, choice, self.spec.chat_template_args, self.spec.label)
+
+    def encode(self, prompt: str, thinking: str | None = None) -> list[int]:
+        """Prompt ids through the chat template, with thinking as `thinking` asks (None: the pair's default)."""
+        args = self.template_args if thinking is None else self.thinking(thinking).args
+        return encode_prompt(self.tokenizer, prompt, template_args=args)
 
 
 def default_device() -> str:

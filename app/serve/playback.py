@@ -171,6 +171,8 @@ class Playback:
     def _play(self, recording, speed: float, control, run: int, gone=lambda: False):
         control.viewer.text_of = recording.text_of
         note = texts.REPLAY_NOTE.format(name=recording.name)
+        if recording.thinking is not None:
+            note += " " + texts.RECORDED_THINKING.format(words=recording.thinking.words())
         recorded_s = max(run.total_s for run in recording.runs.values())
         if recorded_s / speed > self.limits.max_replay_s:
             played = recorded_s / self.limits.max_replay_s

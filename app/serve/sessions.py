@@ -46,7 +46,7 @@ class LocalRaces:
         yield start_frame(loading if not cache.is_loaded(spec) else texts.RACING, names).values()
         try:
             pair = yield from self.loading.load(spec, lambda line: start_frame(f"{loading} {line}", names).values())
-            prompt_ids = pair.encode(req.prompt)
+            prompt_ids = pair.encode(req.prompt, req.thinking)  # one prompt for every lane
         except Exception as exc:  # noqa: BLE001 - bad input, OOM, CUDA errors, missing files: all reach the visitor
             raise visitor_error(failure_message(exc, cache.device_for(spec))) from None
         try:
@@ -60,9 +60,10 @@ class LocalRaces:
             raise visitor_error(texts.SCHEDULED_SAMPLING.format(label=spec.label, method=method))
         return prompt_ids
 
-    def open(self, spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes) -> RaceSession:
+    def open(self, spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes,
+             thinking=None) -> RaceSession:
         return RaceSession(self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size,
-                           sampling, lanes)
+                           sampling, lanes, thinking)
 
 
 class VllmRaces:
@@ -89,10 +90,12 @@ class VllmRaces:
     def prepare(self, spec, req, names: tuple[str, ...], limits):
         if names != ("dflash", "plain"):
             raise visitor_error(texts.VLLM_LANES)
+        if req.thinking is not None:
+            raise visitor_error(texts.VLLM_THINKING.format(choice=req.thinking))
         yield start_frame(texts.RACING, names).values()
         return []  # the servers tokenize the prompt themselves
 
-    def open(self, spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes):
+    def open(self, spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes, thinking=None):
         from ..race.vllm_session import VllmRaceSession, servers_of
 
         return VllmRaceSession(servers_of(spec), prompt, max_new_tokens, spec.block_size, sampling)

@@ -34,8 +34,9 @@ NOT_LOADED = "⚠ **Could not load {label}:** {why} " + REPLAY_HINT
 FREED = " Freed {labels} to make room."
 READY = (
     "✓ **{label}** ready on {device} (loaded in {load_s:.1f} s); target in {numerics}; drafter in "
-    "{drafter_dtype}, trained with block size {trained}; prompts through {chat_template}; {size}.{freed}"
+    "{drafter_dtype}, trained with block size {trained}; prompts through {chat_template} — {thinking}; {size}.{freed}"
 )
+BAD_THINKING = "⚠ {why}"
 
 # --- the race ---------------------------------------------------------------------------------------
 NO_MODEL = "This app was started with --replay: no model is loaded. Replay a recorded run instead."
@@ -51,12 +52,18 @@ OWN_CLOCKS = (
 )
 STOPPED_SHOWN = "Stopped: {dflash} DFlash and {plain} plain tokens shown, numbers up to there. "
 LANES_CHOICE = "Also race (DFlash and plain decoding always race)"
+THINKING_CHOICE = "Thinking (the chat template's switch; every lane gets the same prompt)"
+THINKING_CHOICES = [("the pair's default", "default"), ("on", "on"), ("off", "off")]
 NO_AR_DRAFTER = (
     "{label} has no autoregressive drafter, so it cannot race the AR drafter lane. Pairs with one: {pairs}."
 )
 VLLM_LANES = (
     "A vLLM pair races the server's DFlash against its plain decoding only: the scheduled block, AR "
     "drafter and prompt lookup lanes run in this engine, on the app's local pairs."
+)
+VLLM_THINKING = (
+    "A vLLM pair's servers wrap the prompt in the chat template themselves, so this app cannot turn thinking "
+    "{choice} for them; leave thinking at the pair's default."
 )
 SCHEDULED_SAMPLING = (
     "{label}'s drafter ({method}) conditions each draft on the ones before it, so the scheduled block lane "
@@ -85,6 +92,7 @@ REPLAY_CAPPED = (
 REPLAY_START = "Replaying {label} at {speed:g}×"
 REPLAYING = "Replaying {name} at {speed:g}× (recorded compute clocks)…"
 REPLAY_NOTE = "Replay of a recorded run ({name}); times are the recorded compute clocks."
+RECORDED_THINKING = "Raced with {words}."
 REPLAY_FAILED = "{name} could not be replayed ({error}): the file holds something the trace checks did not foresee."
 
 # --- pause / step / continue ------------------------------------------------------------------------
