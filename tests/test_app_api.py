@@ -126,3 +126,13 @@ def test_pair_selector_switches_the_pair_this_session_races(two_pair_client):
     assert "trained with block size 8" in status and slider["value"] == 8
     pair, summary = race(8)
     assert pair["id"] == "cli" and summary["identical"] is True
+
+
+def test_compare_takes_the_thinking_switch_by_name_and_a_template_without_it_refuses(client):
+    with pytest.raises(Exception, match=r"its chat template has no thinking switch \(enable_thinking\), so a race on it "
+                                        "cannot turn thinking on"):
+        client.predict("Hi", 4, 4, 0.0, 1.0, 0, [], "on", api_name="/compare")
+    with pytest.raises(Exception, match="thinking must be one of default, on, off, got 'sometimes'"):
+        client.predict("Hi", 4, 4, 0.0, 1.0, 0, [], "sometimes", api_name="/compare")
+    result = client.predict("Hi", 4, 4, 0.0, 1.0, 0, [], "default", api_name="/compare")
+    assert dict(zip(API_FIELDS, result))["report"]["identical"] is True

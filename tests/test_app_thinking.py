@@ -55,7 +55,7 @@ def race(app, thinking, monkeypatch) -> tuple[dict, dict[str, list[int]]]:
         return generate(target, prompt_ids, drafter, **kwargs)
 
     monkeypatch.setattr(dflash_core, "generate", recording)
-    *_, last = app.compare(PROMPT, 6, 4, 0.0, 1.0, 0, ["lookup"], None, thinking)
+    *_, last = app.compare(PROMPT, 6, 4, 0.0, 1.0, 0, ["lookup"], thinking=thinking)
     return dict(zip(FRAME_FIELDS, last)), seen
 
 
@@ -115,7 +115,7 @@ def test_the_status_line_says_the_setting_used_and_the_trained_one(app):
 def test_bad_values_are_named(app):
     for value, shown in (("maybe", "'maybe'"), (1, "'int'"), (["on"], "'list'")):
         with pytest.raises(Exception, match=rf"thinking must be one of default, on, off, got {shown}\."):
-            list(app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, value))
+            list(app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking=value))
 
 
 def test_a_pair_whose_setting_is_not_recorded_says_so(thinking_dirs, one_thread):
@@ -137,7 +137,7 @@ def test_a_template_without_the_switch_hides_the_control_and_refuses_a_setting(t
     for choice in ("on", "off"):
         with pytest.raises(Exception, match=rf"its chat template has no thinking switch \(enable_thinking\), so a "
                                             rf"race on it cannot turn thinking {choice}; leave thinking at the pair's default"):
-            list(app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, choice))
-    *_, last = app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, "default")
+            list(app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking=choice))
+    *_, last = app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking="default")
     trace = validate_trace(dict(zip(FRAME_FIELDS, last))["trace_file"])
     assert "thinking" not in trace["settings"] and "trained_thinking" not in trace["pair"]

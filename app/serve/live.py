@@ -48,7 +48,7 @@ class LiveRace:
         return self.loading.pairs
 
     def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, lanes=None, pair_id=None,
-                thinking=None, request: gr.Request = None):
+                request: gr.Request = None, thinking=None):
         """Race DFlash speculative decoding against plain decoding of the same target on one prompt.
 
         Every lane decodes the same prompt (sent through the target's chat template) with the same
