@@ -82,6 +82,7 @@ def test_the_trace_records_the_setting_and_a_replay_says_it(app, monkeypatch):
     assert trace["settings"]["thinking"] == "on" and trace["pair"]["trained_thinking"] == "off"
     assert trace["pair"]["chat_template"] == "the target's chat template, thinking on (enable_thinking=True)"
     assert load_trace(out["trace_file"]).thinking.words() == f"thinking on; {DIFFERS}"
+    assert f"Raced with thinking on; {DIFFERS}." in out["summary"]  # the live summary says what a replay says
     *_, replayed = app.replay(out["trace_file"], None, 4.0)
     assert f"Raced with thinking on; {DIFFERS}." in dict(zip(FRAME_FIELDS, replayed))["summary"]
     off, _ = race(app, None, monkeypatch)  # omitted: the pair's default
@@ -141,3 +142,4 @@ def test_a_template_without_the_switch_hides_the_control_and_refuses_a_setting(t
     *_, last = app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking="default")
     trace = validate_trace(dict(zip(FRAME_FIELDS, last))["trace_file"])
     assert "thinking" not in trace["settings"] and "trained_thinking" not in trace["pair"]
+    assert "Raced with" not in dict(zip(FRAME_FIELDS, last))["summary"]

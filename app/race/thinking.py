@@ -69,6 +69,13 @@ class Thinking:
         return f"thinking {self.used}; {self.trained_words()}"
 
 
+def recorded_thinking(trace: dict) -> Thinking | None:
+    """The thinking setting a trace records (`settings.thinking`, `pair.trained_thinking`, both checked
+    by `validate_trace`); None where the race's template had no switch."""
+    used = trace["settings"].get("thinking")
+    return None if used is None else Thinking(used, trace["pair"].get("trained_thinking"))
+
+
 def thinking_of(args: dict | None) -> str | None:
     """ "on" / "off" as template arguments set `enable_thinking`; None where they leave it out."""
     if not args or "enable_thinking" not in args:

@@ -15,7 +15,7 @@ import gradio as gr
 
 from ..race.control import Control, Controls
 from ..race.stopping import StopRequests
-from ..race.thinking import check_thinking
+from ..race.thinking import check_thinking, recorded_thinking
 from ..view import texts
 from ..view.frames import ChartPacer, Frame, note_frame, race_frame, released_text
 from .callers import is_mcp, session_of, visitor_of
@@ -175,6 +175,9 @@ class LiveRace:
             return
         if released is not None:
             note = f"{released} {texts.OWN_CLOCKS}"
+        thinking = recorded_thinking(result.trace)
+        if thinking is not None:  # what a replay of its trace says too
+            note = f"{texts.RECORDED_THINKING.format(words=thinking.words())} {note or texts.OWN_CLOCKS}"
         frame = race_frame(race.last, race.pieces, race.text_of, result.report, True, viewer, note=note)
         if released is not None:
             frame.control_status = released

@@ -18,7 +18,7 @@ from dflash_core.lossless import Verdict
 from dflash_core.trace import RUNS, TraceError, validate_trace
 
 from ..race.report import RaceReport, first_difference, race_report
-from ..race.thinking import Thinking
+from ..race.thinking import Thinking, recorded_thinking
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = REPO_ROOT / "assets" / "traces"
@@ -123,9 +123,8 @@ def load_trace(path) -> Recording:
         raise ReplayError(f"{path.name} holds no {' and no '.join(missing)} run: a race replay needs DFlash and plain decoding")
     tokens = {int(k): v for k, v in data["tokens"].items()}
     summaries = {lane: _summary(runs[lane], lane) for lane in RUNS if lane in runs}
-    used = data["settings"].get("thinking")  # both checked by validate_trace
-    thinking = Thinking(used, data["pair"].get("trained_thinking")) if used is not None else None
-    recording = Recording(path.stem, data["settings"], summaries, tokens, data.get("pieces", {}), thinking=thinking)
+    recording = Recording(path.stem, data["settings"], summaries, tokens, data.get("pieces", {}),
+                          thinking=recorded_thinking(data))
     if "report" not in data:
         return recording
     try:
