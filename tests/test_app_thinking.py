@@ -6,6 +6,7 @@ the switch hides the control and refuses a forced setting; bad values are named.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from tiny import THINKING_CHATML, build_drafter, build_target
@@ -33,7 +34,10 @@ def thinking_dirs(tmp_path_factory):
     return target, build_drafter(root / "drafter", target, block_size=4)
 
 
-def thinking_app(dirs, trained: dict | None = {"enable_thinking": False}) -> tuple[App, PairSpec]:
+TRAINED = {"enable_thinking": False}  # the tiny pair's drafter, as pairs.json would record it
+
+
+def thinking_app(dirs, trained: dict | None = None) -> tuple[App, PairSpec]:
     spec = PairSpec(id="tiny-thinking", label="tiny thinking pair", target=str(dirs[0]), drafter=str(dirs[1]),
                     chat_template_args=trained)
     return App([spec], spec.id, PairCache("cpu")), spec
@@ -41,7 +45,7 @@ def thinking_app(dirs, trained: dict | None = {"enable_thinking": False}) -> tup
 
 @pytest.fixture(scope="module")
 def app(thinking_dirs, one_thread):
-    app, _ = thinking_app(thinking_dirs)
+    app, _ = thinking_app(thinking_dirs, TRAINED)
     return app
 
 
@@ -92,7 +96,7 @@ def test_the_trace_records_the_setting_and_a_replay_says_it(app, monkeypatch):
 
 def test_a_trace_with_a_bad_thinking_setting_is_named(app, monkeypatch, tmp_path):
     out, _ = race(app, "off", monkeypatch)
-    trace = json.loads(open(out["trace_file"]).read())
+    trace = json.loads(Path(out["trace_file"]).read_text())
     for where, key in (("settings", "thinking"), ("pair", "trained_thinking")):
         bad = json.loads(json.dumps(trace))
         bad[where][key] = "sometimes"
