@@ -534,7 +534,7 @@ class Attacks:
         visitor's race (127.0.0.1) and replay (127.0.0.3) are still served."""
         self.runner.check_time()
         data = ["Count slowly from one to one hundred.", self.args.cancel_tokens, self.args.block_size, 0.0, 1.0, 0, None,
-                None]
+                None, None]
         codes, said = [], ""
         with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30) as http:
             for _ in range(17):
@@ -638,7 +638,8 @@ class Page:
         self.attacks, self.api = attacks, attacks.api
         self.session = uuid.uuid4().hex[:11]
         self.http = httpx.Client(timeout=attacks.args.request_timeout_s)
-        data = [prompt, max_new_tokens, attacks.args.block_size, 0.0, 1.0, 0, None, None]  # None: the default pair
+        # None: no added lanes, the default pair, its default thinking setting
+        data = [prompt, max_new_tokens, attacks.args.block_size, 0.0, 1.0, 0, None, None, None]
         joined = self.http.post(f"{self.api}/queue/join", json={
             "data": data, "fn_index": attacks.fn_index("run", "compare"), "session_hash": self.session, "trigger_id": None,
         })
