@@ -147,3 +147,14 @@ def test_a_template_without_the_switch_hides_the_control_and_refuses_a_setting(t
     trace = validate_trace(dict(zip(FRAME_FIELDS, last))["trace_file"])
     assert "thinking" not in trace["settings"] and "trained_thinking" not in trace["pair"]
     assert "Raced with" not in dict(zip(FRAME_FIELDS, last))["summary"]
+
+
+def test_a_vllm_pair_refuses_a_thinking_setting_before_asking_its_servers():
+    from app.serve.pairs import vllm_pair
+
+    spec = vllm_pair("http://127.0.0.1:9/v1", None, 4)  # nothing listens there: the refusal comes first
+    app = App([spec], spec.id, PairCache("cpu"))
+    assert app.thinking_control(spec.id)["visible"] is False
+    with pytest.raises(Exception, match="A vLLM pair's servers wrap the prompt in the chat template themselves, so this "
+                                        "app cannot turn thinking off for them"):
+        list(app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking="off"))
