@@ -352,17 +352,6 @@ def test_drafts_equal_vllm_dflash2_block_by_block(tmp_path):
     print(result["verdict"], file=sys.stderr)
 
 
-def test_training_refuses_a_dflash2_warm_start(dflash2_pair, dflash2_dirs, tmp_path):
-    from types import SimpleNamespace
-
-    from dflash_core.training.train import make_drafter
-
-    target, _ = dflash2_pair
-    args = SimpleNamespace(target_layer_ids=None, init_from=str(dflash2_dirs[1]), layers=None, block_size=None)
-    with pytest.raises(ConfigError, match="is a DFlash2 drafter; training covers first-release DFlash drafters only"):
-        make_drafter(args, target, [], [], [], None, tmp_path, print)
-
-
 def test_cycle_timing_runs_a_dflash2_draft_step(dflash2_pair):
     from dflash_core.bench.cycle import time_cycle
 
