@@ -50,11 +50,15 @@ class BlockConv(nn.Module):
             out[:, tap:] += kernel[:, tap:, tap] * xs[:, :-tap]
         return out.view(b, n, -1).to(x.dtype)
 
-    def around(self, sublayer, x: torch.Tensor) -> torch.Tensor:
-        """`sublayer(x)` with the convolution on both sides; both corrections come from `x`."""
-        b, n, _ = x.shape
-        delta = self.kernel_projection(x).view(b, n, 2, self.taps, self.groups)
-        return self.convolve(sublayer(self.convolve(x, delta[:, :, 0], 0)), delta[:, :, 1], 1)
+    def around(self, sublayer, x: torch.Tensor, block: int | None = None) -> torch.Tensor:
+        """`sublayer(x)` with the convolution on both sides; both corrections come from `x` [b, n, h].
+        `block`: slots per block when x holds several blocks side by side (training); the
+        convolution stays inside each one. Default: x is one block."""
+        b, n, h = x.shape
+        blocks = x.reshape(-1, block or n, h)
+        delta = self.kernel_projection(blocks).view(*blocks.shape[:2], 2, self.taps, self.groups)
+        inner = sublayer(self.convolve(blocks, delta[:, :, 0], 0).reshape(b, n, h))
+        return self.convolve(inner.reshape(blocks.shape), delta[:, :, 1], 1).reshape(b, n, h)
 
 
 class PathScores(NamedTuple):
@@ -83,22 +87,34 @@ class PathSelector(nn.Module):
         nn.init.normal_(self.successor_codebook, std=rank**-0.5)
 
     def forward(self, hidden: torch.Tensor, candidates: torch.Tensor, unary: torch.Tensor, anchor_id: torch.Tensor) -> PathScores:
-        """hidden [n, h]: the drafted slots' final states; candidates, unary [n, K]: their top-k ids and
-        logits; anchor_id [1]: the block's slot-0 token."""
-        predecessors = torch.cat([anchor_id.view(1, 1).expand(1, self.top_k), candidates[:-1]])
-        weighted = self.predecessor_codebook[predecessors].float() * self.hidden_projection(hidden).float()[:, None]
-        pairwise = weighted @ self.successor_codebook[candidates].float().transpose(1, 2)
-        return PathScores(candidates, unary.float()[:, None, :] + pairwise)
+        """hidden [..., n, h]: the drafted slots' final states; candidates, unary [..., n, K]: their top-k
+        ids and logits; anchor_id [...] (or [1] for one block): the block's slot-0 token. Leading
+        dimensions are blocks scored at once (training)."""
+        blocks = candidates.shape[:-2]
+        anchor = anchor_id.reshape(*blocks, 1, 1).expand(*blocks, 1, self.top_k)
+        predecessors = torch.cat([anchor, candidates[..., :-1, :]], dim=-2)
+        return PathScores(candidates, self.edge_scores(hidden, predecessors, candidates, unary))
+
+    def edge_scores(self, hidden: torch.Tensor, predecessors: torch.Tensor, candidates: torch.Tensor,
+                    unary: torch.Tensor) -> torch.Tensor:
+        """Scores [..., n, P, K] (float32) of the edges from each of the P predecessor ids [..., n, P] of a
+        slot to each of its K candidates [..., n, K], whose unary scores are `unary` [..., n, K]."""
+        weighted = self.predecessor_codebook[predecessors].float() * self.hidden_projection(hidden).float()[..., None, :]
+        pairwise = weighted @ self.successor_codebook[candidates].float().transpose(-1, -2)
+        return unary.float()[..., None, :] + pairwise
 
     @staticmethod
     def walk(path: PathScores, sampling: SamplingParams | None = None, generator=None):
         """The draft along `path`: slot by slot, the best (greedy, `sampling` None) or a sampled
         successor of the candidate chosen before. Returns (the chosen candidate indices [n], the
-        K-way distribution each slot drew from [n, K] or None when greedy), with no host sync."""
-        chosen = torch.zeros(1, dtype=torch.long, device=path.scores.device)
+        K-way distribution each slot drew from [n, K] or None when greedy), with no host sync.
+        A greedy walk also takes paths with leading block dimensions (indices [..., n])."""
+        chosen = path.scores.new_zeros((*path.scores.shape[:-3], 1), dtype=torch.long)
         picks, dists = [], []
-        for slot in range(path.candidates.shape[0]):
-            row = path.scores[slot].index_select(0, chosen)  # [1, K]: the edges out of the last choice
+        for slot in range(path.candidates.shape[-2]):
+            scores = path.scores[..., slot, :, :]
+            # [..., 1, K]: the edges out of the last choice
+            row = scores.gather(-2, chosen[..., None].expand(*chosen.shape, scores.shape[-1]))
             if sampling is None:
                 chosen = row.argmax(dim=-1)
             else:
@@ -106,13 +122,14 @@ class PathSelector(nn.Module):
                 chosen = sample(dist, generator)
                 dists.append(dist)
             picks.append(chosen)
-        return torch.cat(picks), None if sampling is None else torch.cat(dists)
+        return torch.cat(picks, dim=-1), None if sampling is None else torch.cat(dists, dim=-2)
 
     @staticmethod
     def propose(path: PathScores, vocab_size: int, sampling: SamplingParams | None = None, generator=None):
-        """Draft target ids [n] and, when sampled, their distribution over the vocabulary [n, V]."""
+        """Draft target ids [n] and, when sampled, their distribution over the vocabulary [n, V];
+        greedy, also for paths with leading block dimensions (ids [..., n])."""
         index, dists = PathSelector.walk(path, sampling, generator)
-        ids = path.candidates.gather(1, index[:, None])[:, 0]
+        ids = path.candidates.gather(-1, index[..., None])[..., 0]
         return ids, None if dists is None else scatter_rows(dists, path.candidates, vocab_size, fill=0.0)
 
     @staticmethod

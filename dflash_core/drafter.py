@@ -201,14 +201,15 @@ class DrafterLayer(nn.Module):
             conv = (config.hidden_size, options.conv_kernel_size, options.conv_group_size)
             self.attention_conv, self.mlp_conv = BlockConv(*conv), BlockConv(*conv)
 
-    def forward(self, x, context, cos, sin, **attn_kwargs):
+    def forward(self, x, context, cos, sin, block=None, **attn_kwargs):
+        """`block`: slots per block when `x` holds several blocks (see `DFlashDrafter.forward`)."""
         h = self.input_layernorm(x)
         if self.attention_conv is None:
             x = x + self.self_attn(h, context, cos, sin, **attn_kwargs)
             return x + self.mlp(self.post_attention_layernorm(x))
         # DFlash2: the block, not the context, is filtered; so the block's own keys and values are too.
-        x = x + self.attention_conv.around(lambda y: self.self_attn(y, context, cos, sin, **attn_kwargs), h)
-        return x + self.mlp_conv.around(self.mlp, self.post_attention_layernorm(x))
+        x = x + self.attention_conv.around(lambda y: self.self_attn(y, context, cos, sin, **attn_kwargs), h, block)
+        return x + self.mlp_conv.around(self.mlp, self.post_attention_layernorm(x), block)
 
 
 class DFlashDrafter(nn.Module):
@@ -286,17 +287,28 @@ class DFlashDrafter(nn.Module):
         over the draft vocabulary (the full vocabulary when there is none), or for DFlash2 the path
         scores of its top-k candidates (`PathScores`), which need the block's slot-0 token `anchor_ids` [1]."""
         logits = self.draft_head(lm_head)(hidden.to(self.dtype))
-        options = self.dflash2
-        if options is None:
+        if self.dflash2 is None:
             return logits
         if anchor_ids is None:
             raise ValueError("a DFlash2 drafter scores its draft after the block's slot-0 token: pass anchor_ids")
-        unary, candidates = torch.topk(logits, options.selector_top_k, dim=-1)
+        return self.candidate_paths(hidden, logits, anchor_ids)
+
+    def candidate_paths(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor) -> PathScores:
+        """DFlash2: the path scores of the top-k candidates of `logits` [..., n, V] (the LM head's, for the
+        final states `hidden` [..., n, h]) after the slot-0 tokens `anchor_ids`; leading dimensions are
+        blocks (training)."""
+        unary, candidates = torch.topk(logits, self.dflash2.selector_top_k, dim=-1)
         # Scale and cap only the K kept values: both are monotonic, so the choice is the same.
-        unary = unary.float() * options.output_multiplier
+        return self.candidate_selector(hidden.to(self.dtype), candidates, self.unary_scores(unary), anchor_ids)
+
+    def unary_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """DFlash2's unary scores of LM head logits: times `output_multiplier`, soft-capped at
+        `final_logit_softcapping` (off at 0), in float32."""
+        options = self.dflash2
+        unary = logits.float() * options.output_multiplier
         if options.final_logit_softcapping > 0:
             unary = torch.tanh(unary / options.final_logit_softcapping) * options.final_logit_softcapping
-        return self.candidate_selector(hidden.to(self.dtype), candidates, unary, anchor_ids)
+        return unary
 
     def propose(self, drafted, sampling: SamplingParams, generator, sample_drafts: bool, vocab_size: int):
         """The draft target ids [n] from what `draft_logits` returned, and the distribution over the
@@ -342,7 +354,7 @@ class DFlashDrafter(nn.Module):
         """Host-side work before a draft step whose slot 0 is at `start`, outside any CUDA graph
         (none here; `OracleDrafter` picks its proposal)."""
 
-    def forward(self, block_embeds, target_features, position_ids, cache=None, attn_mask=None):
+    def forward(self, block_embeds, target_features, position_ids, cache=None, attn_mask=None, block_size=None):
         """Hidden states (after the final norm) of every block slot.
 
         block_embeds: [b, q, h], the target's embeddings of `[last token, mask, ...]`.
@@ -352,6 +364,8 @@ class DFlashDrafter(nn.Module):
         (with a capacity) commits nothing: position_ids are then the rows' slots (`static_slots`),
         context rows may be padding, and the caller commits the real ones.
         attn_mask: optional boolean mask [q, keys] (True = attend), e.g. the training block mask.
+        block_size: slots per block when the q slots are several blocks side by side (training, under
+        its block mask); DFlash2's convolutions stay inside each. Default: the q slots are one block.
         """
         context = self.hidden_norm(self.fc(target_features))
         if self.dflash2 is not None and self.dflash2.input_embedding_scale != 1.0:
@@ -372,7 +386,8 @@ class DFlashDrafter(nn.Module):
         x = block_embeds
         slots = position_ids[0] if static else None
         for layer in self.layers:
-            x = layer(x, context, cos, sin, cache=cache, attn_mask=attn_mask, key_positions=key_positions, slots=slots)
+            x = layer(x, context, cos, sin, block=block_size, cache=cache, attn_mask=attn_mask, key_positions=key_positions,
+                      slots=slots)
         if cache is not None and not static:
             cache.commit(context.shape[1])
         return self.norm(x)

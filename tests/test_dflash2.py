@@ -309,12 +309,17 @@ def test_cuda_graph_steps_replay_dflash2_drafts(dflash2_pair):
 def test_sampled_dflash2_matches_exact_target_distribution(tmp_path):
     """Sampled drafts walk the chain, so slot l's q depends on slot l-1's draw; the rejection rule
     must see that conditional q for the output to follow the target (chi-square, as test_sampling)."""
-    from test_sampling import CHI_SQUARE_RUNS, chi_square_ok, exact_joint
-
     target_dir = build_target(tmp_path / "target", vocab_size=4, logit_scale=1.0, hidden=16, num_layers=2, seed=3)
     drafter_dir = build_dflash2_drafter(tmp_path / "drafter", target_dir, num_layers=1, block_size=4, seed=4,
                                         conv_group_size=8, selector_rank=2, selector_top_k=3)
-    target, drafter = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+    assert_samples_follow_the_target(Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir))
+
+
+def assert_samples_follow_the_target(target, drafter):
+    """`drafter`'s sampled 3-token outputs after [1, 2, 0] (temperature 1.3, top-k 3) follow the target's
+    exact distribution (chi-square, as test_sampling), with drafts often accepted."""
+    from test_sampling import CHI_SQUARE_RUNS, chi_square_ok, exact_joint
+
     prompt, length = [1, 2, 0], 3
     exact = exact_joint(target, prompt, length, SamplingParams(temperature=1.3, top_k=3)).flatten()
     counts, accepted = torch.zeros_like(exact), 0
@@ -338,29 +343,24 @@ def vllm_python() -> Path | None:
 @pytest.mark.slow
 @pytest.mark.skipif(vllm_python() is None, reason="no vLLM venv (.venv-vllm or $DFLASH_VLLM_VENV)")
 def test_drafts_equal_vllm_dflash2_block_by_block(tmp_path):
+    assert_drafts_equal_vllm(tmp_path, min_blocks=50)
+
+
+def assert_drafts_equal_vllm(tmp_path, *pair: str, min_blocks: int) -> None:
+    """dev/scripts/compare_dflash2_vllm.py, run in the vLLM venv on its random pair or on `pair`
+    (--target DIR --drafter DIR): more than `min_blocks` blocks, all equal, some accepted, lossless."""
     report = tmp_path / "compare.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_CPU_KVCACHE_SPACE="1")
     done = subprocess.run(
-        [str(vllm_python()), str(ROOT / "dev" / "scripts" / "compare_dflash2_vllm.py"), "--json", str(report)],
+        [str(vllm_python()), str(ROOT / "dev" / "scripts" / "compare_dflash2_vllm.py"), "--json", str(report), *pair],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(report.read_text())
     blocks = result["blocks"]
-    assert len(blocks) > 50 and all(b["equal"] for b in blocks) and result["lossless"]
+    assert len(blocks) > min_blocks and all(b["equal"] for b in blocks) and result["lossless"]
     assert any(b["accepted"] for b in blocks)
     print(result["verdict"], file=sys.stderr)
-
-
-def test_training_refuses_a_dflash2_warm_start(dflash2_pair, dflash2_dirs, tmp_path):
-    from types import SimpleNamespace
-
-    from dflash_core.training.train import make_drafter
-
-    target, _ = dflash2_pair
-    args = SimpleNamespace(target_layer_ids=None, init_from=str(dflash2_dirs[1]), layers=None, block_size=None)
-    with pytest.raises(ConfigError, match="is a DFlash2 drafter; training covers first-release DFlash drafters only"):
-        make_drafter(args, target, [], [], [], None, tmp_path, print)
 
 
 def test_cycle_timing_runs_a_dflash2_draft_step(dflash2_pair):

@@ -1,6 +1,7 @@
 """Compare this engine's DFlash2 drafts with vLLM's DFlash2 model on CPU, block by block.
 
-Builds a tiny random Qwen3 target and a random DFlash2 drafter in the released format, decodes
+Builds a tiny random Qwen3 target and a random DFlash2 drafter in the released format (or takes a
+given pair: `--target DIR --drafter DIR`, e.g. a drafter trained by `train.py --dflash2`), decodes
 greedily with the engine while recording every draft step's inputs (the new context features,
 positions, slot-0 token) and outputs (path scores, draft ids), then replays the same inputs
 through vLLM's own `DFlash2Qwen3ForCausalLM` loaded from the same files. Per block it compares
@@ -225,7 +226,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--json", type=Path, help="write the per-block comparison here")
+    parser.add_argument("--target", type=Path, help="a target directory (with --drafter) instead of the random pair")
+    parser.add_argument("--drafter", type=Path, help="a DFlash2 drafter directory for --target")
     args = parser.parse_args()
+    if (args.target is None) != (args.drafter is None):
+        parser.error("--target and --drafter go together")
 
     import torch
 
@@ -233,7 +238,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="dflash2-vllm-"))
-    target_dir, drafter_dir = build_pair(root)
+    target_dir, drafter_dir = (args.target, args.drafter) if args.target else build_pair(root)
     target, drafter = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
     recorder = RecordingDrafter(drafter)
     prompts = [[1, 4, 2, 9, 3], [7, 7, 0, 5, 10, 2, 6, 8, 1], [3]]

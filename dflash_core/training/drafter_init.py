@@ -1,8 +1,9 @@
 """How a new drafter starts: its config for a target, its mask token, and its first weights.
 
 A drafter shares the target's width, so its layers can start as copies of the target's own top
-layers (`init_from_target`), and a trained drafter can be deepened (`grow_drafter`) or given more target layers to read
-(`add_feature_layers`) without losing what it learned. Used by `train.py`; nothing here trains.
+layers (`init_from_target`), and a trained drafter can be deepened (`grow_drafter`), given more target layers to read
+(`add_feature_layers`) or turned into a DFlash2 drafter (`to_dflash2`) without losing what it learned.
+Used by `train.py`; nothing here trains.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 
 import torch
 
-from ..config import DFLASH_AR, parse_drafter_config
+from ..config import DFLASH2, DFLASH_AR, drafter_config_dict, parse_drafter_config
 from ..drafter import DFlashDrafter
 from ..errors import ConfigError
 from ..target import Target
@@ -204,3 +205,37 @@ def add_feature_layers(warm: DFlashDrafter, layer_ids: list[int]) -> DFlashDraft
         k = new.index(layer)
         wider.fc.weight[:, k * h:(k + 1) * h] = warm.fc.weight[:, j * h:(j + 1) * h]
     return wider
+
+
+@torch.no_grad()
+def to_dflash2(warm: DFlashDrafter, conv_kernel_size: int, conv_group_size: int, selector_rank: int,
+               selector_top_k: int) -> DFlashDrafter:
+    """`warm`, a first-release DFlash drafter, as a DFlash2 one (docs/design.md §2, "DFlash2") that drafts
+    what `warm` drafts over the whole vocabulary.
+
+    Every layer's `BlockConv` starts as the identity at tap 0 with no correction (its own init), so the
+    layers compute what `warm`'s did; the selector's hidden projection starts at zero, so no edge has a
+    pairwise term and the greedy walk takes each slot's top candidate: `warm`'s argmax. Its codebooks
+    start random, so the projection's first gradients are not zero. A DFlash2 drafter has no draft
+    vocabulary (its candidates are target ids): a `warm` one with a draft vocabulary drops it and
+    drafts over the target's whole LM head.
+
+    Sizes: the convolutions add 2 * layers * (2 * taps * hidden + 2 * taps * groups * hidden) weights,
+    groups = hidden / conv_group_size; the selector 2 * vocab * rank + rank * hidden. For the offline
+    pair (576 hidden, 49,152 vocabulary, 3 layers; an 11.6M DFlash drafter) taps 2, groups of 16 and
+    rank 32 add 0.51M and 3.16M; the released rank 256 would add 25.3M, twice the drafter.
+    """
+    if warm.autoregressive or warm.dflash2 is not None:
+        raise ConfigError(f"only a first-release DFlash drafter turns into a DFlash2 one, not a {warm.config.architecture}")
+    raw = drafter_config_dict(warm.config)
+    raw.pop("draft_vocab_size", None)
+    raw["architectures"] = [DFLASH2]
+    raw["dflash_config"].update(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
+                                selector_rank=selector_rank, selector_top_k=selector_top_k)
+    config = parse_drafter_config(raw)  # names a group size that does not divide the width, and the like
+    new = DFlashDrafter(config).to(dtype=warm.dtype, device=warm.fc.weight.device)
+    state = {k: v for k, v in warm.state_dict().items() if k != "draft_vocab"}
+    missing, unexpected = new.load_state_dict(state, strict=False)
+    assert not unexpected and all("_conv." in k or k.startswith("candidate_selector.") for k in missing), (missing, unexpected)
+    new.candidate_selector.hidden_projection.weight.zero_()
+    return new

@@ -11,6 +11,11 @@ greedy tokens come from the same forward, as far as the text follows them (`gree
 Evaluation turns the same forward into acceptance lengths: teacher-forced tau, and tau along the blocks greedy decoding would run.
 On CUDA the block mask is a Flex Attention `BlockMask`; elsewhere an equivalent dense boolean mask.
 
+A DFlash2 drafter (`drafter.dflash2`) trains through the same forward: its block convolutions stay
+inside each block, the block loss is on its unary scores over the whole vocabulary, and a second
+loss trains its path selector (`DrafterTrainer.selector_loss`); its drafts, for acceptance, are the
+selector's greedy walk.
+
 An autoregressive drafter (`drafter.autoregressive`) trains through the same forward: its block at
 an anchor holds the real tokens `anchor .. anchor+B-2` (teacher forcing: at inference they are its
 own drafts, which matter only while they equal these), attends causally inside the block, and slot
@@ -22,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from ..dflash2 import PathScores, PathSelector
 from ..target import Target
 
 
@@ -222,18 +229,23 @@ class FeatureExtractor:
 @dataclass
 class StepOut:
     loss: torch.Tensor
-    ce: torch.Tensor  # weighted cross-entropy against the greedy labels alone (= loss without soft labels)
-    logits: torch.Tensor  # [nA, B-1, V] over the draft vocabulary
+    ce: torch.Tensor  # weighted cross-entropy against the greedy labels alone (= loss without soft labels or selector)
+    logits: torch.Tensor  # [nA, B-1, V] over the draft vocabulary (DFlash2: the unary scores)
     labels: torch.Tensor  # draft-vocabulary indices, -100 where there is nothing to predict
     valid: torch.Tensor
     block_tokens: int
+    # DFlash2 only: each block's path scores (candidates [nA, B-1, K], edges [nA, B-1, K, K]), the
+    # greedy walk's drafts [nA, B-1] (target ids) and the selector's loss.
+    paths: PathScores | None = None
+    drafts: torch.Tensor | None = None
+    selector: torch.Tensor | None = None
 
 
 class DrafterTrainer:
     """The training forward shared by the optimisation loop, evaluation and the tests."""
 
     def __init__(self, target: Target, drafter, block_size: int, gamma: float, amp_dtype=None, feature_cache_bytes: int = 0,
-                 soft_top_k: int = 0, soft_weight: float = 0.0):
+                 soft_top_k: int = 0, soft_weight: float = 0.0, selector_weight: float = 1.0):
         self.target = target
         self.drafter = drafter  # possibly DDP-wrapped
         core = drafter.module if hasattr(drafter, "module") else drafter
@@ -249,6 +261,7 @@ class DrafterTrainer:
         # came second, which is more signal per position when the data is what limits the drafter.
         self.soft_top_k = soft_top_k if soft_weight > 0 else 0
         self.soft_weight = soft_weight
+        self.selector_weight = selector_weight  # DFlash2: the selector's loss against the block loss
         # On a CPU the frozen target's forward costs more than the drafter's whole step, so with
         # several epochs over a small data set its features are kept rather than recomputed.
         self.feature_cache: dict[str, torch.Tensor] = {}
@@ -295,6 +308,24 @@ class DrafterTrainer:
         p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
         return -(p * logp.gather(-1, ids.clamp(min=0))).sum(-1)
 
+    def selector_loss(self, hidden: torch.Tensor, unary: torch.Tensor, paths: PathScores, anchor_ids: torch.Tensor,
+                      labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """DFlash2's path selector, teacher-forced: at every slot, the cross-entropy over the edges from
+        the true previous token (the anchor's token for the first drafted slot, else the label of the
+        slot before) to the slot's K candidates, toward the candidate that is the label.
+
+        Slots whose label is not among their candidates give the selector nothing to choose and are
+        left out; the others keep the block loss's `weights` [nA, B-1], renormalised.
+        """
+        previous = torch.cat([anchor_ids[:, None], labels[:, :-1].clamp(min=0)], dim=1)
+        edges = self.core.candidate_selector.edge_scores(
+            hidden.to(self.core.dtype), previous[..., None], paths.candidates, unary.gather(-1, paths.candidates)
+        )[..., 0, :]  # [nA, B-1, K]: one predecessor per slot
+        hit = paths.candidates == labels[..., None]
+        w = weights * hit.any(-1)
+        ce = F.cross_entropy(edges.flatten(0, 1), hit.float().argmax(-1).flatten(), reduction="none").view_as(w)
+        return (ce * w).sum() / w.sum().clamp(min=1e-9)
+
     def forward(self, ids: torch.Tensor, anchors: torch.Tensor, dense: bool | None = None, unwrapped: bool = False,
                 key: str | None = None, walk_weight: float = 1.0, target_labels: bool = False) -> StepOut:
         """Logits and weighted loss of every anchor's block for one sequence `ids` [T].
@@ -321,12 +352,20 @@ class DrafterTrainer:
                 embeds = self.target.embed(block_ids[None])
             # Rank-0-only evaluation must bypass DDP, whose forward would wait for the other ranks.
             module = self.core if unwrapped else self.drafter
-            hidden = module(embeds, feats, position_ids[None], attn_mask=mask)
+            hidden = module(embeds, feats, position_ids[None], attn_mask=mask, block_size=L)
             n = anchors.numel()
             # DFlash: slot 0 holds the anchor's own token and its output is never used; causal:
             # every slot predicts the token after it.
             hidden = hidden.view(n, L, -1) if causal else hidden.view(n, B, -1)[:, 1:]
-            logits = self.core.draft_logits(hidden, self.target.head)
+            paths = drafts = None
+            if self.core.dflash2 is None:
+                logits = self.core.draft_logits(hidden, self.target.head)
+            else:
+                head_logits = self.core.draft_head(self.target.head)(hidden.to(self.core.dtype))
+                paths = self.core.candidate_paths(hidden, head_logits, ids[anchors.to(self.device)])
+                logits = self.core.unary_scores(head_logits)
+                with torch.no_grad():
+                    drafts = PathSelector.propose(paths, logits.shape[-1])[0]
         logits = logits.float()
         if self.label_index is not None:
             labels = torch.where(valid, self.label_index[labels.clamp(min=0)], labels)
@@ -337,7 +376,7 @@ class DrafterTrainer:
             # Decoding only meets the anchors right after a bonus token, and they are the harder ones
             # (a block starts after a rejection); uniform anchors spend the loss on states it never sees.
             with torch.no_grad():
-                walk = walk_anchors(acceptance_lengths(logits, labels, valid).cpu()).to(self.device)
+                walk = walk_anchors(acceptance_lengths(logits, labels, valid, drafts).cpu()).to(self.device)
             per_anchor = torch.ones(n, device=self.device).index_fill_(0, walk, walk_weight)
             w = w * per_anchor[:, None]
         w = w / w.sum().clamp(min=1e-9)
@@ -346,16 +385,22 @@ class DrafterTrainer:
         if soft is not None:
             mixed = (1 - self.soft_weight) * hard + self.soft_weight * self.soft_cross_entropy(logp, anchors, soft)
             loss = (mixed * w).sum()
-        return StepOut(loss, ce, logits, labels, valid, int(n * L))
+        selector = None
+        if paths is not None:
+            selector = self.selector_loss(hidden, logits, paths, ids[anchors.to(self.device)], labels, w)
+            loss = loss + self.selector_weight * selector
+        return StepOut(loss, ce, logits, labels, valid, int(n * L), paths, drafts, selector)
 
 
-def acceptance_lengths(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def acceptance_lengths(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                       drafts: torch.Tensor | None = None) -> torch.Tensor:
     """Teacher-forced acceptance length per block: 1 (bonus) + leading slots predicted right.
 
+    The drafts are the logits' argmax, or `drafts` [nA, B-1] where they are not (DFlash2's walk).
     With greedy target responses as data, a right prediction is exactly a draft the target would
     accept, so the mean estimates tau at greedy decoding.
     """
-    hit = (logits.argmax(-1) == labels) & valid
+    hit = ((logits.argmax(-1) if drafts is None else drafts) == labels) & valid
     return 1 + hit.long().cumprod(dim=1).sum(dim=1)
 
 
@@ -389,16 +434,20 @@ def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 12
     was_training = trainer.core.training
     trainer.core.eval()
     gen = torch.Generator().manual_seed(seed)
-    tot_loss = tot_ce = tot_w = 0.0
-    acc, walks = [], []
+    tot_loss = tot_ce = tot_selector = tot_w = 0.0
+    acc, walks, unary = [], [], []
     per_slot_hits = torch.zeros(trainer.block_size - 1)
     for ids, plen, key in seqs:
         anchors = sample_anchors(len(ids), plen, anchors_per_seq, gen)
         if anchors.numel() == 0:
             continue
         out = trainer.forward(ids, anchors, unwrapped=True, key=key)
-        lengths = acceptance_lengths(out.logits, out.labels, out.valid).cpu()
+        lengths = acceptance_lengths(out.logits, out.labels, out.valid, out.drafts).cpu()
         acc.append(lengths)
+        if out.drafts is not None:
+            # DFlash2 without its selector: each slot's top unary candidate.
+            unary.append(acceptance_lengths(out.logits, out.labels, out.valid).cpu())
+            tot_selector += float(out.selector) * anchors.numel()
         if is_every_anchor(anchors, len(ids), plen):
             walks.append(decode_walk(lengths))
         per_slot_hits += torch.bincount(lengths - 1, minlength=trainer.block_size)[1:].flip(0).cumsum(0).flip(0).float()
@@ -409,6 +458,10 @@ def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 12
     if not acc:
         return {}
     lengths = torch.cat(acc).float()
+    selector = {}
+    if unary:
+        # What the selector adds: tau of its walk (val_tau) against the unary argmax's.
+        selector = {"val_tau_unary": float(torch.cat(unary).float().mean()), "val_selector_loss": tot_selector / tot_w}
     return {
         "val_loss": tot_loss / tot_w,
         "val_ce": tot_ce / tot_w,
@@ -417,4 +470,5 @@ def evaluate(trainer: DrafterTrainer, seqs, anchors_per_seq: int, seed: int = 12
         "val_blocks": int(lengths.numel()),
         # Fraction of blocks whose draft got at least k tokens accepted, k = 1..B-1.
         "val_accept_at": [round(float(x), 4) for x in per_slot_hits / lengths.numel()],
+        **selector,
     }

@@ -37,6 +37,17 @@ evaluates and saves; tested with two CPU processes over gloo)::
 layers, causal inside the block, one token per pass at inference; `objective.py`), on the same data
 and loop; a warm start keeps the kind of the drafter it starts from unless this flag names one.
 
+`--dflash2` trains a DFlash2 drafter (docs/design.md §2, "DFlash2"): with `--init-from` a first-release
+DFlash drafter, that drafter with a block convolution around each sublayer and a path selector added,
+drafting at first exactly what it drafted (`drafter_init.to_dflash2`); the block loss goes through the
+convolutions and `--selector-weight` weighs the selector's own loss (`objective.py`). A DFlash2 warm
+start (`--init-from` a DFlash2 drafter) continues as one without the flag. E.g. the offline pair's
+drafter, continued as DFlash2 (its selector sized to the pair: `to_dflash2` gives the counts)::
+
+    python -m dflash_core.training.train --target default:smollm2 --data assets/data/smollm2-135m-instruct \
+        --shards 132: --out runs/dflash2 --init-from assets/drafters/smollm2-135m-instruct-dflash --dflash2 \
+        --selector-rank 32 --selector-top-k 16 --time-budget 30 --threads 1
+
 `--resume` continues from `OUT/checkpoint/` (drafter, optimizer, schedule, step, data position,
 RNG states). `OUT/train_log.jsonl` gets one JSON line per logged step and per evaluation (the first
 at step 0 scores the starting drafter, so a warm start never ships worse than it began).
@@ -67,7 +78,14 @@ from ..errors import ConfigError, DFlashError
 from ..pair import has_fast_bf16
 from ..target import Target
 from .data import frequent_tokens, heldout, load_sequences, shard_range
-from .drafter_init import add_feature_layers, build_drafter_config, grow_drafter, init_from_target, pick_mask_token_id
+from .drafter_init import (
+    add_feature_layers,
+    build_drafter_config,
+    grow_drafter,
+    init_from_target,
+    pick_mask_token_id,
+    to_dflash2,
+)
 from .objective import DrafterTrainer, default_gamma, evaluate, is_every_anchor, sample_anchors
 
 CHECKPOINT_DIR = "checkpoint"
@@ -153,6 +171,18 @@ def parse_args(argv=None):
     p.add_argument("--drafter-kind", choices=["dflash", "ar"], default=None,
                    help="dflash: the block-diffusion drafter (default for a new drafter); ar: the autoregressive "
                         "drafter with the same KV injection (default with --init-from: the warm drafter's kind)")
+    p.add_argument("--dflash2", action="store_true",
+                   help="train a DFlash2 drafter: a first-release one (e.g. --init-from) with block convolutions and a "
+                        "path selector added; it drafts over the whole vocabulary")
+    p.add_argument("--conv-kernel-size", type=int, default=2, help="DFlash2 convolution taps (released: 2)")
+    p.add_argument("--conv-group-size", type=int, default=16,
+                   help="DFlash2 channels per convolution group (released: 16)")
+    p.add_argument("--selector-rank", type=int, default=32,
+                   help="DFlash2 selector codebook rank (released: 256; 32 keeps the selector's 2 x vocab x rank "
+                        "weights at 3.1M for a 49k vocabulary)")
+    p.add_argument("--selector-top-k", type=int, default=16, help="DFlash2 candidates per slot (released: 16)")
+    p.add_argument("--selector-weight", type=float, default=1.0,
+                   help="weight of the DFlash2 selector's loss against the block loss")
     p.add_argument("--init-from-target", action="store_true")
     p.add_argument("--init-from", default=None, help="warm start from a released-format drafter directory")
     p.add_argument("--target-layer-ids", default=None,
@@ -178,6 +208,10 @@ def parse_args(argv=None):
         p.error(f"--soft-weight must be in (0, 1], got {args.soft_weight}")
     if not args.walk_weight > 0:
         p.error(f"--walk-weight must be > 0, got {args.walk_weight}")
+    if args.selector_weight < 0:
+        p.error(f"--selector-weight must be >= 0, got {args.selector_weight}")
+    if args.dflash2 and args.drafter_kind == "ar":
+        p.error("--dflash2 trains a block-diffusion drafter; it does not go with --drafter-kind ar")
     return args
 
 
@@ -194,10 +228,8 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
         # Warm start from a released-format drafter:
         # its shape, mask token and target layers carry over; optimizer and schedule start anew.
         warm = DFlashDrafter.from_pretrained(args.init_from, dtype=torch.float32)
-        if warm.dflash2 is not None:
-            # The objective runs many blocks in one forward and scores slots independently; DFlash2's
-            # block convolution and path selector need a training objective of their own.
-            raise ConfigError(f"{args.init_from} is a DFlash2 drafter; training covers first-release DFlash drafters only")
+        if warm.dflash2 is not None and args.drafter_kind == "ar":
+            raise ConfigError(f"{args.init_from} is a DFlash2 drafter; it does not train as --drafter-kind ar")
         if args.layers and args.layers != len(warm.layers):
             log(f"growing the warm drafter from {len(warm.layers)} to {args.layers} layers")
             warm = grow_drafter(warm, target, args.layers, calibration)
@@ -225,6 +257,10 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
             layer_ids = default_target_layer_ids(target.num_layers, layers)
         config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids,
                                       autoregressive=args.drafter_kind == "ar")
+    dflash2 = resume_state is None and (args.dflash2 or config.dflash2 is not None)
+    if dflash2 and args.draft_vocab:
+        raise ConfigError(f"a DFlash2 drafter proposes from the whole vocabulary: --draft-vocab {args.draft_vocab} "
+                          "does not apply")
     vocab = None
     if resume_state is None and args.draft_vocab:
         config.draft_vocab_size = args.draft_vocab
@@ -246,6 +282,14 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
     elif args.init_from_target:
         init_from_target(drafter, target, calibration)
         log(f"drafter layers initialised from target layers {target.num_layers - layers}..{target.num_layers - 1}")
+    if dflash2 and drafter.dflash2 is None:
+        before = sum(p.numel() for p in drafter.parameters())
+        dropped = drafter.draft_vocab
+        drafter = to_dflash2(drafter, args.conv_kernel_size, args.conv_group_size, args.selector_rank, args.selector_top_k)
+        log(f"DFlash2: {args.conv_kernel_size}-tap convolutions in groups of {args.conv_group_size}, selector rank "
+            f"{args.selector_rank} over the top {args.selector_top_k}, "
+            f"+{(sum(p.numel() for p in drafter.parameters()) - before) / 1e6:.2f}M parameters; drafts over the whole "
+            f"vocabulary" + ("" if dropped is None else f" (the draft vocabulary of {dropped.numel()} is dropped)"))
     return drafter
 
 
@@ -429,7 +473,7 @@ def main(argv=None) -> dict:
     drafter = make_drafter(args, target, seqs, train, calibration, resume_state, ckpt_dir, log.say).to(dist.device)
     drafter.train()
     config = drafter.config
-    log.say(f"drafter: {'autoregressive, ' if config.autoregressive else ''}"
+    log.say(f"drafter: {'autoregressive, ' if config.autoregressive else 'DFlash2, ' if config.dflash2 else ''}"
             f"{config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
             f"{config.target_layer_ids}, {sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters")
     model = drafter
@@ -440,10 +484,11 @@ def main(argv=None) -> dict:
     gamma = args.gamma or default_gamma(config.block_size)
     amp = choose_amp(args.amp, dist.device)
     trainer = DrafterTrainer(target, model, config.block_size, gamma, amp, int(args.feature_cache_gb * 2**30),
-                             soft_top_k=args.soft_labels, soft_weight=args.soft_weight)
+                             soft_top_k=args.soft_labels, soft_weight=args.soft_weight, selector_weight=args.selector_weight)
     log.say(f"gamma {gamma}, autocast {amp}, device {dist.device}"
             + (f", soft labels top-{args.soft_labels} weight {args.soft_weight}" if args.soft_labels else "")
-            + (f", decoding-walk blocks weigh {args.walk_weight}x" if args.walk_weight != 1 else ""))
+            + (f", decoding-walk blocks weigh {args.walk_weight}x" if args.walk_weight != 1 else "")
+            + (f", selector loss weight {args.selector_weight}" if config.dflash2 is not None else ""))
     opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     anchor_gen = torch.Generator().manual_seed(args.seed * 1000 + dist.rank)
     progress = Progress()
