@@ -6,7 +6,10 @@ part is read here, from `dflash_config` first and the top level second. `archite
 release: `DFlashDraftModel` (or nothing) for the first, `DFlash2DraftModel` for DFlash2, whose
 convolution and path-selector keys are read and checked here too (docs/design.md §2-§3, "DFlash2"),
 and `DFlashARDraftModel` for this project's autoregressive drafter with the same KV injection
-(the same layers run causally, one token per pass; `config.autoregressive`).
+(the same layers run causally, one token per pass; `config.autoregressive`). `context_fusion` in
+`dflash_config` says where the target's context features enter: "kv" (DFlash's injection into every
+layer's keys and values, the default) or "input" (this project's ablation: once, at the input, as
+sequence positions of their own; `config.context_fusion`, docs/design.md §2 "Input fusion").
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ ARCHITECTURES = (DFLASH, DFLASH2, DFLASH_AR)
 # The integer keys a DFlash2 config must give, and its optional float keys with their defaults.
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DFLASH2_SCALARS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
+# Where the context features enter the drafter: every layer's keys and values, or the input once.
+CONTEXT_FUSIONS = ("kv", "input")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -40,11 +45,11 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
 
     The returned config carries `block_size`, `mask_token_id`, `target_layer_ids`,
     `num_target_layers`, `draft_vocab_size`, `architecture`, `autoregressive` (True for a
-    `DFlashARDraftModel`) and `dflash2` (a `DFlash2Options`, or None for a first-release drafter)
-    as plain attributes. `draft_vocab_size` (None in the z-lab
-    checkpoints; a top-level key, as vLLM reads it, or in `dflash_config` in older files of this
-    project) says the drafter proposes only from a stored subset of the vocabulary, so its share of
-    the LM head costs a fraction of the full one.
+    `DFlashARDraftModel`), `dflash2` (a `DFlash2Options`, or None for a first-release drafter) and
+    `context_fusion` (one of `CONTEXT_FUSIONS`, "kv" when the config gives none) as plain
+    attributes. `draft_vocab_size` (None in the z-lab checkpoints; a top-level key, as vLLM reads
+    it, or in `dflash_config` in older files of this project) says the drafter proposes only from a
+    stored subset of the vocabulary, so its share of the LM head costs a fraction of the full one.
     """
     nested = raw.get("dflash_config") or {}
 
@@ -89,7 +94,24 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
     config.architecture = _architecture(raw)
     config.autoregressive = config.architecture == DFLASH_AR
     config.dflash2 = _parse_dflash2(config, lookup, nested)
+    config.context_fusion = _parse_context_fusion(config, lookup("context_fusion"))
     return config
+
+
+def _parse_context_fusion(config: Qwen3Config, value) -> str:
+    """The drafter's `context_fusion`, checked against the kinds input fusion is implemented for."""
+    if value is None:
+        return "kv"
+    if value not in CONTEXT_FUSIONS:
+        raise ConfigError(f"dflash_config.context_fusion must be one of {CONTEXT_FUSIONS}, got {value!r}")
+    if value == "input" and config.architecture != DFLASH:
+        # DFlash2's block convolution filters the block along the sequence, which would then hold the
+        # context rows too; the autoregressive drafter with input fusion is not implemented.
+        raise ConfigError(
+            f"dflash_config.context_fusion 'input' is implemented for {DFLASH} drafters only; this config's "
+            f"architecture is {config.architecture}"
+        )
+    return value
 
 
 def _architecture(raw: dict) -> str:
@@ -170,7 +192,7 @@ def drafter_config_dict(config: Qwen3Config) -> dict:
     """The released-format dict for `config` (what `parse_drafter_config` reads back)."""
     raw = config.to_dict()
     for key in (*DFLASH_KEYS, "dflash_config", "num_target_layers", "draft_vocab_size", "architecture", "dflash2",
-                "autoregressive"):
+                "autoregressive", "context_fusion"):
         raw.pop(key, None)
     dflash = {
         "mask_token_id": config.mask_token_id,
@@ -182,6 +204,8 @@ def drafter_config_dict(config: Qwen3Config) -> dict:
     options = getattr(config, "dflash2", None)
     if options is not None:
         dflash.update(asdict(options))
+    if getattr(config, "context_fusion", "kv") != "kv":
+        dflash["context_fusion"] = config.context_fusion  # DFlash's own configs stay as released
     architecture = DFLASH2 if options is not None else DFLASH_AR if getattr(config, "autoregressive", False) else DFLASH
     raw.update(
         architectures=[architecture],

@@ -7,7 +7,10 @@ to the whole block. A DFlash2 config (`config.dflash2`) adds a block convolution
 a path selector that picks the draft (`dflash2.py`). An autoregressive config (`config.autoregressive`,
 architecture `DFlashARDraftModel`) runs the same layers causally: its block holds real tokens, one
 query per pass (`drafting.ARDrafting` at inference, the causal mask of `training/objective.py` in
-training). Loads and saves the released checkpoint format of
+training). An input-fusion config (`config.context_fusion == "input"`, the paper's ablation of KV
+injection) has the same weights but feeds `c` in once: the context positions join the drafter's
+sequence as rows of their own, causal among themselves, and every layer's keys and values come from
+its own input rows only (docs/design.md §2, "Input fusion"). Loads and saves the released checkpoint format of
 both (docs/design.md §3); a drafter with a draft vocabulary is stored in the form vLLM reads (§7), and
 files of the older form still load. Also loads transformers' native DFlash checkpoints (`native_format.py`).
 """
@@ -108,6 +111,16 @@ def static_slots(length: int, num_context: int, rows: int, block: int, device) -
     ])
 
 
+def fusion_mask(row_slots: torch.Tensor, num_context: int, num_keys: int) -> torch.Tensor:
+    """Boolean [rows, num_keys] mask (True = attend) of an input-fusion forward whose rows sit at
+    cache slots `row_slots`: a context row (the first `num_context`) sees the keys at or before its
+    own slot, causally; a block row sees every key up to the block's last slot (the whole block both
+    ways, and no padding row a static step puts after it)."""
+    rows = torch.arange(len(row_slots), device=row_slots.device)
+    limit = torch.where(rows < num_context, row_slots, row_slots[-1])
+    return torch.arange(num_keys, device=row_slots.device)[None, :] <= limit[:, None]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate `x` ([b, heads, n, d]) by per-position `cos`/`sin` ([b, n, d])."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -150,11 +163,12 @@ class DrafterAttention(nn.Module):
         self.sliding_window = config.sliding_window if is_sliding else None
 
     def forward(self, x, context, cos, sin, cache=None, attn_mask=None, key_positions=None, slots=None):
-        """`x`: normed block [b, q, h]; `context`: fused target features [b, c, h] (not normed);
-        `slots`: cache slots of [context; block] rows, for a static cache."""
+        """`x`: normed rows [b, q, h], the queries; `context`: fused target features [b, c, h] (not
+        normed) injected as keys and values before them, or None (input fusion: the keys and values
+        are those of `x` alone); `slots`: cache slots of the rows, for a static cache."""
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
-        kv_in = torch.cat([context, x], dim=1)
+        kv_in = x if context is None else torch.cat([context, x], dim=1)
         n = kv_in.shape[1]
         k, v = kernels.project_kv(self.k_proj, self.v_proj, kv_in)  # one GEMM on CUDA at inference
         k = k.view(b, n, self.num_kv_heads, self.head_dim)
@@ -251,6 +265,12 @@ class DFlashDrafter(nn.Module):
     def autoregressive(self) -> bool:
         """True for the autoregressive drafter: causal, one token per pass (γ = block_size - 1 passes)."""
         return bool(getattr(self.config, "autoregressive", False))
+
+    @property
+    def input_fusion(self) -> bool:
+        """True when the context features enter once, at the input (`context_fusion` "input"), not
+        into every layer's keys and values."""
+        return getattr(self.config, "context_fusion", "kv") == "input"
 
     @property
     def target_layer_ids(self) -> list[int]:
@@ -363,7 +383,8 @@ class DFlashDrafter(nn.Module):
         cache: a `DrafterCache`; the new context is committed to it, the block is not. A static cache
         (with a capacity) commits nothing: position_ids are then the rows' slots (`static_slots`),
         context rows may be padding, and the caller commits the real ones.
-        attn_mask: optional boolean mask [q, keys] (True = attend), e.g. the training block mask.
+        attn_mask: optional boolean mask [q, keys] (True = attend), e.g. the training block mask; for
+        input fusion [c + q, keys], the context rows' then the block's (by default `fusion_mask`).
         block_size: slots per block when the q slots are several blocks side by side (training, under
         its block mask); DFlash2's convolutions stay inside each. Default: the q slots are one block.
         """
@@ -383,14 +404,24 @@ class DFlashDrafter(nn.Module):
             if cache is not None and cache.length:
                 past = torch.arange(cache.length, device=position_ids.device, dtype=position_ids.dtype)
                 key_positions = torch.cat([past, key_positions])
-        x = block_embeds
+        x, num_context = block_embeds, context.shape[1]
         slots = position_ids[0] if static else None
+        if self.input_fusion:
+            # The context enters once, as rows of the sequence; from here on the layers see it only
+            # through those rows' own states, never as injected keys and values.
+            x, context = torch.cat([context.to(block_embeds.dtype), block_embeds], dim=1), None
+            if static:
+                attn_mask = fusion_mask(slots, num_context, cache.capacity)
+            elif attn_mask is None:
+                past = cache.length if cache is not None else 0
+                row_slots = torch.arange(past, past + x.shape[1], device=position_ids.device)
+                attn_mask = fusion_mask(row_slots, num_context, past + x.shape[1])
         for layer in self.layers:
             x = layer(x, context, cos, sin, block=block_size, cache=cache, attn_mask=attn_mask, key_positions=key_positions,
                       slots=slots)
         if cache is not None and not static:
-            cache.commit(context.shape[1])
-        return self.norm(x)
+            cache.commit(num_context)
+        return self.norm(x[:, -block_embeds.shape[1]:])
 
     @classmethod
     def from_pretrained(

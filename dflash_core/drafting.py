@@ -2,7 +2,8 @@
 
 `generate` (decoding.py) takes any drafter and opens one `DraftSession` per run (`open_session`):
 
-- a DFlash or DFlash2 drafter (`DFlashDrafting`): the whole block of B-1 drafts in one pass;
+- a DFlash or DFlash2 drafter, or DFlash's input-fusion ablation (`DFlashDrafting`): the whole
+  block of B-1 drafts in one pass;
 - the autoregressive drafter with the same KV injection, a `DFlashDrafter` whose config says
   `autoregressive` (`ARDrafting`): one causal pass per draft, B-1 passes per cycle;
 - any object with a `session(run)` method, e.g. `prompt_lookup.PromptLookup` (no model).
@@ -86,13 +87,16 @@ class Drafter(Protocol):
 
 
 def method_name(drafter) -> str:
-    """"plain", "dflash", "dflash2", "ar", or a drafter's own `method` (e.g. "lookup")."""
+    """"plain", "dflash", "dflash2", "ar", "fusion" (DFlash's input-fusion ablation), or a drafter's
+    own `method` (e.g. "lookup")."""
     if drafter is None:
         return "plain"
     if hasattr(drafter, "session"):
         return drafter.method
     if getattr(drafter, "autoregressive", False):
         return "ar"
+    if getattr(drafter, "input_fusion", False):
+        return "fusion"
     return "dflash2" if getattr(drafter, "dflash2", None) is not None else "dflash"
 
 

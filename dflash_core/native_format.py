@@ -41,9 +41,10 @@ def native_config(config, special_ids: dict | None = None) -> dict:
     released config, `config.parse_drafter_config`).
 
     Refuses what the native model has no part for: DFlash2's convolutions and selector, the
-    autoregressive drafter's causal passes, biased projections. `vocab_size` and `num_target_layers`
-    ride along as extra keys (transformers keeps them) so this engine can check the pair when it
-    loads the checkpoint back. `special_ids`: the target's bos/eos/pad ids (None each otherwise).
+    autoregressive drafter's causal passes, input fusion, biased projections. `vocab_size` and
+    `num_target_layers` ride along as extra keys (transformers keeps them) so this engine can check
+    the pair when it loads the checkpoint back. `special_ids`: the target's bos/eos/pad ids (None
+    each otherwise).
     """
     if getattr(config, "dflash2", None) is not None:
         raise ConfigError(
@@ -54,6 +55,11 @@ def native_config(config, special_ids: dict | None = None) -> dict:
         raise ConfigError(
             "transformers' native DFlash drafts a block in one bidirectional pass: the autoregressive drafter "
             "cannot be exported"
+        )
+    if getattr(config, "context_fusion", "kv") != "kv":
+        raise ConfigError(
+            "transformers' native DFlash injects the context into every layer's keys and values: an input-fusion "
+            "drafter (context_fusion 'input') cannot be exported"
         )
     if getattr(config, "attention_bias", False):
         raise ConfigError(

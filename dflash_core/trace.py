@@ -13,7 +13,7 @@ file without importing or executing anything from it; `trace_csv` flattens per-b
     vocab_size every token id in the file is below it
     runs       {lane: Summary.to_trace()} for some of the lanes dflash, scheduled (DFlash with the block
                schedule), ar, lookup and plain; each run
-               names its `method` (dflash, dflash2, ar, lookup or plain) and its `block_schedule`
+               names its `method` (dflash, dflash2, fusion, ar, lookup or plain) and its `block_schedule`
                (fixed or auto), each block its `verify_len` (files from before the block schedule
                have neither: every block verified its whole draft)
     report     the race report when a race ran, else absent
@@ -50,7 +50,7 @@ MAX_BYTES = 20_000_000  # 20 MB: far above any real race (the shipped 128-token 
 # schedule (block_size="auto"), the autoregressive drafter with DFlash's KV injection, prompt
 # lookup, plain decoding. A file holds some of them, so files from before a lane was added still read.
 RUNS = ("dflash", "scheduled", "ar", "lookup", "plain")
-METHODS = ("dflash", "dflash2", "ar", "lookup", "plain")
+METHODS = ("dflash", "dflash2", "fusion", "ar", "lookup", "plain")
 SCHEDULES = ("fixed", "auto")
 CSV_COLUMNS = ["lane", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s",
                "elapsed_s", "verify_len"]
@@ -166,8 +166,8 @@ def _block_ids(block: dict):
 
 
 def lane_of(method: str) -> str:
-    """The lane a run of `method` sits in: a DFlash2 drafter races in DFlash's lane."""
-    return "dflash" if method == "dflash2" else method
+    """The lane a run of `method` sits in: a DFlash2 or input-fusion drafter races in DFlash's lane."""
+    return "dflash" if method in ("dflash2", "fusion") else method
 
 
 def token_ids(runs: dict) -> set[int]:

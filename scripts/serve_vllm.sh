@@ -20,6 +20,13 @@ venv=${DFLASH_VLLM_VENV:-.venv-vllm}
 drafter=${DRAFTER:-assets/drafters/smollm2-135m-instruct-dflash}
 threads=${THREADS:-1}
 logdir=${LOGDIR:-/tmp/dflash-vllm}
+fusion=$(.venv/bin/python -c "import json,sys; c=json.load(open(sys.argv[1])); print((c.get('dflash_config') or {}).get('context_fusion') or c.get('context_fusion') or 'kv')" "$drafter/config.json")
+if [ "$fusion" != kv ]; then
+  # vLLM reads no such key: it would run these weights as KV injection, a different model.
+  echo "error: $drafter fuses the target's features at the input (context_fusion '$fusion'); vLLM's DFlash" \
+    "injects them into every layer's keys and values and cannot serve it: race it with this engine" >&2
+  exit 1
+fi
 if [ ! -x "$venv/bin/python" ]; then
   echo "error: no vLLM venv at $venv: run \`bash scripts/setup.sh --vllm\` (or set DFLASH_VLLM_VENV)" >&2
   exit 1

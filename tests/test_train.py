@@ -252,7 +252,11 @@ def test_flex_block_mask_equals_dense(tiny_dirs, one_thread):
     """The GPU path (Flex Attention BlockMask) computes what the dense CPU mask does (eager here)."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     target_dir, drafter_dir = tiny_dirs
-    target, drafter = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+    assert_flex_equals_dense(Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir))
+
+
+def assert_flex_equals_dense(target, drafter):
+    """The training forward's logits under the Flex Attention mask equal those under the dense one."""
     trainer = DrafterTrainer(target, drafter, drafter.block_size, 4.0)
     ids = torch.randint(4, target.vocab_size - 1, (40,), generator=torch.Generator().manual_seed(3))
     anchors = torch.tensor([10, 20, 30, 38])

@@ -163,7 +163,8 @@ def _load_check(drafter, error: str | None) -> Check:
     if not isinstance(drafter, DFlashDrafter):
         return Check("load", "pair loads", "PASS", f"{type(drafter).__name__} drafter, block {drafter.block_size}",
                      LOAD_TEXT)
-    kind = "DFlash2" if drafter.dflash2 is not None else "autoregressive" if drafter.autoregressive else "DFlash"
+    kind = ("DFlash2" if drafter.dflash2 is not None else "autoregressive" if drafter.autoregressive
+            else "input-fusion" if drafter.input_fusion else "DFlash")
     return Check("load", "pair loads", "PASS",
                  f"{kind} drafter, {len(drafter.layers)} layers, block {drafter.block_size}, {_name(drafter.dtype)}, "
                  "validated against the target", LOAD_TEXT)

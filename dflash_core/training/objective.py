@@ -20,6 +20,11 @@ An autoregressive drafter (`drafter.autoregressive`) trains through the same for
 an anchor holds the real tokens `anchor .. anchor+B-2` (teacher forcing: at inference they are its
 own drafts, which matter only while they equal these), attends causally inside the block, and slot
 j predicts the token after it, so its labels are DFlash's, one slot earlier.
+
+An input-fusion drafter (`drafter.input_fusion`) runs the sequence's context through its layers as
+rows of their own, once per sequence and causally (`fused=True` in the masks), and each anchor's
+block attends, at every layer, to those rows before the anchor and to itself: what its decoding
+cache holds after the cycles up to that anchor.
 """
 
 from __future__ import annotations
@@ -128,13 +133,15 @@ def greedy_path_labels(ids: torch.Tensor, greedy: torch.Tensor, anchors: torch.T
 
 
 def dense_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device=None,
-                     causal: bool = False) -> torch.Tensor:
+                     causal: bool = False, fused: bool = False) -> torch.Tensor:
     """Boolean [nA*L, T + nA*L] (True = attend) for blocks of L = `block_size` slots, the training
     twin of one inference cycle each.
 
     At inference the block at `start` sees the cached context 0..start-1 (the bonus token's own
     features do not exist yet) and the whole block without causality; an autoregressive drafter's
-    pass j sees the block's tokens 0..j only (`causal`).
+    pass j sees the block's tokens 0..j only (`causal`). `fused` (input fusion): the T context
+    positions are query rows too, first, each seeing the context up to itself and no block:
+    [T + nA*L, T + nA*L].
     """
     anchors = anchors.to(device)
     n = anchors.numel()
@@ -144,25 +151,36 @@ def dense_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, devic
     own = q_block[:, None] == q_block[None, :]
     if causal:
         own &= q_idx[:, None] >= q_idx[None, :]
-    return torch.cat([ctx, own], dim=1)
+    mask = torch.cat([ctx, own], dim=1)
+    if fused:
+        context_rows = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+        context_rows = torch.cat([context_rows, context_rows.new_zeros(seq_len, n * block_size)], dim=1)
+        mask = torch.cat([context_rows, mask])
+    return mask
 
 
-def flex_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device, causal: bool = False):
+def flex_block_mask(anchors: torch.Tensor, seq_len: int, block_size: int, device, causal: bool = False,
+                    fused: bool = False):
     """The same mask as a Flex Attention `BlockMask`, so GPUs skip the masked-out tiles."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     anchors = anchors.to(device)
     n = anchors.numel()
+    rows = seq_len if fused else 0  # query rows before the blocks': the context's own, for input fusion
 
     def mask_mod(b, h, q_idx, kv_idx):
-        blk = q_idx // block_size
+        row = q_idx - rows  # the query's row among the blocks'; negative for a context row
+        blk = row.clamp(min=0) // block_size
         in_ctx = (kv_idx < seq_len) & (kv_idx < anchors[blk])
         in_own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
         if causal:
-            in_own = in_own & (kv_idx - seq_len <= q_idx)
-        return in_ctx | in_own
+            in_own = in_own & (kv_idx - seq_len <= row)
+        allowed = (row >= 0) & (in_ctx | in_own)
+        if fused:
+            allowed = allowed | ((row < 0) & (kv_idx <= q_idx))
+        return allowed
 
-    return create_block_mask(mask_mod, None, None, n * block_size, seq_len + n * block_size, device=device)
+    return create_block_mask(mask_mod, None, None, rows + n * block_size, seq_len + n * block_size, device=device)
 
 
 # ------------------------------------------------------------------------------------ target features
@@ -342,7 +360,8 @@ class DrafterTrainer:
         # Sliding-window layers are only handled by the dense path (the window is added per layer).
         sliding = any(layer.self_attn.sliding_window for layer in self.core.layers)
         use_flex = (self.device.type == "cuda" and not sliding) if dense is None else not dense
-        mask = (flex_block_mask if use_flex else dense_block_mask)(anchors, T, L, self.device, causal=causal)
+        mask = (flex_block_mask if use_flex else dense_block_mask)(anchors, T, L, self.device, causal=causal,
+                                                                   fused=self.core.input_fusion)
         with self._autocast():
             feats, soft = self.target_features(ids, key, greedy=target_labels)
             if target_labels:

@@ -36,6 +36,9 @@ evaluates and saves; tested with two CPU processes over gloo)::
 `--drafter-kind ar` trains the autoregressive drafter with the same KV injection instead (the same
 layers, causal inside the block, one token per pass at inference; `objective.py`), on the same data
 and loop; a warm start keeps the kind of the drafter it starts from unless this flag names one.
+`--context-fusion input` trains the input-fusion ablation of DFlash's KV injection (the same weights;
+the target's features enter once, as rows of the drafter's sequence: `drafter.py`, `objective.py`),
+from the same initialisations (`--init-from-target`, or `--init-from` a DFlash drafter).
 
 `--dflash2` trains a DFlash2 drafter (docs/design.md §2, "DFlash2"): with `--init-from` a first-release
 DFlash drafter, that drafter with a block convolution around each sublayer and a path selector added,
@@ -183,6 +186,10 @@ def parse_args(argv=None):
     p.add_argument("--selector-top-k", type=int, default=16, help="DFlash2 candidates per slot (released: 16)")
     p.add_argument("--selector-weight", type=float, default=1.0,
                    help="weight of the DFlash2 selector's loss against the block loss")
+    p.add_argument("--context-fusion", choices=["kv", "input"], default=None,
+                   help="where the target's features enter the drafter: kv, every layer's keys and values "
+                        "(DFlash; default for a new drafter); input, once at the input as rows of its sequence "
+                        "(the ablation; default with --init-from: the warm drafter's)")
     p.add_argument("--init-from-target", action="store_true")
     p.add_argument("--init-from", default=None, help="warm start from a released-format drafter directory")
     p.add_argument("--target-layer-ids", default=None,
@@ -224,6 +231,9 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
         if args.drafter_kind and (args.drafter_kind == "ar") != bool(config.autoregressive):
             raise ConfigError(f"--drafter-kind {args.drafter_kind} does not match the checkpoint in {ckpt_dir}, "
                               f"a {config.architecture}")
+        if args.context_fusion and args.context_fusion != config.context_fusion:
+            raise ConfigError(f"--context-fusion {args.context_fusion} does not match the checkpoint in {ckpt_dir}, "
+                              f"whose context_fusion is {config.context_fusion}")
     elif args.init_from:
         # Warm start from a released-format drafter:
         # its shape, mask token and target layers carry over; optimizer and schedule start anew.
@@ -240,6 +250,9 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
         if args.drafter_kind:
             # The two kinds share every weight; only the mask and the decoding loop differ.
             config.autoregressive = args.drafter_kind == "ar"
+        if args.context_fusion:
+            # Both fusions have the same weights: only where the features enter differs.
+            config.context_fusion = args.context_fusion
         if args.block_size:
             # Block size is not in the weights: a drafter can be retrained for another one.
             config.block_size = args.block_size
@@ -257,10 +270,14 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
             layer_ids = default_target_layer_ids(target.num_layers, layers)
         config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids,
                                       autoregressive=args.drafter_kind == "ar")
+        config.context_fusion = args.context_fusion or "kv"
     dflash2 = resume_state is None and (args.dflash2 or config.dflash2 is not None)
     if dflash2 and args.draft_vocab:
         raise ConfigError(f"a DFlash2 drafter proposes from the whole vocabulary: --draft-vocab {args.draft_vocab} "
                           "does not apply")
+    if config.context_fusion == "input" and (config.autoregressive or dflash2 or config.dflash2 is not None):
+        kind = "the autoregressive drafter (--drafter-kind ar)" if config.autoregressive else "a DFlash2 drafter"
+        raise ConfigError(f"--context-fusion input is implemented for the first-release DFlash drafter only, not {kind}")
     vocab = None
     if resume_state is None and args.draft_vocab:
         config.draft_vocab_size = args.draft_vocab
@@ -474,6 +491,7 @@ def main(argv=None) -> dict:
     drafter.train()
     config = drafter.config
     log.say(f"drafter: {'autoregressive, ' if config.autoregressive else 'DFlash2, ' if config.dflash2 else ''}"
+            f"{'input fusion, ' if config.context_fusion == 'input' else ''}"
             f"{config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
             f"{config.target_layer_ids}, {sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters")
     model = drafter
