@@ -25,6 +25,7 @@ class FakeVllm:
         self.lock = threading.Lock()
         self.gather: threading.Barrier | None = None
         self.at_once = self.most_at_once = self.served = 0
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each request served, perf_counter seconds
         self.drafts = self.draft_tokens = self.accepted_total = 0
         fake = self
 
@@ -62,6 +63,7 @@ class FakeVllm:
 
     def answer(self, body: dict) -> str:
         prompt, n = body["messages"][-1]["content"], body["max_tokens"]
+        start = time.perf_counter()
         with self.lock:
             self.at_once += 1
             self.most_at_once = max(self.most_at_once, self.at_once)
@@ -77,6 +79,7 @@ class FakeVllm:
         with self.lock:
             self.at_once -= 1
             self.served += 1
+            self.spans.append((start, time.perf_counter()))
             if self.k is not None:  # one verify step per accepted + 1 tokens after the prefill's first
                 steps = -(-(n - 1) // (self.accepted + 1))
                 self.drafts += steps

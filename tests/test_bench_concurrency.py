@@ -52,6 +52,20 @@ def test_the_sweep_reports_every_level_with_that_many_requests_at_once(servers):
     assert data["level"] == 4 and data["identical"] == data["compared"] == 8 and "outputs" not in data["dflash"]
 
 
+@pytest.mark.parametrize("together", [True, False])
+def test_both_servers_are_asked_at_once_or_one_after_the_other(together):
+    fake_dflash, fake_plain = FakeVllm(k=3, delay_s=0.1), FakeVllm(delay_s=0.1)
+    try:
+        dflash, plain, _ = check_servers(fake_dflash.url, fake_plain.url)
+        [level] = sweep(dflash, plain, Settings((1,), max_new_tokens=5, rounds=1, together=together), PROMPTS)
+    finally:
+        fake_dflash.close(), fake_plain.close()
+    assert level.identical == (1, 1)
+    (d_start, d_end), (p_start, p_end) = fake_dflash.spans[-1], fake_plain.spans[-1]  # the level's requests
+    overlap = min(d_end, p_end) - max(d_start, p_start)
+    assert overlap > 0.25 if together else (overlap < 0 and d_end < p_start)
+
+
 def test_outputs_that_differ_from_plain_are_counted():
     fake_dflash, fake_plain = FakeVllm(k=3, corrupt={"two"}), FakeVllm()
     try:
@@ -69,7 +83,7 @@ def test_the_time_budget_cuts_the_level_under_way_and_reports_the_rest_unrun(ser
     def clock():  # one second per request served: the warm-ups end at 2 s, the budget at 4.5 s
         return fake_dflash.served + fake_plain.served
 
-    settings = Settings((1, 2, 4), max_new_tokens=3, rounds=4, max_seconds=4.5)
+    settings = Settings((1, 2, 4), max_new_tokens=3, rounds=4, max_seconds=4.5, together=False)
     levels = list(sweep(dflash, plain, settings, PROMPTS, clock=clock))
     assert [lv.level for lv in levels] == [1, 2, 4]
     first = levels[0]
@@ -112,7 +126,7 @@ def test_bad_levels_are_named(levels, message):
 
 def test_levels_are_sorted_and_other_bounds_named():
     assert parse_levels("32, 1,4") == (1, 4, 32) and parse_levels([2, 1.0, "8"]) == (1, 2, 8)
-    assert check_settings("1,2", 64, 2, 900) == Settings((1, 2), 64, 2, 900.0)
+    assert check_settings("1,2", 64, 2, 900) == Settings((1, 2), 64, 2, 900.0, together=True)
     small = Bounds(max_level=8, max_levels=3, max_requests=16, max_new_tokens=32, max_seconds=60)
     for args, message in [
         (("1,16", 8, 1, 10), "concurrency level 16 is out of range: levels are 1 to 8"),

@@ -2,13 +2,18 @@
 
 `python -m dflash_core.bench --peer vllm --concurrency 1,2,4,8,16,32` sends, at each level c, c
 requests at a time (c client threads over `vllm_client.complete`, each sending `--rounds` greedy
-chat completions one after another) to the DFlash server and then to the plain server, and reports
+chat completions one after another) to the DFlash server and c to the plain server, both at once
+(`--one-at-a-time`: DFlash's, then plain's), and reports
 per level: total output tokens per second, the mean and p90 latency of a request, vLLM's acceptance
 length over the level (from the DFlash server's `/metrics` counters, read before and after), the
 speedup of DFlash over plain, and how many DFlash outputs equal plain's for the same request.
 
 The servers are the two of `scripts/serve_vllm.sh` (started with `MAX_NUM_SEQS` at least the
 highest level, or vLLM queues what is beyond its batch), or any pair of OpenAI-compatible URLs.
+Both at once is the default because serve_vllm.sh binds each server to cores of its own: on a
+machine shared with other jobs, the two sides then decode under the same load, where one after the
+other each meets whatever load its own minutes bring. Servers that share their cores (or one GPU)
+need `--one-at-a-time`.
 `sweep` yields one `Level` as each level finishes, so the app's serving view draws the curve live.
 Everything is bounded (`Bounds`): the number of levels and the highest, the requests per level,
 the tokens per request and the seconds of the whole sweep; a level the time budget left out is
@@ -56,6 +61,7 @@ class Settings:
     max_new_tokens: int = 64
     rounds: int = 2  # requests each client sends, one after another, at every level
     max_seconds: float = 900.0
+    together: bool = True  # both servers' requests at once; False: DFlash's, then plain's
 
 
 def _whole(value, what: str) -> int:
@@ -88,7 +94,7 @@ def parse_levels(levels, bounds: Bounds = Bounds()) -> tuple[int, ...]:
     return tuple(sorted(numbers))
 
 
-def check_settings(levels, max_new_tokens, rounds, max_seconds, bounds: Bounds = Bounds()) -> Settings:
+def check_settings(levels, max_new_tokens, rounds, max_seconds, bounds: Bounds = Bounds(), together=True) -> Settings:
     """Clean settings, or SweepError naming the bad value and its bound."""
     parsed = parse_levels(levels, bounds)
     tokens = _whole(max_new_tokens, "max_new_tokens")
@@ -103,7 +109,7 @@ def check_settings(levels, max_new_tokens, rounds, max_seconds, bounds: Bounds =
     if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or not (
             0 < max_seconds <= bounds.max_seconds):
         raise SweepError(f"the time budget must be more than 0 and at most {bounds.max_seconds:g} s, got {max_seconds!r}")
-    return Settings(parsed, tokens, rounds, float(max_seconds))
+    return Settings(parsed, tokens, rounds, float(max_seconds), bool(together))
 
 
 def natural_prompts(limit: int, path: str | Path | None = None) -> list[str]:
@@ -228,7 +234,8 @@ def run_level(server: ServedModel, level: int, prompts: list[str], max_new_token
 
 def sweep(dflash: ServedModel, plain: ServedModel, settings: Settings, prompts: list[str], *,
           stop: Callable[[], bool] = lambda: False, clock=time.perf_counter) -> Iterator[Level]:
-    """One `Level` per level of `settings`, in order, as each finishes: DFlash's run, then plain's.
+    """One `Level` per level of `settings`, in order, as each finishes: both servers' runs at once
+    (`settings.together`), else DFlash's, then plain's.
 
     Request j of a level sends prompts[j % len(prompts)]. Each server first answers one short
     request outside the clock. Past `settings.max_seconds` (or once `stop()`), no request starts:
@@ -246,13 +253,35 @@ def sweep(dflash: ServedModel, plain: ServedModel, settings: Settings, prompts: 
             why = "stopped" if stop() else f"the sweep's time budget ({settings.max_seconds:g} s) was spent"
             yield Level(level, None, None, note=f"not run: {why}")
             continue
-        runs = {}
-        for name, server in (("dflash", dflash), ("plain", plain)):
-            runs[name] = run_level(server, level, jobs, settings.max_new_tokens, deadline, stop, clock)
+        runs = _run_both({"dflash": dflash, "plain": plain}, settings.together,
+                         lambda server: run_level(server, level, jobs, settings.max_new_tokens, deadline, stop, clock))
         cut = [f"{name} {r.finished}/{r.requests}" for name, r in runs.items() if r.finished < r.requests]
         why = "stopped" if stop() else "cut at the time budget"
         note = f"{why}: requests finished {', '.join(cut)}" if cut else None
         yield Level(level, runs["plain"], runs["dflash"], note=note)
+
+
+def _run_both(servers: dict[str, ServedModel], together: bool, run: Callable[[ServedModel], ServerRun]) -> dict:
+    """`run` on each server, all at once in threads of their own or one after the other; a failure is raised here."""
+    if not together:
+        return {name: run(server) for name, server in servers.items()}
+    results: dict = {}
+
+    def side(name, server):
+        try:
+            results[name] = run(server)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+            results[name] = exc
+
+    threads = [threading.Thread(target=side, args=item, daemon=True) for item in servers.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for outcome in results.values():
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return {name: results[name] for name in servers}
 
 
 def stops_paying(levels: list[Level]) -> int | None:
@@ -308,6 +337,9 @@ def add_sweep_args(parser) -> None:
     group.add_argument("--vllm-plain-url", help="the plain vLLM server (default: --vllm-url's port + 1)")
     group.add_argument("--rounds", type=int, default=2,
                        help="requests each simultaneous client sends one after another, per level (default 2)")
+    group.add_argument("--one-at-a-time", action="store_true",
+                       help="at each level, DFlash's requests and then plain's (default: both at once; for servers "
+                            "that share cores or a GPU)")
     group.add_argument("--max-seconds", type=float, default=900.0,
                        help="time budget of the whole sweep; later levels are reported unrun (default 900)")
     group.add_argument("--json", metavar="PATH", help="also write the sweep's JSON here")
@@ -315,11 +347,13 @@ def add_sweep_args(parser) -> None:
 
 def run_cli(args) -> int:
     """The benchmark's `--concurrency` mode: sweep, print the table and the JSON line, write `--json`."""
-    settings = check_settings(args.concurrency, args.max_new_tokens, args.rounds, args.max_seconds)
+    settings = check_settings(args.concurrency, args.max_new_tokens, args.rounds, args.max_seconds,
+                              together=not args.one_at_a_time)
     dflash, plain, k = check_servers(args.vllm_url, args.vllm_plain_url)
     prompts = natural_prompts(args.num_prompts, args.prompts)
     print(f"DFlash (K = {k}) at {dflash.url}, plain at {plain.url}, model {dflash.name}; {len(prompts)} prompts, "
-          f"{settings.max_new_tokens} new tokens, {settings.rounds} requests per client; levels "
+          f"{settings.max_new_tokens} new tokens, {settings.rounds} requests per client, "
+          f"{'both servers at once' if settings.together else 'one server at a time'}; levels "
           f"{','.join(map(str, settings.levels))}", flush=True)
     started, load_before = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()
     levels, loads = [], []
