@@ -10,10 +10,17 @@ import threading
 import pytest
 from fake_vllm import FakeVllm
 
-from dflash_core.bench.concurrency import (
-    Bounds, Settings, SweepError, check_servers, check_settings, parse_levels, stops_paying, sweep,
-)
 from dflash_core.vllm_client import served_model, spec_counters
+from dflash_core.vllm_sweep import (
+    Bounds,
+    Settings,
+    SweepError,
+    check_servers,
+    check_settings,
+    parse_levels,
+    stops_paying,
+    sweep,
+)
 
 PROMPTS = ["one", "two", "three"]
 
@@ -101,7 +108,7 @@ def test_a_stop_reports_the_remaining_levels_unrun(servers):
     levels = []
     for level in sweep(dflash, plain, Settings((1, 2, 4), max_new_tokens=3, rounds=1), PROMPTS,
                        stop=lambda: len(levels) >= 1):
-        levels.append(level)
+        levels.append(level)  # noqa: PERF402 - the stop reads the list while the sweep runs
     assert levels[0].note is None and levels[0].identical == (1, 1)
     assert [lv.note for lv in levels[1:]] == ["not run: stopped"] * 2
 
@@ -163,7 +170,7 @@ def test_servers_that_are_not_a_pair_are_refused(servers):
 
 
 def test_stops_paying_is_the_level_from_which_dflash_stays_slower():
-    from dflash_core.bench.concurrency import Level, ServerRun
+    from dflash_core.vllm_sweep import Level, ServerRun
 
     def level(n, plain, dflash):
         def run(tok_s):

@@ -1,6 +1,6 @@
 """The serving view's handler: throughput across concurrency on a vLLM pair's two servers, live.
 
-`Serving.sweep` runs the engine's sweep (`dflash_core.bench.concurrency.sweep`) at the levels a
+`Serving.sweep` runs the engine's sweep (`dflash_core.vllm_sweep.sweep`) at the levels a
 visitor picks and yields the figure, the table and a status line after each level. It is bounded
 as a race is, and tighter: wired in the race queue (one at a time with races, `--per-visitor` and
 `--max-queue` apply), at most `MAX_LEVEL` requests at once and `ROUNDS` per client, at most
@@ -10,10 +10,16 @@ reads the page. Where the app has no vLLM pair, the view says how to start one.
 
 from __future__ import annotations
 
-from dflash_core.bench.concurrency import (
-    Bounds, SweepError, check_servers, check_settings, natural_prompts, stops_paying, sweep,
-)
 from dflash_core.vllm_client import VllmServerError, plain_url_of
+from dflash_core.vllm_sweep import (
+    Bounds,
+    SweepError,
+    check_servers,
+    check_settings,
+    natural_prompts,
+    stops_paying,
+    sweep,
+)
 
 from ..view import texts
 from ..view.serving import serving_figure, serving_table_html

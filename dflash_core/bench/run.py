@@ -46,8 +46,9 @@ from ..lossless import compare as lossless_check
 from ..pair import DTYPES, load_drafter, load_pair
 from ..prompting import encode_prompt
 from ..schedule import AUTO
+from ..vllm_sweep import SweepError
 from . import SUBCOMMANDS
-from .concurrency import SweepError, add_sweep_args
+from .concurrency import add_sweep_args
 from .datasets import parse_datasets
 from .methods import DEFAULT_AR_DRAFTER, METHODS, benchmark_methods, parse_methods, print_methods_table
 from .peers import PEERS, VENVS, peer_rows, print_peer_table, ratios
