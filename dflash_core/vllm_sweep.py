@@ -238,7 +238,8 @@ def sweep(dflash: ServedModel, plain: ServedModel, settings: Settings, prompts: 
     """One `Level` per level of `settings`, in order, as each finishes: both servers' runs at once
     (`settings.together`), else DFlash's, then plain's.
 
-    Request j of a level sends prompts[j % len(prompts)]. Each server first answers one short
+    Request j of a level sends prompts[j % len(prompts)]: every level sends the same mix of prompts
+    where len(prompts) divides level x rounds (`uneven_levels` names the others). Each server first answers one short
     request outside the clock. Past `settings.max_seconds` (or once `stop()`), no request starts:
     the level under way is cut (its note says how far it got) and the rest are yielded unrun.
     """
@@ -261,6 +262,12 @@ def sweep(dflash: ServedModel, plain: ServedModel, settings: Settings, prompts: 
         why = "stopped" if stop() else "cut at the time budget"
         note = f"{why}: requests finished {', '.join(cut)}" if cut else None
         yield Level(level, runs["plain"], runs["dflash"], note=note)
+
+
+def uneven_levels(settings: Settings, num_prompts: int) -> list[int]:
+    """The levels whose requests send some prompts more often than others (level x rounds is not a
+    multiple of the prompts): their acceptance length and speed are over another mix of prompts."""
+    return [level for level in settings.levels if (level * settings.rounds) % num_prompts]
 
 
 def _run_both(servers: dict[str, ServedModel], together: bool, run: Callable[[ServedModel], ServerRun]) -> dict:

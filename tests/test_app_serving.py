@@ -44,10 +44,10 @@ def test_the_sweep_is_drawn_after_each_level(fakes):
     for shown, (figure, table, _) in enumerate(frames):
         assert table.count("<tr>") == 1 + shown  # the head and one row per level finished
         dflash_tok_s = figure.data[0]
-        assert list(dflash_tok_s.x or ()) == [1, 2, 4][:shown] and dflash_tok_s.name == "DFlash"
+        assert list(dflash_tok_s.x or ()) == [1, 2, 4][:shown] and dflash_tok_s.name.startswith("DFlash (labels: speedup")
     figure, table, _ = frames[-1]
-    assert "<td>2.00</td><td>8/8</td>" in table  # level 4: acceptance length, outputs equal to plain's
-    assert fakes[0].served == fakes[1].served == 1 + 2 * (1 + 2 + 4)
+    assert "<td>2.00</td><td>16/16</td>" in table  # level 4: acceptance length, outputs equal to plain's
+    assert fakes[0].served == fakes[1].served == 1 + 4 * (1 + 2 + 4)
 
 
 @pytest.mark.parametrize("levels,tokens,message", [

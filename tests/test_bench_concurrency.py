@@ -20,6 +20,7 @@ from dflash_core.vllm_sweep import (
     parse_levels,
     stops_paying,
     sweep,
+    uneven_levels,
 )
 
 PROMPTS = ["one", "two", "three"]
@@ -197,6 +198,14 @@ def test_the_command_line_writes_the_table_and_json(servers, tmp_path, capsys):
     assert [lv["level"] for lv in data["levels"]] == [1, 2]
     assert data["num_speculative_tokens"] == 3 and data["prompts"] == 3 and data["rounds"] == 1
     assert data["levels"][0]["dflash"]["acceptance_length"] == 2.0 and data["max_new_tokens"] == 9
+    assert "note: at levels 1,2, 1 requests per client send the 3 prompts unequally often" in printed
+    assert data["uneven_prompt_mix"] == [1, 2]
+
+
+def test_levels_whose_requests_send_another_mix_of_prompts_are_named():
+    assert uneven_levels(Settings((1, 2, 4, 8, 16, 32), rounds=4), 4) == []
+    assert uneven_levels(Settings((1, 2, 4, 8), rounds=2), 8) == [1, 2]
+    assert uneven_levels(Settings((3, 6), rounds=1), 3) == []
 
 
 @pytest.mark.parametrize("argv,message", [

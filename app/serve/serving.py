@@ -30,9 +30,11 @@ from .readers import Readers
 
 LEVELS = (1, 2, 4, 8)  # offered; a sweep in the app sends at most MAX_LEVEL requests at once
 MAX_LEVEL = 8
-ROUNDS = 2  # requests each client sends at a level: level 8 sends 16 to each server
+ROUNDS = 4  # requests each client sends at a level: level 8 sends 32 to each server
 MAX_NEW_TOKENS = 64
-NUM_PROMPTS = 16  # spread over the natural set
+# One prompt per category of the natural set (math, code, chat, writing): with ROUNDS a multiple of
+# it, every level sends each prompt equally often, so the levels differ in concurrency alone.
+NUM_PROMPTS = 4
 
 
 class Serving:

@@ -34,7 +34,8 @@ def serving_figure(levels: list[dict], title: str = "Serving: throughput and lat
         color = COLORS[side]
         runs = [lv[side] for lv in measured]
         speedups = [f"{lv['speedup']:.2f}x" if side == "dflash" and lv.get("speedup") else "" for lv in measured]
-        traces.append({"type": "scatter", "x": x, "y": [r["tok_s"] for r in runs], "name": label,
+        traces.append({"type": "scatter", "x": x, "y": [r["tok_s"] for r in runs],
+                       "name": f"{label} (labels: speedup over plain)" if side == "dflash" else label,
                        "legendgroup": side, "mode": "lines+markers+text" if side == "dflash" else "lines+markers",
                        "text": speedups, "textposition": "top center", "line": {"color": color},
                        "xaxis": "x", "yaxis": "y"})

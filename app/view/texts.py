@@ -120,7 +120,8 @@ SERVING_NO_VLLM = (
 SERVING_INTRO = (
     "At each level *c* picked, sends *c* requests at once to the DFlash server ({dflash}) and *c* to the plain "
     "one ({plain}), both sides at the same time (scripts/serve_vllm.sh gives each server a core of its own): "
-    "{rounds} requests per client, greedy, prompts of the natural set. Each point is the "
+    "{rounds} requests per client, greedy, one prompt per category of the natural set (math, code, chat, "
+    "writing), each sent equally often at every level. Each point is the "
     "total output tokens per second of all requests, and a request's latency. At one request at a time "
     "speculation fills idle compute; with many at once the verify's extra rows compete with the batch for "
     "the same compute. The whole sweep ends within {seconds} s (--max-race-s); it runs in the race queue, "

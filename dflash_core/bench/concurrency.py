@@ -15,7 +15,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..vllm_sweep import NATURAL, Bounds, Level, check_servers, check_settings, natural_prompts, stops_paying, sweep
+from ..vllm_sweep import (
+    NATURAL,
+    Bounds,
+    Level,
+    check_servers,
+    check_settings,
+    natural_prompts,
+    stops_paying,
+    sweep,
+    uneven_levels,
+)
 
 
 def cpu_class() -> str:
@@ -60,8 +70,8 @@ def add_sweep_args(parser) -> None:
     group.add_argument("--vllm-url", default="http://127.0.0.1:8765",
                        help="the vLLM DFlash server (default: scripts/serve_vllm.sh's)")
     group.add_argument("--vllm-plain-url", help="the plain vLLM server (default: --vllm-url's port + 1)")
-    group.add_argument("--rounds", type=int, default=2,
-                       help="requests each simultaneous client sends one after another, per level (default 2)")
+    group.add_argument("--rounds", type=int, default=4,
+                       help="requests each simultaneous client sends one after another, per level (default 4)")
     group.add_argument("--one-at-a-time", action="store_true",
                        help="at each level, DFlash's requests and then plain's (default: both at once; for servers "
                             "that share cores or a GPU)")
@@ -80,6 +90,11 @@ def run_cli(args) -> int:
           f"{settings.max_new_tokens} new tokens, {settings.rounds} requests per client, "
           f"{'both servers at once' if settings.together else 'one server at a time'}; levels "
           f"{','.join(map(str, settings.levels))}", flush=True)
+    uneven = uneven_levels(settings, len(prompts))
+    if uneven:
+        print(f"note: at levels {','.join(map(str, uneven))}, {settings.rounds} requests per client send the "
+              f"{len(prompts)} prompts unequally often: their figures are over another mix of prompts "
+              "(pick --num-prompts dividing level x --rounds)", flush=True)
     started, load_before = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()
     levels, loads = [], []
     for lv in sweep(dflash, plain, settings, prompts):
@@ -92,7 +107,7 @@ def run_cli(args) -> int:
         "num_speculative_tokens": k, "prompts": len(prompts), "prompt_file": str(args.prompts or NATURAL.name),
         **asdict(settings), "cpu_flags": cpu_class(), "cpus": os.cpu_count(),
         "load_average_before": load_before, "load_average_after_each_level": loads,
-        "stops_paying_at": stops_paying(levels), "levels": [lv.to_dict() for lv in levels],
+        "uneven_prompt_mix": uneven, "stops_paying_at": stops_paying(levels), "levels": [lv.to_dict() for lv in levels],
     }
     print(markdown_table(levels))
     where = result["stops_paying_at"]
