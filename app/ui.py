@@ -35,12 +35,14 @@ from .serve.playback import Playback
 from .serve.queue_bounds import bound_queue
 from .serve.readers import Readers
 from .serve.replay import ReplayError, load_trace, shipped_traces
+from .serve.serving import LEVELS, Serving
 from .serve.stepping import Stepping
 from .serve.traces import TraceStore
 from .view import charts, render, texts
 from .view.cycle_view import cycle_html
 from .view.frames import FRAME_FIELDS
 from .view.howto import howto_html
+from .view.serving import serving_figure, serving_table_html
 from .view.speedup import FORMULA_MD, speedup_figure
 from .view.tips import TIP_CSS, TIP_JS
 
@@ -69,13 +71,14 @@ class App:
         self.playback = Playback(self.controls, limits, self.traces, recorded, self.readers)
         self.stepping = Stepping(self.controls)
         self.diagnosis = Diagnosis(self.loading, limits, self.readers, self.live.runs_in_process)
+        self.serving = Serving(self.loading.pairs, limits, self.readers)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
         self.stops = self.live.stops  # the Stop button's requests
         # The handlers, by the names the wiring (and the `compare` / `select_pair` endpoints) use.
         self.load_selected, self.select_pair = self.loading.load_selected, self.loading.select_pair
         self.thinking_control, self.thinking_status = self.loading.thinking_control, self.loading.thinking_status
         self.compare, self.stop = self.live.compare, self.live.stop
-        self.replay, self.diagnose = self.playback.replay, self.diagnosis.diagnose
+        self.replay, self.diagnose, self.serving_sweep = self.playback.replay, self.diagnosis.diagnose, self.serving.sweep
         self.pause, self.step, self.resume = self.stepping.pause, self.stepping.step, self.stepping.resume
         self.pick_cycle, self.follow_latest = self.stepping.pick_cycle, self.stepping.follow_latest
 
@@ -174,6 +177,13 @@ class ReplayTab:
 
 
 @dataclass
+class ServingTab:
+    inputs: list  # the sweep's inputs but the pair: the levels, max new tokens
+    run_button: gr.Button
+    outputs: list  # the figure, the table, the status line
+
+
+@dataclass
 class DoctorPanel:
     button: gr.Button  # "Why this tau?"
     accordion: gr.Accordion
@@ -233,6 +243,21 @@ def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
         speed = gr.Slider(0.25, 4.0, value=1.0, step=0.25, label="Replay speed (× real time)", elem_id="replay-speed")
         replay_button = gr.Button("Replay ▶", variant="primary", elem_id="replay-run")
     return ReplayTab([trace_choice, trace_upload, speed], replay_button)
+
+
+def serving_tab(serving: Serving) -> ServingTab:
+    """Throughput and latency against concurrency on a vLLM pair's servers (the how-to where there is none)."""
+    gr.Markdown(serving.intro(), elem_id="serving-intro")
+    with gr.Row():
+        levels = gr.CheckboxGroup(list(LEVELS), value=list(LEVELS), label=texts.SERVING_LEVELS, elem_id="serving-levels",
+                                  scale=2)
+        tokens = gr.Slider(1, serving.bounds.max_new_tokens, value=min(32, serving.bounds.max_new_tokens), step=1,
+                           label=texts.SERVING_TOKENS, elem_id="serving-tokens", scale=2)
+        run_button = gr.Button(texts.SERVING_RUN, variant="primary", elem_id="serving-run", scale=1)
+    status = gr.Markdown("", elem_id="serving-status")
+    plot = gr.Plot(serving_figure([]), label="Throughput and latency against concurrency", elem_id="serving-chart")
+    table = gr.HTML(serving_table_html([]), elem_id="serving-table")
+    return ServingTab([levels, tokens], run_button, [plot, table, status])
 
 
 def howto_tab() -> None:
@@ -326,10 +351,15 @@ def build_demo(
                     live_inputs = live_tab(pairs, app.default_id, limits)
             with gr.Tab("Replay a recorded run", id="replay"):
                 replay_inputs = replay_tab(recorded)
+            if live:
+                with gr.Tab(texts.SERVING_TAB, id="serving"):
+                    serving = serving_tab(app.serving)
             with gr.Tab("How it works", id="howto"):
                 howto_tab()
         area = race_area(app.diagnosis.intro() if live else None)
         _wire(demo, app, limits, live_inputs if live else None, replay_inputs, area, play_on_load=bool(replay))
+        if live:
+            _wire_serving(app, limits, live_inputs, serving)
     demo.queue()
     bound_queue(demo, limits)  # per queue and per visitor: one client cannot fill it for everyone
     refuse_url_inputs(demo)  # no input makes the server fetch a URL
@@ -433,3 +463,13 @@ def _wire_doctor(app: App, limits: Limits, live: LiveTab, doctor: DoctorPanel) -
     )
     live.pair_choice.change(lambda: (app.diagnosis.intro(), None), outputs=[doctor.html, doctor.json], queue=False,
                             api_visibility="private")
+
+
+def _wire_serving(app: App, limits: Limits, live: LiveTab, serving: ServingTab) -> None:
+    """The sweep runs in the race queue: one at a time with races, and the per-visitor bounds apply."""
+    # Callable by name, not an MCP tool (see `replay`).
+    serving.run_button.click(
+        app.serving_sweep, inputs=[*serving.inputs, live.pair_state], outputs=serving.outputs, api_name="serving_sweep",
+        api_visibility="undocumented", show_progress="minimal", show_progress_on=[serving.outputs[2]],
+        concurrency_limit=limits.concurrency, concurrency_id="race",
+    )

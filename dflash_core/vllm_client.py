@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from .errors import DFlashError
 from .events import Block, Prefill, Summary
@@ -44,6 +46,14 @@ class ServedModel:
     name: str  # the id requests must name
     root: str | None  # where the server loaded it from (a local directory on a loopback server)
     max_model_len: int | None
+
+
+def plain_url_of(url: str) -> str:
+    """The plain server next to `url`, as scripts/serve_vllm.sh starts it: the port after URL's."""
+    parts = urlsplit(url)
+    if parts.port is None:
+        raise ValueError(f"{url} has no port: give the plain server with --vllm-plain-url")
+    return urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port + 1}"))
 
 
 def served_model(url: str, model: str | None = None) -> ServedModel:
@@ -82,6 +92,59 @@ def stream(server: ServedModel, prompt: str, *, max_new_tokens: int, temperature
     start = time.perf_counter()
     threading.Thread(target=_read, args=(f"{server.url}/v1/chat/completions", body, chunks), daemon=True).start()
     return _events(chunks, start, block_size)
+
+
+SPEC_COUNTERS = {  # vLLM 0.32's /metrics counters of speculative decoding (vllm/v1/spec_decode/metrics.py)
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")  # name{labels} value (Prometheus text format)
+_POSITION = re.compile(r'position="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """A server's speculative-decoding counters at one moment, summed over its engines: verify
+    steps (drafts), draft tokens proposed, drafts accepted, and K (its draft positions)."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    positions: int
+
+    def acceptance_length(self, since: SpecCounters) -> float | None:
+        """Tokens committed per verify step between `since` and now (`1 + accepted / drafts`), the
+        bonus included as tau counts it; None when no step ran."""
+        drafts = self.drafts - since.drafts
+        return 1 + (self.accepted - since.accepted) / drafts if drafts > 0 else None
+
+
+def spec_counters(server: ServedModel) -> SpecCounters | None:
+    """The server's counters from its Prometheus `/metrics` page; None where it has none (a plain server)."""
+    import httpx
+
+    try:
+        answer = httpx.get(f"{server.url}/metrics", timeout=CONNECT_TIMEOUT_S)
+        answer.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise VllmServerError(f"{server.url}/metrics did not answer ({exc})") from None
+    sums: dict[str, float] = {}
+    positions = set()
+    for line in answer.text.splitlines():
+        sample = _SAMPLE.match(line)
+        if sample is None:  # a comment, a blank line
+            continue
+        name, labels, value = sample.groups()
+        if name == PER_POSITION:
+            position = _POSITION.search(labels or "")
+            positions.add(position.group(1) if position else "")
+        elif name in SPEC_COUNTERS.values():
+            sums[name] = sums.get(name, 0.0) + float(value)
+    if not sums:
+        return None
+    return SpecCounters(*(sums.get(name, 0.0) for name in SPEC_COUNTERS.values()), positions=len(positions))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@
 #
 # Environment: DRAFTER (default assets/drafters/smollm2-135m-instruct-dflash), K (draft tokens per
 # cycle: the drafter's block size - 1), THREADS (cores per server, default 1), EAGER=0 to let vLLM
-# torch.compile (faster decoding, minutes more to start), DFLASH_VLLM_VENV (default .venv-vllm).
+# torch.compile (faster decoding, minutes more to start), MAX_NUM_SEQS (requests a server decodes in one
+# batch, default 8, the app's serving view's highest level; `bench --concurrency` needs its highest),
+# DFLASH_VLLM_VENV (default .venv-vllm).
 # Logs go to $LOGDIR (default /tmp/dflash-vllm); Ctrl-C stops both servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +53,7 @@ serve() {  # serve PORT FIRST_CORE [extra vLLM flags...], in the background: the
   VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_CPU_OMP_THREADS_BIND="$core-$((core + threads - 1))" \
   LD_PRELOAD=$([ -f "$iomp" ] && echo "$PWD/$iomp") exec "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
       --model "$target" --served-model-name smollm2 --dtype float32 --max-model-len 2048 \
-      --gpu-memory-utilization 0.3 --max-num-seqs 4 --host 127.0.0.1 --port "$p" "${eager[@]}" "$@" \
+      --gpu-memory-utilization 0.3 --max-num-seqs "${MAX_NUM_SEQS:-8}" --host 127.0.0.1 --port "$p" "${eager[@]}" "$@" \
       >"$logdir/vllm-$p.log" 2>&1
 }
 

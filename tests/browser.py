@@ -9,6 +9,8 @@ Used by the browser test and to make the README screenshot::
     python app.py --replay assets/traces/math-greedy.json --port 7862 &
     python tests/browser.py http://127.0.0.1:7862 assets --replay-shots   # replay.png, inside-a-cycle.png
     python tests/browser.py http://127.0.0.1:7861 assets/doctor-panel.png --doctor-shot   # "Why this tau?"
+    python app.py --vllm-url http://127.0.0.1:8765 --port 7863 &   # bash scripts/serve_vllm.sh
+    python tests/browser.py http://127.0.0.1:7863 assets/serving-view.png --serving-shot   # the serving view
 
 Playwright is imported only here, never by the app; it must not download a browser.
 """
@@ -251,6 +253,39 @@ def doctor_screenshot(url: str, out: Path, max_new_tokens: int = 48, timeout_s: 
             browser.close()
 
 
+def serving_screenshot(url: str, out: Path, max_new_tokens: int = 24, timeout_s: float = 600.0) -> dict:
+    """The "Serving (vLLM)" tab: runs the sweep at its default levels with `max_new_tokens`, waits for
+    its last status line, and saves the tab from its intro to the table (out, a PNG). Returns the
+    status line, the table's text and the seconds from the click to the end."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(timeout_s * 1000)
+            page.goto(url)
+            page.get_by_role("tab", name="Serving (vLLM)").click()
+            box = page.locator("#serving-tokens input[type=number]")
+            box.fill(str(max_new_tokens))
+            box.press("Enter")
+            clicked = time.perf_counter()
+            page.locator("#serving-run").click()
+            page.wait_for_selector("#serving-status :text('running')")
+            page.wait_for_selector("#serving-status :text-matches('Done|stopped')")
+            seconds = time.perf_counter() - clicked
+            page.wait_for_timeout(1000)  # the last figure drawn
+            page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
+            top = page.locator("#serving-intro").bounding_box()
+            table = page.locator("#serving-table").bounding_box()
+            page.screenshot(path=str(out), full_page=True, clip={
+                "x": 0, "y": top["y"] - 12, "width": 1400, "height": table["y"] + table["height"] - top["y"] + 24})
+            return {"seconds": round(seconds, 1), "status": page.locator("#serving-status").inner_text(),
+                    "table": page.locator("#serving-table").inner_text()}
+        finally:
+            browser.close()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
@@ -267,7 +302,14 @@ def main(argv=None) -> None:
         help="after a short race, click \"Why this tau?\" and save the summary and the doctor's panel as OUTPUT "
         "(a PNG)",
     )
+    parser.add_argument(
+        "--serving-shot", action="store_true",
+        help="the app serves a vLLM pair (--vllm-url): run the serving view's sweep and save the tab as OUTPUT (a PNG)",
+    )
     args = parser.parse_args(argv)
+    if args.serving_shot:
+        print(json.dumps(serving_screenshot(args.url, args.output, args.max_new_tokens or 24)))
+        return
     if args.doctor_shot:
         print(json.dumps(doctor_screenshot(args.url, args.output)))
         return

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-from dflash_core.vllm_client import ServedModel, VllmServerError, served_model, stream
+from dflash_core.vllm_client import ServedModel, VllmServerError, plain_url_of, served_model, stream
 
 from .interleave import Snapshot, race
 from .report import race_report
@@ -34,14 +33,6 @@ WHAT_IS_NOT_REPORTED = (
     "accepted drafts only, "
     "no top-k, no lossless check against this engine's target (the outputs are compared token by token)."
 )
-
-
-def plain_url_of(url: str) -> str:
-    """The plain server next to `url`, as scripts/serve_vllm.sh starts it: the port after URL's."""
-    parts = urlsplit(url)
-    if parts.port is None:
-        raise ValueError(f"{url} has no port: give the plain server with --vllm-plain-url")
-    return urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port + 1}"))
 
 
 _SERVERS: dict[tuple[str, str], VllmServers] = {}

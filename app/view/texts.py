@@ -114,6 +114,38 @@ EVICTED = (
     "race ended; what was shown is kept."
 )
 
+# --- serving: throughput across concurrency (vLLM) -------------------------------------------------
+SERVING_TAB = "Serving (vLLM)"
+SERVING_NO_VLLM = (
+    "The serving view sends many requests at once to two vLLM servers, one with DFlash and one plain, and "
+    "charts throughput and latency against concurrency. This app was started without them. From a shell:\n\n"
+    "```bash\nbash scripts/serve_vllm.sh      # DFlash on 127.0.0.1:8765, plain on 8766\n"
+    "python app.py --vllm-url http://127.0.0.1:8765\n```\n\n"
+    "(`bash scripts/setup.sh --vllm` makes vLLM's venv first; docs/serving-vllm.md.) The same sweep runs "
+    "from the command line, to 32 and beyond (start the servers with `MAX_NUM_SEQS=32`): "
+    "`python -m dflash_core.bench --peer vllm --concurrency 1,2,4,8,16,32`."
+)
+SERVING_INTRO = (
+    "At each level *c* picked, sends *c* requests at once to the DFlash server ({dflash}) and *c* to the plain "
+    "one ({plain}), both sides at the same time (scripts/serve_vllm.sh gives each server a core of its own): "
+    "{rounds} requests per client, greedy, one prompt per category of the natural set (math, code, chat, "
+    "writing), each sent equally often at every level. Each point is the "
+    "total output tokens per second of all requests, and a request's latency. At one request at a time "
+    "speculation fills idle compute; with many at once the verify's extra rows compete with the batch for "
+    "the same compute. The whole sweep ends within {seconds} s (--max-race-s); it runs in the race queue, "
+    "one at a time with races. A server batches at most its --max-num-seqs requests (serve_vllm.sh: "
+    "MAX_NUM_SEQS, default 8); beyond that, requests wait in its queue."
+)
+SERVING_RUN = "Run the sweep ▶"
+SERVING_LEVELS = "Concurrency levels (requests at once)"
+SERVING_TOKENS = "Max new tokens per request"
+SERVING_RUNNING = "vLLM DFlash (K = {k}) against vLLM plain, {tokens} new tokens, {rounds} requests per client:"
+SERVING_LEVEL = "level {level} running…"
+SERVING_STOPS_PAYING = "Done. From concurrency {level} up, DFlash is slower than plain decoding on these servers."
+SERVING_PAYS = "Done. DFlash is faster than plain decoding at the highest level measured."
+SERVING_NONE = "Done, but no level was measured (time budget spent, or the page was closed)."
+SERVING_FAILED = "⚠ **The sweep stopped:** {why}"
+
 # --- why this tau? (the acceptance doctor) ------------------------------------------------------------
 DOCTOR_BUTTON = "Why this tau?"
 DOCTOR_PANEL = "Why this tau? The acceptance doctor's report for the selected pair"

@@ -46,7 +46,9 @@ from ..lossless import compare as lossless_check
 from ..pair import DTYPES, load_drafter, load_pair
 from ..prompting import encode_prompt
 from ..schedule import AUTO
+from ..vllm_sweep import SweepError
 from . import SUBCOMMANDS
+from .concurrency import add_sweep_args
 from .datasets import parse_datasets
 from .methods import DEFAULT_AR_DRAFTER, METHODS, benchmark_methods, parse_methods, print_methods_table
 from .peers import PEERS, VENVS, peer_rows, print_peer_table, ratios
@@ -353,6 +355,23 @@ def print_table(result: dict) -> None:
     print_peer_table(result)
 
 
+def concurrency_mode(parser: argparse.ArgumentParser, args) -> int:
+    """`--peer vllm --concurrency LIST`: the throughput sweep against two vLLM servers (`concurrency.py`)."""
+    from ..vllm_client import VllmServerError
+    from .concurrency import run_cli
+
+    if args.peer != ["vllm"] or args.methods or args.dataset or args.versus:
+        parser.error("--concurrency sweeps two vLLM servers: give it with --peer vllm alone, without --methods, "
+                     "--dataset or --versus")
+    try:
+        return run_cli(args)
+    except SweepError as exc:
+        parser.error(str(exc))
+    except VllmServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
 # Flags of the main benchmark that became subcommands.
 MOVED = {"--cycle-times": "cycle", "--synthetic": "cycle --synthetic", "--context": "cycle --context",
          "--explain": "explain-cost --top-k"}
@@ -405,7 +424,10 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-unavailable", action="store_true",
                         help="with --dataset: leave out (and name) a dataset that cannot be loaded instead of stopping; "
                         "exit 3 when none can")
+    add_sweep_args(parser)
     args = parse(parser, argv, auto=True)
+    if args.concurrency is not None:
+        return concurrency_mode(parser, args)
     if AUTO in (args.block_sizes or ()) and (args.methods or args.peer):
         parser.error(f"--block-sizes {AUTO} races the engine's DFlash only: without --methods or --peer")
     if args.dataset:
