@@ -12,6 +12,7 @@ import time
 
 import gradio as gr
 
+from ..race.lanes import LABELS
 from ..view import texts
 from .failures import failure_message
 from .pairs import PairSpec, availability
@@ -85,6 +86,8 @@ class PairLoading:
             chat_template=pair.chat_template, size=pair.size.describe() if pair.size else "size not counted",
             freed=freed,
         )
+        status += "".join(texts.LANE_NOT_OFFERED.format(lane=LABELS[lane], why=spec.lane_missing(lane))
+                          for lane in spec.lane_drafters() if spec.lane_missing(lane))
         yield status, gr.update(maximum=trained, value=trained)
 
     def select_pair(self, pair_id: str):
