@@ -89,7 +89,7 @@ def load_lane_drafter(target: Target, method: str, drafter, dtype: torch.dtype, 
     kind = method_name(model)
     if kind not in LANE_KINDS[method]:
         wanted = " or ".join(KIND_NAMES[k] for k in LANE_KINDS[method])
-        raise PairMismatchError(f"{what} is a {KIND_NAMES[kind]} drafter; the {method} method needs a {wanted} one")
+        raise PairMismatchError(f"{what} is a {KIND_NAMES[kind]} drafter; the {method} method races {wanted} drafters")
     return model
 
 

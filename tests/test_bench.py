@@ -368,7 +368,7 @@ def test_a_method_s_drafter_of_another_kind_or_target_is_named(methods_setup, ti
 
     target_dir, drafter_dir = tiny_dirs
     with pytest.raises(PairMismatchError, match=f"the DFlash2 drafter {drafter_dir} is a DFlash drafter; the dflash2 "
-                                                "method needs a DFlash2 one"):
+                                                "method races DFlash2 drafters"):
         main([*methods_setup, "--methods", "dflash2", "--dflash2-drafter", str(drafter_dir)])
     other = build_drafter(tmp_path / "other", build_qwen3_target(tmp_path / "qwen3"))
     with pytest.raises(PairMismatchError, match=f"the input-fusion drafter {other} does not fit the target: drafter "

@@ -322,7 +322,7 @@ def _path_cell(path, row: int, text_of) -> str:
                     f"<td>{html.escape(repr(visible(text_of(int(candidates[i]))))[1:-1])}</td>"
                     f"<td>{100 * prob(probs[i]):5.1f}%</td><td>{'◀ walked' if i == chosen else ''}</td></tr>")
     more = len(candidates) - len(shown)
-    tail = f'<div style="font-size:11px;color:#889">… {more} more candidates</div>' if more > 0 else ""
+    tail = f'<div style="font-size:11px;color:#889">… {more} more not drawn</div>' if more > 0 else ""
     return "<table>" + "".join(rows) + "</table>" + tail
 
 
