@@ -126,8 +126,8 @@ def test_a_lane_drafter_of_another_target_or_kind_is_a_clear_error(tiny_dirs, df
     other = build_drafter(tmp_path / "other", build_qwen3_target(tmp_path / "qwen3"))
     for kwargs, message in (
         ({"dflash2_drafter": str(other)}, f"the DFlash2 drafter {other} does not fit the target: drafter vocab_size 64"),
-        ({"dflash2_drafter": str(drafter_dir)}, f"the DFlash2 drafter {drafter_dir} is a DFlash drafter; the dflash2 "
-                                                "method races DFlash2 drafters"),
+        ({"dflash2_drafter": str(drafter_dir)},
+         f"the DFlash2 drafter {drafter_dir} is a DFlash drafter; the dflash2 method races DFlash2 drafters"),
         ({"fusion_drafter": str(dflash2_dir)}, "is a DFlash2 drafter; the fusion method races input-fusion or DFlash drafters"),
     ):
         spec = cli_pair(str(target_dir), str(drafter_dir), **kwargs)

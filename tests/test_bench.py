@@ -366,7 +366,7 @@ def test_a_method_s_drafter_of_another_kind_or_target_is_named(methods_setup, ti
 
     from dflash_core.errors import CheckpointError, PairMismatchError
 
-    target_dir, drafter_dir = tiny_dirs
+    drafter_dir = tiny_dirs[1]
     with pytest.raises(PairMismatchError, match=f"the DFlash2 drafter {drafter_dir} is a DFlash drafter; the dflash2 "
                                                 "method races DFlash2 drafters"):
         main([*methods_setup, "--methods", "dflash2", "--dflash2-drafter", str(drafter_dir)])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import gradio as gr
 
 from ..race.control import Control, Controls
-from ..view import texts
 from ..race.lanes import CYCLE_LANES
+from ..view import texts
 from ..view.cycle_view import lane_cycle_html
 
 

@@ -135,7 +135,7 @@ def cycle_html(dflash, plain, index, text_of: Callable[[int], str], ar=None, lan
     bonus = (f" + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
              f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>")
     tail = (f"<h4>6 · caches kept</h4><div>{_caches(explain)}</div>"
-            f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index, ar)}</div>")
+            f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index, ar, lane)}</div>")
     walk_note = _path_note(explain.path if explain is not None else None)
     fixed = sum(len(part.encode()) for part in (head, injected, bonus, tail, walk_note)) + _MARKUP_BYTES
     slots = first_within(_slots(dflash, index, positions, text_of), lambda slot: slot.bytes, CYCLE_BYTES - fixed)
@@ -347,7 +347,7 @@ def _ar_cycle_s(ar) -> tuple[int, float, float, float, float] | None:
     return n, sum(b.draft_passes for b in ar.blocks) / n, draft, verify, max(cycle - draft - verify, 0.0)
 
 
-def _time_split(dflash, plain, index: int, ar=None) -> str:
+def _time_split(dflash, plain, index: int, ar=None, lane: str = "dflash") -> str:
     """Bars of this cycle's draft / verify / other time, one plain step, and an autoregressive
     drafter's cycle: the AR lane's measured mean when it races, else an estimate (one of DFlash's
     passes per slot, the rest as DFlash's)."""
@@ -368,7 +368,7 @@ def _time_split(dflash, plain, index: int, ar=None) -> str:
                     ("other", other_s, SPLIT_COLORS["other"])]
     scale = max(cycle, step or 0.0, sum(s for _, s, _ in ar_parts)) or 1.0
     rest = [("verify", verify_s, SPLIT_COLORS["verify"]), ("other", other_s, SPLIT_COLORS["other"])]
-    bars = _bar("this DFlash cycle", [("draft", draft_s, SPLIT_COLORS["draft"]), *rest], scale)
+    bars = _bar(f"this {LABELS[lane]} cycle", [("draft", draft_s, SPLIT_COLORS["draft"]), *rest], scale)
     if step:
         bars += _bar("one plain decoding step", [("plain step", step, SPLIT_COLORS["plain"])], scale)
     bars += _bar(ar_label, ar_parts, scale)

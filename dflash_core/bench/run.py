@@ -12,9 +12,9 @@ Prompts come from the natural set (`assets/prompts/natural.jsonl`, written by ha
 plus the app's examples, never trained on), the generated split (`heldout.jsonl`, held out from the
 training prompt sources) or both; tau, speedup and identical are reported per set and per category.
 
-`--methods plain,dflash,ar,lookup` races the engine's methods instead (DFlash, the autoregressive
-drafter with the same KV injection, prompt lookup) against plain decoding on the same prompts
-(`methods.py`).
+`--methods plain,dflash,dflash2,fusion,ar,lookup` races the engine's methods instead (DFlash, DFlash2,
+input fusion, the autoregressive drafter with the same KV injection, prompt lookup) against plain
+decoding on the same prompts (`methods.py`).
 
 `--peer transformers|reference|vllm` (repeatable) also runs the field's engines plain and DFlash on the
 same prompt ids, dtype and threads, and prints one table beside this engine's rows (`peers.py`).
