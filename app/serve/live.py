@@ -63,10 +63,13 @@ class LiveRace:
             seed: random seed for sampling (a whole number >= 0).
             lanes: drafters to race beside DFlash and plain decoding, a list of names: "scheduled"
                 (DFlash drafting its trained block and verifying, each cycle, the prefix its block
-                schedule finds worth the verify cost; block_size does not apply to it), "ar" (an
-                autoregressive drafter with DFlash's KV injection, one pass per draft; only pairs
-                that ship one) and "lookup" (prompt lookup: copies what followed an earlier match
-                in the context, no model). Empty or omitted: DFlash and plain decoding only.
+                schedule finds worth the verify cost; block_size does not apply to it), "dflash2"
+                (a DFlash2 drafter: one pass, then a path through each slot's top candidates),
+                "fusion" (a drafter fed the target's features at its input only), "ar" (an
+                autoregressive drafter with DFlash's KV injection, one pass per draft) - these three
+                only on pairs that ship that drafter - and "lookup" (prompt lookup: copies what
+                followed an earlier match in the context, no model). Empty or omitted: DFlash and
+                plain decoding only.
 
         Returns:
             The race's outputs; the `report` one is a JSON summary: `tau` (mean tokens accepted per
