@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafter", help="DFlash drafter directory or Hub id (with --target)")
     parser.add_argument("--ar-drafter", help="an autoregressive drafter (DFlashARDraftModel) for the --target/--drafter "
                         "pair's AR drafter lane")
+    parser.add_argument("--dflash2-drafter", help="a DFlash2 drafter for the --target/--drafter pair's DFlash2 lane")
+    parser.add_argument("--fusion-drafter", help="an input-fusion drafter for the --target/--drafter pair's input "
+                        "fusion lane")
     parser.add_argument(
         "--dtype", default="auto",
         help="target dtype for the --target/--drafter pair: float32, bfloat16, float16, or auto (bfloat16 on "
@@ -113,7 +116,8 @@ def main(argv=None) -> None:
 
     pairs, default_id = load_pairs()
     if args.target:
-        pair = cli_pair(args.target, args.drafter, args.dtype, args.ar_drafter or "")
+        pair = cli_pair(args.target, args.drafter, args.dtype, args.ar_drafter or "", args.dflash2_drafter or "",
+                        args.fusion_drafter or "")
         pairs, default_id = [pair, *pairs], pair.id
     if args.vllm_url:
         pair = vllm_pair(args.vllm_url, args.vllm_plain_url, args.vllm_block_size)

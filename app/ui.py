@@ -22,7 +22,7 @@ from starlette.middleware import Middleware
 from dflash_core.trace import MAX_BYTES
 
 from .race.control import Controls
-from .race.lanes import CHOICES, LANES
+from .race.lanes import CHOICES, CYCLE_LANES, LABELS, LANES
 from .race.thinking import DEFAULT
 from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
@@ -81,6 +81,7 @@ class App:
         self.replay, self.diagnose, self.serving_sweep = self.playback.replay, self.diagnosis.diagnose, self.serving.sweep
         self.pause, self.step, self.resume = self.stepping.pause, self.stepping.step, self.stepping.resume
         self.pick_cycle, self.follow_latest = self.stepping.pick_cycle, self.stepping.follow_latest
+        self.pick_lane = self.stepping.pick_lane
 
     def end_session(self, request: gr.Request = None) -> None:
         """The visitor closed the page: their trace files go, and their pause state (a paused race
@@ -199,6 +200,7 @@ class RaceArea:
     resume_button: gr.Button
     follow: gr.Checkbox
     doctor: DoctorPanel | None  # only where pairs race live
+    cycle_lane: gr.Radio  # whose cycles "Inside a cycle" lays out
 
 
 def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits) -> LiveTab:
@@ -296,6 +298,8 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
         with gr.Row():
             cycle_pick = gr.Slider(0, 1, value=0, step=1, label="Cycle", elem_id="cycle-pick", scale=3)
             follow = gr.Checkbox(value=True, label="Follow the current cycle", elem_id="cycle-follow", scale=1)
+            cycle_lane = gr.Radio([(LABELS[lane], lane) for lane in CYCLE_LANES], value="dflash", label="Lane",
+                                  elem_id="cycle-lane", scale=2)
         cycle_view = gr.HTML(cycle_html(None, None, None, str), elem_id="cycle-view", js_on_load=None)
     # Empty figures at page load also make the browser fetch plotly before the first race.
     with gr.Row():
@@ -316,7 +320,7 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
         "cycle_pick": cycle_pick, "cycle_view": cycle_view, "control_status": control_status,
         "report": report_json, "trace_file": trace_file, "trace_csv": trace_csv,
     }
-    return RaceArea(outputs, pause_button, step_button, resume_button, follow, doctor)
+    return RaceArea(outputs, pause_button, step_button, resume_button, follow, doctor, cycle_lane)
 
 
 def build_demo(
@@ -409,6 +413,8 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     for event in (cycle_pick.release, cycle_pick.input):
         event(app.pick_cycle, inputs=[cycle_pick], outputs=[cycle_view, area.follow], queue=False, api_visibility="private")
     area.follow.input(app.follow_latest, inputs=[area.follow], outputs=[cycle_view], queue=False, api_visibility="private")
+    area.cycle_lane.input(app.pick_lane, inputs=[area.cycle_lane], outputs=[cycle_view, cycle_pick], queue=False,
+                          api_visibility="private")
     demo.unload(app.end_session)
 
 

@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from .dflash2 import PathScores
 from .drafter import DrafterCache, static_slots
 from .explain import distribution
 from .schedule import draft_confidence
@@ -51,6 +52,9 @@ class DraftView:
     injected: int  # new context positions fed into the drafter this cycle
     cache: DrafterCache | None  # the drafter's cache after the cycle (its lengths are read)
     probs: Callable[[], torch.Tensor]  # [n, V] the distribution each draft was the draw or mode of
+    # DFlash2: [n, K] candidates, [n, K] the selector's distribution along the walked path, [n] the
+    # chosen candidate per slot (`selector_walk`); None for other drafters.
+    path: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,7 @@ class _InjectedContext:
         run = self.run
         return draft_confidence(self.drafter, logits, probs, run.sampling, run.target.vocab_size) if run.confidence else None
 
-    def view(self, logits, probs) -> DraftView:
+    def view(self, logits, probs, ids) -> DraftView:
         drafter, run = self.drafter, self.run
 
         def draft_probs():
@@ -144,7 +148,18 @@ class _InjectedContext:
                 return probs
             return distribution(drafter.full_logits(logits, run.target.vocab_size), run.sampling)
 
-        return DraftView(drafter.mask_token_id, self.target_layer_ids, self.fresh, self.cache, draft_probs)
+        path = (lambda: selector_walk(logits, ids, run.sampling)) if isinstance(logits, PathScores) else None
+        return DraftView(drafter.mask_token_id, self.target_layer_ids, self.fresh, self.cache, draft_probs, path)
+
+
+def selector_walk(path: PathScores, ids: torch.Tensor, sampling: SamplingParams):
+    """The walk a DFlash2 selector took to draft `ids` [n]: (candidates [n, K], the distribution
+    over them each slot drew from or took the mode of [n, K], the chosen index per slot [n]), on the
+    device. A slot's candidates are distinct (its top-k), so its draft names the one chosen."""
+    chosen = (path.candidates == ids[:, None]).int().argmax(dim=-1)
+    previous = torch.cat([chosen.new_zeros(1), chosen[:-1]])
+    rows = path.scores[torch.arange(chosen.shape[0], device=chosen.device), previous]
+    return path.candidates, distribution(rows, sampling), chosen
 
 
 class DFlashDrafting(_InjectedContext):
@@ -178,7 +193,7 @@ class DFlashDrafting(_InjectedContext):
                 logits = self.step(bonus_ids, context, positions)
             cache.commit(injected)
         ids, probs = self.choose(logits)
-        return Proposal(ids, probs, 1, self.view(logits, probs) if explain else None, self.confidence(logits, probs))
+        return Proposal(ids, probs, 1, self.view(logits, probs, ids) if explain else None, self.confidence(logits, probs))
 
 
 class ARDrafting(_InjectedContext):
@@ -211,5 +226,5 @@ class ARDrafting(_InjectedContext):
         cache.crop(start)  # keep the context; the tokens are redrafted after the verify
         ids, logits = torch.cat(drafts), torch.cat(all_logits)
         probs = None if dists[0] is None else torch.cat(dists)
-        view = self.view(logits, probs) if explain else None
+        view = self.view(logits, probs, ids) if explain else None
         return Proposal(ids, probs, len(drafts), view, self.confidence(logits, probs))

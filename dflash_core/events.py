@@ -66,9 +66,21 @@ class CycleTimes:
 
 
 @dataclass(frozen=True)
+class SelectorPath:
+    """A DFlash2 draft step's path selector at work, one row per drafted slot (docs/design.md §2,
+    "DFlash2"): the slot's top-K candidates (target ids, the LM head's best first), the selector's
+    probability of each one after the candidate chosen at the slot before (the distribution the
+    draft was drawn from, or whose mode it took), and the index of the candidate it chose."""
+
+    candidates: tuple[tuple[int, ...], ...]
+    probs: tuple[tuple[float, ...], ...]
+    chosen: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class CycleExplanation:
     """What one cycle saw and decided. Plain decoding has no drafter: mask_id is None, draft_topk
-    and decision.slots are empty."""
+    and decision.slots are empty. path: the selector's walk when a DFlash2 drafter drafted, else None."""
 
     slot0_id: int
     mask_id: int | None
@@ -79,10 +91,14 @@ class CycleExplanation:
     decision: Decision
     cache: CacheLengths
     time: CycleTimes
+    path: SelectorPath | None = None
 
     def to_dict(self) -> dict:
-        """The trace's JSON form (the "explain" of a trace block)."""
-        return _lists(asdict(self))
+        """The trace's JSON form (the "explain" of a trace block); "path" only where a selector walked."""
+        out = _lists(asdict(self))
+        if out["path"] is None:
+            del out["path"]  # traces of other drafters stay as they were
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> CycleExplanation:
@@ -103,6 +119,11 @@ class CycleExplanation:
                               decision["resampled"]),
             cache=_pick(CacheLengths, data["cache"]),
             time=_pick(CycleTimes, data["time"]),
+            path=None if data.get("path") is None else SelectorPath(
+                tuple(tuple(int(t) for t in row) for row in data["path"]["candidates"]),
+                tuple(tuple(float(p) for p in row) for row in data["path"]["probs"]),
+                tuple(int(i) for i in data["path"]["chosen"]),
+            ),
         )
 
 

@@ -3,14 +3,15 @@ thought of it, why each slot was kept or rejected, cache lengths and the cycle's
 
 `explain_cycle` builds an `events.CycleExplanation` from tensors the cycle already holds (no
 extra forward pass); docs/design.md §4 gives the terms, `CycleExplanation.to_dict` the trace's
-JSON form. A top-k list reports the sampling distribution (`distribution`).
+JSON form. A top-k list reports the sampling distribution (`distribution`). A DFlash2 cycle also
+carries its selector's walk (`events.SelectorPath`): each slot's candidates and the one chosen.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .events import CacheLengths, CycleExplanation, CycleTimes, Decision, Injected, SlotVerdict, TopK
+from .events import CacheLengths, CycleExplanation, CycleTimes, Decision, Injected, SelectorPath, SlotVerdict, TopK
 from .sampling import SamplingParams, probabilities
 
 
@@ -110,4 +111,11 @@ def explain_cycle(
             drafter_after=cache.length if cache is not None else 0,
         ),
         time=times,
+        path=_selector_path(drafting.path()) if drafting is not None and drafting.path is not None else None,
     )
+
+
+def _selector_path(walk) -> SelectorPath:
+    """A DFlash2 cycle's walk (`drafting.selector_walk`) as host values."""
+    candidates, probs, chosen = walk
+    return SelectorPath(tuple(map(tuple, candidates.tolist())), tuple(map(tuple, probs.tolist())), tuple(chosen.tolist()))

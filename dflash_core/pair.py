@@ -67,6 +67,32 @@ def validate_pair(target: Target, drafter: DFlashDrafter, block_size: int | None
         )
 
 
+# The kinds (`drafting.method_name`) a method's own drafter may be: the bench's `--methods` and the
+# app's lanes of the same names. An input-fusion drafter is a DFlash drafter in every other respect,
+# so a DFlash drafter stands in for one (the tests race it so).
+LANE_KINDS = {"dflash2": ("dflash2",), "fusion": ("fusion", "dflash"), "ar": ("ar",)}
+KIND_NAMES = {"dflash": "DFlash", "dflash2": "DFlash2", "fusion": "input-fusion", "ar": "autoregressive"}
+
+
+def load_lane_drafter(target: Target, method: str, drafter, dtype: torch.dtype, block_size=None,
+                      progress=None) -> DFlashDrafter:
+    """The drafter of `method` (a key of `LANE_KINDS`) for `target`, loaded as `load_drafter` does;
+    a drafter of another kind, or one that does not fit the target, is a PairMismatchError naming
+    the method and the folder."""
+    from .drafting import method_name
+
+    what = f"the {KIND_NAMES[method]} drafter {drafter}"
+    try:
+        model = load_drafter(target, drafter, dtype, block_size, progress)
+    except PairMismatchError as exc:
+        raise PairMismatchError(f"{what} does not fit the target: {exc}") from None
+    kind = method_name(model)
+    if kind not in LANE_KINDS[method]:
+        wanted = " or ".join(KIND_NAMES[k] for k in LANE_KINDS[method])
+        raise PairMismatchError(f"{what} is a {KIND_NAMES[kind]} drafter; the {method} method races {wanted} drafters")
+    return model
+
+
 def fetch_target(target, progress=None) -> str:
     """A local directory for `target`: the default target's cache, a path as given, or a Hub
     snapshot downloaded here (so `progress` sees it) rather than inside transformers."""

@@ -12,10 +12,11 @@ file without importing or executing anything from it; `trace_csv` flattens per-b
     versions   dflash-studio, torch, transformers, python
     vocab_size every token id in the file is below it
     runs       {lane: Summary.to_trace()} for some of the lanes dflash, scheduled (DFlash with the block
-               schedule), ar, lookup and plain; each run
-               names its `method` (dflash, dflash2, fusion, ar, lookup or plain) and its `block_schedule`
-               (fixed or auto), each block its `verify_len` (files from before the block schedule
-               have neither: every block verified its whole draft)
+               schedule), dflash2 and fusion (a pair's DFlash2 and input-fusion drafters), ar, lookup
+               and plain; each run names its `method` (dflash, dflash2, fusion, ar, lookup or plain)
+               and its `block_schedule` (fixed or auto), each block its `verify_len` (files from
+               before the block schedule have neither: every block verified its whole draft); a
+               DFlash2 block's explanation adds "path", its selector's walk (`events.SelectorPath`)
     report     the race report when a race ran, else absent
     tokens     {str(id): text} for every id in the runs, so a replay needs no tokenizer
 """
@@ -47,9 +48,10 @@ SCHEMA = "dflash-trace/2"
 READS = (SCHEMA, "dflash-trace/1")  # /1: the same fields, only the dflash and plain runs, no run methods
 MAX_BYTES = 20_000_000  # 20 MB: far above any real race (the shipped 128-token ones are listed in docs/benchmarks.md)
 # The lanes a race may hold, in the order they are shown: DFlash, DFlash with the per-cycle block
-# schedule (block_size="auto"), the autoregressive drafter with DFlash's KV injection, prompt
-# lookup, plain decoding. A file holds some of them, so files from before a lane was added still read.
-RUNS = ("dflash", "scheduled", "ar", "lookup", "plain")
+# schedule (block_size="auto"), the pair's DFlash2 drafter, its input-fusion drafter, the
+# autoregressive drafter with DFlash's KV injection, prompt lookup, plain decoding. A file holds
+# some of them, so files from before a lane was added still read.
+RUNS = ("dflash", "scheduled", "dflash2", "fusion", "ar", "lookup", "plain")
 METHODS = ("dflash", "dflash2", "fusion", "ar", "lookup", "plain")
 SCHEDULES = ("fixed", "auto")
 CSV_COLUMNS = ["lane", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s",
@@ -163,6 +165,9 @@ def _block_ids(block: dict):
             yield slot["draft"]
             if slot["target"] is not None:
                 yield slot["target"]
+        if info.get("path") is not None:
+            for row in info["path"]["candidates"]:
+                yield from row
 
 
 def lane_of(method: str) -> str:
@@ -194,6 +199,8 @@ def _rounded(info: dict, digits: int) -> dict:
             **info["decision"],
             "slots": [{**s, **{f: r(s[f]) for f in ("p", "q", "ratio", "u")}} for s in info["decision"]["slots"]],
         },
+        **({"path": {**info["path"], "probs": [[r(p) for p in row] for row in info["path"]["probs"]]}}
+           if info.get("path") is not None else {}),
     }
 
 
@@ -277,6 +284,9 @@ MAX_TEXT_CHARS = 1_000_000
 # Integers a replay shows (positions, cache lengths, layers): no model's context or depth comes near.
 MAX_LENGTH = 2**31
 MAX_LAYERS = 1024  # target layers injected into the drafter: released drafters use 5 or 6
+# Candidates per slot of a DFlash2 selector's walk: a replay's cycle view draws a few of them, and
+# a longer row only costs the file's bytes; released configs keep well under this.
+MAX_TOP_K = 1024
 STOP_REASONS = ("running", "stopped", "max_new_tokens", "stop_token")
 _TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
@@ -419,12 +429,37 @@ def _explain(info: dict, where: str) -> None:
         for name in ("p", "q", "u"):
             _number(slot, name, at, 0.0, 1.0, optional=True)
         _number(slot, "ratio", at, 0.0, optional=True)
+    if info.get("path") is not None:
+        _path(_field(info, "path", dict, where), f"{where}.path")
     cache = _field(info, "cache", dict, where)
     for name in ("target_before", "target_after", "drafter_before", "drafter_after"):
         _int(cache, name, f"{where}.cache", high=MAX_LENGTH)
     times = _field(info, "time", dict, where)
     for name in ("draft_s", "verify_s", "other_s"):
         _seconds(times, name, f"{where}.time")
+
+
+def _path(path: dict, where: str) -> None:
+    """A DFlash2 selector's walk: per slot, K candidate ids, K probabilities and the chosen index."""
+    candidates = _field(path, "candidates", list, where)
+    probs = _field(path, "probs", list, where)
+    chosen = _ints(path, "chosen", where)
+    if not len(candidates) == len(probs) == len(chosen):
+        raise TraceFieldError(f"{where} has {len(candidates)} candidate rows, {len(probs)} probability rows and "
+                              f"{len(chosen)} choices; it needs one of each per drafted slot")
+    for i, (ids, row, pick) in enumerate(zip(candidates, probs, chosen)):
+        at = f"{where}.candidates[{i}]"
+        if not isinstance(ids, list) or not 1 <= len(ids) <= MAX_TOP_K:
+            raise TraceFieldError(f"{at} must be a list of 1 to {MAX_TOP_K} token ids, got {_show(ids)}")
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)]
+        if bad:
+            raise TraceFieldError(f"{at} must hold token ids (ints), got {_show(bad[0])}")
+        ok = isinstance(row, list) and len(row) == len(ids)
+        if not ok or not all(isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1 for p in row):
+            raise TraceFieldError(f"{where}.probs[{i}] must hold one probability in 0..1 per candidate ({len(ids)}), "
+                                  f"got {_show(row)}")
+        if pick >= len(ids):
+            raise TraceFieldError(f"{where}.chosen[{i}] is {_show(pick)}; slot {i + 1} has {len(ids)} candidates (0 to {len(ids) - 1})")
 
 
 def _run(run: dict, where: str) -> None:
@@ -524,7 +559,8 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         output.extend(committed)
         if block.get("explain") is not None:
             # The cycle explained what it verified: slot 0 and the verified drafts (all, at a fixed block).
-            _consistent_explain(block["explain"], f"{at}.explain", size, block["position"], verified)
+            _consistent_explain(block["explain"], f"{at}.explain", size, block["position"], verified,
+                                block["draft_ids"])
     if run["total_s"] < clock:
         raise TraceTimingError(f"{where}.total_s is {run['total_s']}, earlier than its last cycle ({clock})")
     if run["output_ids"] != output:
@@ -533,9 +569,10 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         raise TraceFieldError(f"{where}.acceptance_lengths must be each block's accepted + 1")
 
 
-def _consistent_explain(info: dict, where: str, size: int, position: int, drafts: int) -> None:
+def _consistent_explain(info: dict, where: str, size: int, position: int, drafts: int, drafted: list) -> None:
     """An explanation no larger than its block: its positions are the block's (slot 0, then one
-    per verified draft), B target rows, B - 1 draft rows and verdicts."""
+    per verified draft), B target rows, B - 1 draft rows and verdicts; a selector's walk chose the
+    block's drafts `drafted`, one slot each."""
     if info["positions"] != list(range(position, position + drafts + 1)):
         raise TraceFieldError(
             f"{where}.positions must be the block's positions {position} to {position + drafts} (slot 0, then one per "
@@ -547,6 +584,14 @@ def _consistent_explain(info: dict, where: str, size: int, position: int, drafts
     slots = info["decision"]["slots"]
     if len(slots) > size - 1 or any(not 1 <= s["slot"] <= size - 1 for s in slots):
         raise TraceFieldError(f"{where}.decision.slots must name draft slots 1 to {size - 1}")
+    path = info.get("path")
+    if path is not None and len(path["chosen"]) != len(drafted):
+        raise TraceFieldError(f"{where}.path walks {len(path['chosen'])} slots; the block drafted {len(drafted)}")
+    if path is not None:
+        walked = [row[pick] for row, pick in zip(path["candidates"], path["chosen"])]
+        if walked != drafted:
+            raise TraceFieldError(f"{where}.path chose {_show(walked)}, but the block drafted {_show(drafted)}: the walk "
+                                  "must name the block's drafts")
 
 
 def _pieces(pieces, runs: dict) -> int:

@@ -11,6 +11,9 @@ Used by the browser test and to make the README screenshot::
     python tests/browser.py http://127.0.0.1:7861 assets/doctor-panel.png --doctor-shot   # "Why this tau?"
     python app.py --vllm-url http://127.0.0.1:8765 --port 7863 &   # bash scripts/serve_vllm.sh
     python tests/browser.py http://127.0.0.1:7863 assets/serving-view.png --serving-shot   # the serving view
+    python app.py --port 7867 --target default:smollm2 --drafter assets/drafters/smollm2-135m-instruct-dflash \
+        --dflash2-drafter PATH &   # a DFlash2 lane; its cycle view beside the race's screenshot
+    python tests/browser.py http://127.0.0.1:7867 race.png --lanes dflash2 --cycle-lane dflash2   # + race-cycle.png
 
 Playwright is imported only here, never by the app; it must not download a browser.
 """
@@ -36,7 +39,8 @@ LAUNCH_ARGS = [
     "--disable-sync",
 ]
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that returns True when n is a prime number."
-LANE_LABELS = {"scheduled": "DFlash, scheduled block", "ar": "AR drafter", "lookup": "prompt lookup"}  # the start of each checkbox's label
+LANE_LABELS = {"scheduled": "DFlash, scheduled block", "dflash2": "DFlash2", "fusion": "input fusion", "ar": "AR drafter",
+               "lookup": "prompt lookup"}  # the start of each checkbox's label
 
 
 def chromium_path() -> str | None:
@@ -45,10 +49,11 @@ def chromium_path() -> str | None:
 
 def run_race_in_browser(
     url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0,
-    lanes: tuple[str, ...] = (),
+    lanes: tuple[str, ...] = (), cycle_lane: str | None = None, cycle: int | None = None,
 ) -> dict:
-    """Open the page, wait for the models, tick the added `lanes` (scheduled, ar, lookup), race `prompt`, and
-    save a full-page screenshot.
+    """Open the page, wait for the models, tick the added `lanes` (scheduled, dflash2, fusion, ar, lookup),
+    race `prompt`, and save a full-page screenshot; with `cycle_lane`, then open "Inside a cycle", pick
+    that lane and save the view of its last cycle (or of `cycle`) beside it (<screenshot>-cycle.png).
 
     Returns what the page showed, plus `first_token_s`: seconds from the click to the first
     colored token on screen, and `lane_tokens`: the tokens in each lane's pane.
@@ -82,7 +87,21 @@ def run_race_in_browser(
             raced = [lane for lane in LANES if lane in ("dflash", *lanes, "plain")]
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
+            cycle_title = None
+            if cycle_lane is not None:
+                page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
+                page.locator("#cycle-lane label", has_text=LANE_LABELS.get(cycle_lane, "DFlash")).first.click()
+                page.wait_for_selector("#cycle-view .cycle h4", timeout=timeout_ms)
+                if cycle is not None:
+                    box = page.locator("#cycle-pick input[type=number]")
+                    box.fill(str(cycle))
+                    box.press("Enter")
+                    page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {cycle} of')", timeout=timeout_ms)
+                page.wait_for_timeout(500)
+                cycle_title = page.locator("#cycle-view .cycle h4").first.inner_text()
+                page.locator("#cycle-view").screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-cycle.png")))
             return {
+                "cycle_title": cycle_title,
                 "first_token_s": round(first_token_s, 3),
                 "target_tokens": page.locator("#dflash-tokens .tok-bonus, #dflash-tokens .tok-first").count(),
                 "plain_tokens": page.locator("#plain-tokens .tok-plain").count(),
@@ -293,6 +312,9 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--lanes", default="", help="lanes to add to DFlash and plain decoding, e.g. scheduled,ar,lookup")
+    parser.add_argument("--cycle-lane", help="after the race, save the last cycle of this lane's \"Inside a cycle\" "
+                        "view as OUTPUT's name with -cycle.png (dflash, dflash2, fusion)")
+    parser.add_argument("--cycle", type=int, help="with --cycle-lane: that cycle rather than the last")
     parser.add_argument(
         "--replay-shots", action="store_true",
         help="the app serves a replay (python app.py --replay FILE): save replay.png and inside-a-cycle.png in OUTPUT (a folder)",
@@ -318,8 +340,10 @@ def main(argv=None) -> None:
         replay_screenshots(args.url, args.output)
         return
     lanes = tuple(name for name in args.lanes.split(",") if name)
-    seen = run_race_in_browser(args.url, args.prompt, args.output, args.max_new_tokens, lanes=lanes)
-    print(json.dumps({k: seen[k] for k in ("first_token_s", "lane_tokens", "lanes_visible", "plots", "summary")}))
+    seen = run_race_in_browser(args.url, args.prompt, args.output, args.max_new_tokens, lanes=lanes,
+                               cycle_lane=args.cycle_lane, cycle=args.cycle)
+    print(json.dumps({k: seen[k] for k in ("first_token_s", "lane_tokens", "lanes_visible", "plots", "summary",
+                                           "cycle_title")}))
 
 
 if __name__ == "__main__":

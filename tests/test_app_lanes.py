@@ -73,7 +73,7 @@ def test_the_visitor_picks_the_lanes_and_a_bad_pick_is_named(client):
     assert out["report"]["lanes"]["lookup"]["identical"] is None  # sampling: not checked
     two, _ = race(client, [])
     assert list(two["report"]["lanes"]) == ["dflash", "plain"] and "lanes-table" not in two["summary"]
-    with pytest.raises(Exception, match="Unknown lane 'medusa': the lanes a race can add are scheduled, ar, lookup"):
+    with pytest.raises(Exception, match="Unknown lane 'medusa': the lanes a race can add are scheduled, dflash2, fusion, ar, lookup"):
         client.predict(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["medusa"], api_name="/compare")
     # The app keeps serving after the refusal.
     ok, _ = race(client, ["ar"])
@@ -87,7 +87,7 @@ def test_a_pair_without_an_ar_drafter_says_which_pairs_have_one(tiny_dirs, one_t
 
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
     app = App([spec], spec.id, PairCache("cpu"))
-    with pytest.raises(Exception, match="has no autoregressive drafter, so it cannot race the AR drafter lane"):
+    with pytest.raises(Exception, match="cannot race the AR drafter lane: the pair names no autoregressive drafter"):
         list(app.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["ar"]))
 
 

@@ -83,3 +83,14 @@ def test_thread_default_leaves_a_core_to_a_local_browser():
     assert default_threads("localhost", 8) == 7
     assert default_threads("127.0.0.1", 1) is None  # nothing to leave
     assert default_threads("0.0.0.0", 2) is None  # viewers elsewhere (a Space): every core decodes
+
+
+def test_the_offline_pair_names_the_drafters_bench_methods_races():
+    """pairs.json and `bench --methods` name the same folder for each drafter lane of the offline pair:
+    a renamed drafter is renamed in both (DEFAULT_DRAFTERS beside the pair's entry)."""
+    from app.race.lanes import DRAFTER_LANES
+    from dflash_core.bench.methods import DEFAULT_DRAFTERS
+
+    pairs, default_id = load_pairs()
+    offline = next(p for p in pairs if p.id == default_id)
+    assert offline.lane_drafters() == DEFAULT_DRAFTERS and set(DEFAULT_DRAFTERS) == set(DRAFTER_LANES)

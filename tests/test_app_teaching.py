@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.race.interleave import SideView
@@ -169,3 +171,23 @@ def test_inside_a_cycle_shows_the_ar_lanes_measured_passes_when_it_races():
     out = cycle_html(dflash_view(), plain_view(), 0, text_of, view)
     assert "AR drafter, 3 passes (measured, mean of 2 cycles)" in out and "(estimate)" not in out
     assert "took <b>3</b> passes per cycle, 30.0 ms of drafting against DFlash's 10.0 ms here" in out
+
+
+def test_inside_a_dflash2_cycle_shows_each_slots_candidates_and_the_path_walked():
+    """Drafts 2, 4, 5 walked through candidates [2 1 7], [6 4 3] and eight in slot 3, where the walk
+    took the eighth: past the six drawn, so it is drawn after an ellipsis."""
+    data = explain().to_dict()
+    data["path"] = {"candidates": [[2, 1, 7], [6, 4, 3], [7, 1, 3, 10, 11, 12, 13, 5]],
+                    "probs": [[0.5, 0.3, 0.2], [0.25, 0.7, 0.05], [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.35]],
+                    "chosen": [0, 1, 7]}
+    block = Block(0, 10, (2, 4, 5), 1, 6, (2, 6), 0.01, 0.03, 0.092, explain=CycleExplanation.from_dict(data))
+    view = SideView("dflash2", Prefill(10, 1, 0.05), (block,), None, 0.092, 4, ())
+    out = cycle_html(view, plain_view(), 0, text_of, lane="dflash2")
+    assert "DFlash2 lane · Cycle 0 of 1" in out and "its selector walks one path through them" in out
+    assert "3 · the selector's path: each slot's candidates" in out and "drafter's one pass: top-3" not in out
+    walked = re.findall(r'<tr class="walk"><td class="rank">#(\d+)</td><td>(.*?)</td><td>\s*([\d.]+)%', out)
+    assert walked == [("1", " ok", "50.0"), ("2", "x", "70.0"), ("8", "y", "35.0")]
+    assert out.count("◀ walked") == 3 and "<td>…</td>" in out and "… 1 more not drawn" in out  # #7 of slot 3
+    assert "&lt;img src=x onerror=alert(1)&gt;" in out and "<img" not in out  # candidate 1's text, escaped
+    assert "the walk left the head's first choice in <b>2</b> of 3 slots" in out
+    assert "✓ accepted" in out and "✗ rejected" in out  # the target's verdict per slot, as for DFlash

@@ -337,6 +337,47 @@ def test_methods_report_an_output_that_differs_from_plain(methods_setup, monkeyp
     assert any(line.startswith("NOT all outputs equal plain decoding") for line in lines)
 
 
+def test_dflash2_and_input_fusion_race_as_methods_of_their_own(methods_setup, tiny_dirs, tmp_path, capsys):
+    """`--methods dflash,dflash2,fusion,ar,lookup`: each drafter from its own flag, lossless, with tau
+    per slot and speed. The fusion row races a DFlash drafter as a stand-in for an input-fusion one
+    (same folder layout and decoding path)."""
+    from tiny import build_dflash2_drafter
+
+    target_dir, drafter_dir = tiny_dirs
+    dflash2_dir = build_dflash2_drafter(tmp_path / "dflash2", target_dir)
+    argv = [*methods_setup, "--dflash2-drafter", str(dflash2_dir), "--fusion-drafter", str(drafter_dir)]
+    result, lines = run_methods(argv, capsys, methods="dflash,dflash2,fusion,ar,lookup")
+    rows = result["methods"]
+    assert list(rows) == ["plain", "dflash", "dflash2", "fusion", "ar", "lookup"] and result["all_identical"] is True
+    assert result["dflash2_drafter"] == str(dflash2_dir) and result["fusion_drafter"] == str(drafter_dir)
+    for method in ("dflash2", "fusion"):
+        r = rows[method]
+        assert r["identical"] == 2 and r["lossless"]["diverged"] == 0 and r["draft_passes_per_cycle"] == 1
+        assert len(r["per_position_acceptance"]) == 3 and r["tau"] == pytest.approx(1 + sum(r["per_position_acceptance"]))
+        assert r["speedup"] == pytest.approx(r["tok_s"] / rows["plain"]["tok_s"])
+    # The stand-in is the pair's own DFlash drafter: its row drafts what DFlash's does.
+    assert rows["fusion"]["per_position_acceptance"] == rows["dflash"]["per_position_acceptance"]
+    header = next(i for i, line in enumerate(lines) if line.startswith("method"))
+    assert [line.split()[0] for line in lines[header + 1 : header + 7]] == ["plain", "DFlash", "DFlash2", "input", "AR", "prompt"]
+
+
+def test_a_method_s_drafter_of_another_kind_or_target_is_named(methods_setup, tiny_dirs, tmp_path):
+    from tiny import build_drafter, build_qwen3_target
+
+    from dflash_core.errors import CheckpointError, PairMismatchError
+
+    drafter_dir = tiny_dirs[1]
+    with pytest.raises(PairMismatchError, match=f"the DFlash2 drafter {drafter_dir} is a DFlash drafter; the dflash2 "
+                                                "method races DFlash2 drafters"):
+        main([*methods_setup, "--methods", "dflash2", "--dflash2-drafter", str(drafter_dir)])
+    other = build_drafter(tmp_path / "other", build_qwen3_target(tmp_path / "qwen3"))
+    with pytest.raises(PairMismatchError, match=f"the input-fusion drafter {other} does not fit the target: drafter "
+                                                "vocab_size 64 does not match the target.s vocabulary of 320"):
+        main([*methods_setup, "--methods", "fusion", "--fusion-drafter", str(other)])
+    with pytest.raises(CheckpointError, match="model directory not found: .*nowhere"):
+        main([*methods_setup, "--methods", "fusion", "--fusion-drafter", str(tmp_path / "nowhere")])
+
+
 def test_plain_always_joins_the_methods(methods_setup, capsys):
     result, _ = run_methods(methods_setup, capsys, methods="dflash")
     assert list(result["methods"]) == ["plain", "dflash"] and result["ar_drafter"] is None
@@ -348,7 +389,7 @@ def test_methods_reject_unknown_names_naming_the_allowed_ones(methods, capsys):
         main(["--methods", methods])
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "argument --methods: unknown method" in err and "choose from plain, dflash, ar, lookup" in err
+    assert "argument --methods: unknown method" in err and "choose from plain, dflash, dflash2, fusion, ar, lookup" in err
 
 
 def test_methods_refuse_options_of_the_other_rows(capsys):

@@ -284,6 +284,48 @@ def test_explain_reports_the_walk(dflash2_pair):
         assert all(len(rows) == 3 for rows in draft_topk)
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.95, seed=7)],
+                         ids=["greedy", "sampled"])
+def test_explained_cycles_carry_the_walk_the_selector_took(dflash2_pair, sampling, monkeypatch):
+    """Each block's `explain.path` is the step's candidates, the selector's distribution along the
+    walk, and the walk itself: recomputed here from the path scores the drafter handed the walk."""
+    target, drafter = dflash2_pair
+    scored = []
+    propose = drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda path, *a: scored.append(path) or propose(path, *a))
+    out = run(target, [5, 2, 8], drafter, max_new_tokens=24, sampling=sampling, explain=3)
+    assert len(scored) == len(out.blocks) and any(b.explain.path.chosen[0] != 0 for b in out.blocks), (
+        "the selector never left the head's first candidate: the test would not tell the walk from the head")
+    for block, path in zip(out.blocks, scored):
+        walked = block.explain.path
+        assert walked.candidates == tuple(map(tuple, path.candidates.tolist()))
+        assert [row[i] for row, i in zip(walked.candidates, walked.chosen)] == list(block.draft_ids)
+        if sampling.greedy:
+            assert walked.chosen == tuple(PathSelector.walk(path)[0].tolist())
+        previous = 0
+        for slot, chosen in enumerate(walked.chosen):
+            row = path.scores[slot, previous][None]
+            expected = row.softmax(-1) if sampling.greedy else probabilities(row, sampling)
+            assert walked.probs[slot] == pytest.approx(expected[0].tolist(), abs=1e-6)
+            previous = chosen
+    # A DFlash drafter's explanation has no walk, and its trace block no "path".
+    assert all(b.explain.path is None for b in run(target, [5, 2, 8], None, max_new_tokens=4, explain=3).blocks)
+
+
+def test_a_dflash2_cycle_reads_the_host_once_when_nobody_asks_for_the_walk(dflash2_pair):
+    from dflash_core import Block, generate
+    from dflash_core.diagnostics.syncs import SyncCounter
+
+    target, drafter = dflash2_pair
+    per_cycle = []
+    with SyncCounter(cuda_debug=False) as counter:
+        for event in generate(target, [1, 2, 3, 4], drafter, max_new_tokens=24):
+            count = counter.take()
+            if isinstance(event, Block):
+                per_cycle.append(count)
+    assert len(per_cycle) >= 3 and per_cycle == [1] * len(per_cycle)
+
+
 def test_oracle_schedule_with_a_dflash2_drafter(dflash2_pair):
     target, drafter = dflash2_pair
     n, schedule = 30, [1, 8, 3, 5, 2]

@@ -277,3 +277,72 @@ def test_shipped_traces_validate_and_cover_every_example_at_both_temperatures():
             assert all(run["output_ids"] == plain for run in trace["runs"].values())
             assert all(lane["identical"] is True for lane in trace["report"]["lanes"].values())
             assert trace["runs"]["dflash"]["output_ids"] == trace["runs"]["plain"]["output_ids"]
+
+
+@pytest.fixture(scope="module")
+def dflash2_trace(tmp_path_factory):
+    """A race of a tiny DFlash2 drafter in its own lane, beside plain decoding, explained."""
+    from tiny import build_dflash2_drafter, build_qwen3_target
+
+    from dflash_core import DFlashDrafter, Target
+
+    root = tmp_path_factory.mktemp("dflash2-trace")
+    target_dir = build_qwen3_target(root / "target", vocab_size=12)
+    target = Target.from_pretrained(target_dir)
+    drafter = DFlashDrafter.from_pretrained(build_dflash2_drafter(root / "drafter", target_dir))
+    prompt = [5, 2, 8]
+    runs = {"dflash2": run(target, prompt, drafter, max_new_tokens=20, block_size=4, explain=3),
+            "plain": run(target, prompt, None, max_new_tokens=20, explain=3)}
+    return tr.build_trace(settings=tr.settings_of(None, prompt, 20, 4, SamplingParams()),
+                          pair={"id": "tiny", "target": "t", "drafter": "d", "dflash2_drafter": "d2",
+                                "trained_block_size": 8},
+                          runs=runs, vocab_size=target.vocab_size, text_of=lambda t: f"tok{t}", device="cpu"), runs
+
+
+def test_a_dflash2_lane_round_trips_with_its_selector_walk(dflash2_trace):
+    from dflash_core.events import CycleExplanation
+
+    trace, runs = dflash2_trace
+    back = tr.validate_trace(as_bytes(trace))
+    assert list(back["runs"]) == ["dflash2", "plain"] and back["runs"]["dflash2"]["method"] == "dflash2"
+    for recorded, block in zip(back["runs"]["dflash2"]["blocks"], runs["dflash2"].blocks):
+        path = CycleExplanation.from_dict(recorded["explain"]).path
+        assert path.candidates == block.explain.path.candidates and path.chosen == block.explain.path.chosen
+        assert [p for row in path.probs for p in row] == pytest.approx(
+            [p for row in block.explain.path.probs for p in row], abs=5e-5)  # rounded to 4 digits
+        assert all(str(t) in back["tokens"] for row in path.candidates for t in row)
+    assert "path" not in back["runs"]["plain"]["blocks"][0]["explain"]
+
+
+def d2_path(t, i=0):
+    return t["runs"]["dflash2"]["blocks"][i]["explain"]["path"]
+
+
+PATH_FAULTS = {
+    "choice past the candidates": (lambda p: p["chosen"].__setitem__(0, 4), tr.TraceFieldError,
+                                   "explain.path.chosen[0] is 4; slot 1 has 4 candidates (0 to 3)"),
+    "a walk that drafted other tokens": (
+        lambda p: p["chosen"].__setitem__(0, (p["chosen"][0] + 1) % 4), tr.TraceFieldError,
+        "explain.path chose"),
+    "a probability above 1": (lambda p: p["probs"][1].__setitem__(0, 1.5), tr.TraceFieldError,
+                              "explain.path.probs[1] must hold one probability in 0..1 per candidate (4)"),
+    "a short probability row": (lambda p: p["probs"][0].pop(), tr.TraceFieldError,
+                                "explain.path.probs[0] must hold one probability in 0..1 per candidate (4)"),
+    "a missing row": (lambda p: p["candidates"].pop(), tr.TraceFieldError,
+                      "explain.path has 2 candidate rows, 3 probability rows and 3 choices"),
+    "a candidate outside the vocabulary": (lambda p: p["candidates"][0].__setitem__(0, 99), tr.TraceVocabError,
+                                           "token ids [99] are outside the vocabulary of size 12"),
+    "a text candidate": (lambda p: p["candidates"][0].__setitem__(0, "x"), tr.TraceFieldError,
+                         "explain.path.candidates[0] must hold token ids (ints), got 'x'"),
+    "a million candidates": (lambda p: p["candidates"].__setitem__(0, [0] * 10**6), tr.TraceFieldError,
+                             f"explain.path.candidates[0] must be a list of 1 to {tr.MAX_TOP_K} token ids, got a list of 1000000"),
+    "no choices": (lambda p: p.pop("chosen"), tr.TraceFieldError, "missing field trace.runs.dflash2.blocks[0].explain.path.chosen"),
+}
+
+
+@pytest.mark.parametrize("fault", PATH_FAULTS)
+def test_a_crafted_selector_walk_is_refused_by_name(dflash2_trace, fault):
+    edit, error, message = PATH_FAULTS[fault]
+    with pytest.raises(error) as caught:
+        tr.validate_trace(broken(dflash2_trace[0], lambda t: edit(d2_path(t))))
+    assert message in str(caught.value) and type(caught.value) is error

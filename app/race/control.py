@@ -28,6 +28,7 @@ class Viewer:
     latest: Snapshot | None = None  # the race's newest snapshot shown
     text_of: Callable[[int], str] = str  # one token's text, for the race shown
     follow: bool = True  # the cycle view shows the newest cycle (else the one picked)
+    lane: str = "dflash"  # whose cycles the cycle view lays out (`lanes.CYCLE_LANES`)
 
     @property
     def shown(self) -> int:

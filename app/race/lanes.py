@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from dflash_core.trace import RUNS as LANES
 
-__all__ = ["CHOICES", "COLORS", "LABELS", "LANES", "lane_title"]
+__all__ = ["CHOICES", "COLORS", "CYCLE_LANES", "DRAFTER_LANES", "LABELS", "LANES", "lane_title"]
 
-LABELS = {"dflash": "DFlash", "scheduled": "DFlash, scheduled block", "ar": "AR drafter", "lookup": "prompt lookup",
-          "plain": "plain decoding"}
-COLORS = {"dflash": "#2f9e44", "scheduled": "#0c8599", "ar": "#e8590c", "lookup": "#ae3ec9", "plain": "#4c6ef5"}
+LABELS = {"dflash": "DFlash", "scheduled": "DFlash, scheduled block", "dflash2": "DFlash2", "fusion": "input fusion",
+          "ar": "AR drafter", "lookup": "prompt lookup", "plain": "plain decoding"}
+COLORS = {"dflash": "#2f9e44", "scheduled": "#0c8599", "dflash2": "#c2255c", "fusion": "#a9861a", "ar": "#e8590c",
+          "lookup": "#ae3ec9", "plain": "#4c6ef5"}
 # The lanes a visitor may add (label, name); DFlash and plain decoding always race.
 CHOICES = [("DFlash, scheduled block (verifies what each cycle's drafts are worth)", "scheduled"),
+           ("DFlash2 (one path through each slot's top candidates)", "dflash2"),
+           ("input fusion (target features at the input only)", "fusion"),
            ("AR drafter (one pass per draft)", "ar"), ("prompt lookup (no model)", "lookup")]
+# The lanes that race a drafter of their own, which a pair names (`serve/pairs.json`), and what it is.
+DRAFTER_LANES = {"dflash2": "DFlash2 drafter", "fusion": "input-fusion drafter", "ar": "autoregressive drafter"}
+# The lanes whose cycles "Inside a cycle" lays out: one drafter pass per cycle, a whole block verified.
+CYCLE_LANES = ("dflash", "dflash2", "fusion")
 
 
 def lane_title(lane: str, block_size: int) -> str:
@@ -24,4 +31,8 @@ def lane_title(lane: str, block_size: int) -> str:
         return f"Prompt lookup (block {block_size}, no model)"
     if lane == "scheduled":
         return f"DFlash, scheduled block (1 to {block_size}, chosen each cycle: 1 pass per cycle)"
+    if lane == "dflash2":
+        return f"DFlash2 (block {block_size}: 1 pass per cycle, then a path through each slot's candidates)"
+    if lane == "fusion":
+        return f"Input fusion (block {block_size}: 1 pass per cycle, target features at the input only)"
     return f"DFlash (block {block_size}: 1 pass per cycle)"

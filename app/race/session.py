@@ -2,8 +2,8 @@
 other (`interleave.py`), their snapshots, then a typed result (lossless verdict, report, trace).
 
 A lane is one named decoder of the same prompt with the same target: DFlash and plain decoding
-always, and DFlash with the per-cycle block schedule, the autoregressive drafter and prompt lookup
-when the visitor adds them (`LANES`).
+always, and DFlash with the per-cycle block schedule, the pair's DFlash2, input-fusion and
+autoregressive drafters and prompt lookup when the visitor adds them (`LANES`).
 What is kept per lane is kept by name. Takes and gives only plain data: on ZeroGPU it runs in a
 GPU worker process.
 """
@@ -22,6 +22,7 @@ from dflash_core.trace import build_trace, settings_of
 
 from .control import Control
 from .interleave import Snapshot, race
+from .lanes import DRAFTER_LANES
 from .report import RaceReport, race_report
 from .tokens import TokenPieces
 
@@ -47,8 +48,9 @@ class Lane:
 
 def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, Lane]:
     """The lanes `names` of a pair, in the order of `LANES`: its DFlash drafter at `block_size`, the
-    same drafter with the block schedule (up to its trained size), its autoregressive drafter (at most at its trained size), prompt lookup, and plain decoding, each on
-    a target instance of its own (`LoadedPair.lane_target`)."""
+    same drafter with the block schedule (up to its trained size), its DFlash2, input-fusion and
+    autoregressive drafters (`pair.lane_drafters`, each at most at its trained size), prompt
+    lookup, and plain decoding, each on a target instance of its own (`LoadedPair.lane_target`)."""
     from dflash_core.prompt_lookup import PromptLookup  # torch only for a live race
 
     def lane(name: str) -> Lane:
@@ -57,8 +59,9 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, La
             return Lane(target, pair.drafter, block_size)
         if name == "scheduled":
             return Lane(target, pair.drafter, pair.drafter.block_size, scheduled=True)
-        if name == "ar":
-            return Lane(target, pair.ar_drafter, min(block_size, pair.ar_drafter.block_size))
+        if name in DRAFTER_LANES:
+            drafter = pair.lane_drafters[name]
+            return Lane(target, drafter, min(block_size, drafter.block_size))
         if name == "lookup":
             return Lane(target, PromptLookup(block_size=block_size), block_size)
         return Lane(target)
@@ -152,7 +155,7 @@ class RaceSession:
                   "trained_block_size": self.pair.trained_block_size,
                   "chat_template": describe_template(self.pair.tokenizer, thinking.args),
                   **({"trained_thinking": thinking.trained} if thinking.trained is not None else {}),
-                  **({"ar_drafter": spec.ar_drafter} if "ar" in self.lanes else {})},
+                  **{f"{name}_drafter": getattr(spec, f"{name}_drafter") for name in DRAFTER_LANES if name in self.lanes}},
             runs=summaries,
             vocab_size=self.pair.target.vocab_size,
             text_of=self.text_of,

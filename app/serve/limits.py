@@ -122,7 +122,7 @@ def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperatur
     return Request(prompt, max_new_tokens, block_size, sampling)
 
 
-ADDED_LANES = ("scheduled", "ar", "lookup")  # the lanes a visitor may add; DFlash and plain decoding always race
+ADDED_LANES = ("scheduled", "dflash2", "fusion", "ar", "lookup")  # the lanes a visitor may add; DFlash and plain decoding always race
 
 
 def check_lanes(lanes) -> tuple[str, ...]:

@@ -65,10 +65,13 @@ class LiveRace:
             seed: random seed for sampling (a whole number >= 0).
             lanes: drafters to race beside DFlash and plain decoding, a list of names: "scheduled"
                 (DFlash drafting its trained block and verifying, each cycle, the prefix its block
-                schedule finds worth the verify cost; block_size does not apply to it), "ar" (an
-                autoregressive drafter with DFlash's KV injection, one pass per draft; only pairs
-                that ship one) and "lookup" (prompt lookup: copies what followed an earlier match
-                in the context, no model). Empty or omitted: DFlash and plain decoding only.
+                schedule finds worth the verify cost; block_size does not apply to it), "dflash2"
+                (a DFlash2 drafter: one pass, then a path through each slot's top candidates),
+                "fusion" (a drafter fed the target's features at its input only), "ar" (an
+                autoregressive drafter with DFlash's KV injection, one pass per draft) - these three
+                only on pairs that ship that drafter - and "lookup" (prompt lookup: copies what
+                followed an earlier match in the context, no model). Empty or omitted: DFlash and
+                plain decoding only.
             thinking: "on" or "off" turns the chat template's thinking switch (enable_thinking, in
                 Qwen3-style templates) for every lane's prompt; "default" or omitted uses the setting
                 the pair's drafter was trained with. A pair whose template has no switch refuses "on" and "off".

@@ -14,6 +14,7 @@ import gradio as gr
 
 from dflash_core.chat_template import describe_template, has_thinking_switch
 
+from ..race.lanes import LABELS
 from ..race.thinking import DEFAULT, check_thinking
 from ..view import texts
 from .failures import failure_message
@@ -92,7 +93,8 @@ class PairLoading:
             trained=pair.trained_block_size, drafter_dtype=str(pair.drafter.dtype).removeprefix("torch."),
             chat_template=describe_template(pair.tokenizer, used.args), thinking=used.trained_words(),
             size=pair.size.describe() if pair.size else "size not counted", freed=freed,
-        )
+        ) + "".join(texts.LANE_NOT_OFFERED.format(lane=LABELS[lane], why=pair.spec.lane_missing(lane))
+                    for lane in pair.spec.lane_drafters() if pair.spec.lane_missing(lane))
 
     def _loaded(self, pair_id: str):
         """The loaded pair of a local `pair_id`, else None (not loaded yet, unknown, or served by vLLM)."""

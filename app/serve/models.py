@@ -19,9 +19,11 @@ from dflash_core.chat_template import describe_template, template_args
 from dflash_core.default_target import DEFAULT_TARGET, DefaultTargetError, resolve_target
 from dflash_core.hub import resolve_model_dir
 from dflash_core.memory_need import MARGIN, PairSize, check_fits, pair_size
-from dflash_core.pair import ModelPair, default_drafter_dtype, fetch_target, load_drafter, parse_dtype
+from dflash_core.pair import ModelPair, default_drafter_dtype, fetch_target, load_drafter, load_lane_drafter, parse_dtype
 from dflash_core.prompting import encode_prompt
+from dflash_core.trace import RUNS as LANES
 
+from ..race.lanes import DRAFTER_LANES
 from ..race.thinking import Thinking, race_thinking
 from .pairs import PairSpec, availability
 
@@ -40,13 +42,20 @@ class LoadedPair:
     template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
     size: PairSize | None = None  # its weights and what they need (dflash_core/memory_need.py)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
-    ar_drafter: DFlashDrafter | None = None  # the autoregressive drafter of `spec.ar_drafter`, if the pair has one
+    # {lane: its drafter} for the lanes that race a drafter of their own (`race.lanes.DRAFTER_LANES`):
+    # those the pair names and whose folders are there.
+    lane_drafters: dict = field(default_factory=dict)
     _lane_targets: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def ar_drafter(self) -> DFlashDrafter | None:
+        """The autoregressive drafter of `spec.ar_drafter`, if the pair has one."""
+        return self.lane_drafters.get("ar")
 
     @property
     def lanes(self) -> tuple[str, ...]:
         """The lanes this pair can race (dflash_core.trace.RUNS order)."""
-        return ("dflash", "scheduled", *(("ar",) if self.ar_drafter is not None else ()), "lookup", "plain")
+        return tuple(lane for lane in LANES if lane not in DRAFTER_LANES or lane in self.lane_drafters)
 
     def lane_target(self, lane: str) -> Target:
         """The target instance `lane` decodes with: DFlash the pair's own, plain its second, every
@@ -134,8 +143,8 @@ def _warm_up(pair: LoadedPair) -> None:
     prompt_ids = pair.encode("Hi")
     run(pair.target, prompt_ids, pair.drafter, max_new_tokens=2)
     run(pair.plain, prompt_ids, None, max_new_tokens=2)
-    if pair.ar_drafter is not None:
-        run(pair.lane_target("ar"), prompt_ids, pair.ar_drafter, max_new_tokens=2)
+    for lane, drafter in pair.lane_drafters.items():
+        run(pair.lane_target(lane), prompt_ids, drafter, max_new_tokens=2)
 
 
 @dataclass(frozen=True)
@@ -237,13 +246,14 @@ class PairCache:
                 raise PairUnavailable(f"the target {spec.target!r} has no tokenizer, so the app cannot encode prompts")
             plain = Target(pair.target.model, pair.target.tokenizer)
             args = template_args(pair.tokenizer, None, spec.chat_template_args)
-            ar_drafter = None
-            if spec.ar_drafter:
-                ar_dir = resolve_model_dir(spec.location(spec.ar_drafter), ("config.json", "model.safetensors"),
-                                           progress=progress)
-                ar_drafter = load_drafter(pair.target, str(ar_dir), pair.drafter.dtype)
+            lane_drafters = {}
+            for lane, name in spec.lane_drafters().items():
+                if spec.lane_missing(lane):  # said in the status line; the pair races without the lane
+                    continue
+                lane_dir = resolve_model_dir(spec.location(name), ("config.json", "model.safetensors"), progress=progress)
+                lane_drafters[lane] = load_lane_drafter(pair.target, lane, str(lane_dir), pair.drafter.dtype)
             loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args, size,
-                                ar_drafter=ar_drafter)
+                                lane_drafters=lane_drafters)
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)
             self._pairs[spec.id] = loaded

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..race.lanes import DRAFTER_LANES
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PAIRS_FILE = Path(__file__).resolve().with_name("pairs.json")
 
@@ -40,6 +42,26 @@ class PairSpec:
     # An autoregressive drafter with the DFlash drafter's KV injection, for the race's "AR drafter"
     # lane (dflash_core/drafting.py); "": the pair has none.
     ar_drafter: str = ""
+    # A DFlash2 drafter and an input-fusion drafter (the target's features at the input only) for the
+    # lanes of those names; "": none. A folder named here but not there yet leaves its lane out of
+    # the pair's races, and the status line says why (`lane_missing`).
+    dflash2_drafter: str = ""
+    fusion_drafter: str = ""
+
+    def lane_drafters(self) -> dict[str, str]:
+        """{lane: drafter path or Hub id} of the lanes that race a drafter of their own and that
+        this pair names one for (`race.lanes.DRAFTER_LANES`)."""
+        named = {lane: getattr(self, f"{lane}_drafter") for lane in DRAFTER_LANES}
+        return {lane: name for lane, name in named.items() if name}
+
+    def lane_missing(self, lane: str) -> str | None:
+        """Why `lane` cannot race this pair, or None when it can (as far as files tell before loading)."""
+        name = self.lane_drafters().get(lane)
+        if name is None:
+            return f"the pair names no {DRAFTER_LANES[lane]}"
+        if not _is_hub_id(name) and not Path(self.location(name), "config.json").is_file():
+            return f"its {DRAFTER_LANES[lane]} is not there yet: {self.location(name)} has no config.json"
+        return None
 
     @property
     def is_hub(self) -> bool:
@@ -72,8 +94,10 @@ def load_pairs(path: Path = PAIRS_FILE) -> tuple[list[PairSpec], str]:
     return pairs, data.get("default", pairs[0].id)
 
 
-def cli_pair(target: str, drafter: str, dtype: str = "float32", ar_drafter: str = "") -> PairSpec:
-    """A pair given on the command line (`app.py --target ... --drafter ... [--ar-drafter ...]`)."""
+def cli_pair(target: str, drafter: str, dtype: str = "float32", ar_drafter: str = "", dflash2_drafter: str = "",
+             fusion_drafter: str = "") -> PairSpec:
+    """A pair given on the command line (`app.py --target ... --drafter ... [--ar-drafter ...]
+    [--dflash2-drafter ...] [--fusion-drafter ...]`)."""
     return PairSpec(
         id="cli",
         label=f"{Path(target).name or target} + {Path(drafter).name or drafter} (command line)",
@@ -81,6 +105,8 @@ def cli_pair(target: str, drafter: str, dtype: str = "float32", ar_drafter: str 
         drafter=drafter,
         dtype=dtype,
         ar_drafter=ar_drafter,
+        dflash2_drafter=dflash2_drafter,
+        fusion_drafter=fusion_drafter,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ..race.lanes import DRAFTER_LANES, LABELS
 from ..race.session import RaceSession
 from ..view import texts
 from ..view.frames import start_frame
@@ -36,9 +37,12 @@ class LocalRaces:
         """Generator: checks the lanes, loads the pair (yielding start frames with its progress) and
         returns the prompt's token ids, checked against `limits` and the target's context."""
         pairs, cache = self.loading.pairs, self.loading.cache
-        if "ar" in names and not spec.ar_drafter:
-            offered = [p.label for p in pairs.values() if p.ar_drafter]
-            raise visitor_error(texts.NO_AR_DRAFTER.format(label=spec.label, pairs="; ".join(offered) or "none"))
+        for lane in (name for name in names if name in DRAFTER_LANES):
+            why = spec.lane_missing(lane)
+            if why:
+                offered = [p.label for p in pairs.values() if p.kind == "local" and not p.lane_missing(lane)]
+                raise visitor_error(texts.NO_LANE_DRAFTER.format(
+                    label=spec.label, lane=LABELS[lane], why=why, pairs="; ".join(offered) or "none"))
         if req.block_size == 1:
             gr.Warning(texts.NO_DRAFTING)
         # Clear the previous race at once, so old tokens and numbers never mix with new ones.

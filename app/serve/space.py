@@ -25,6 +25,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from ..race.lanes import DRAFTER_LANES
+
 # Nothing here imports torch at module level: app.py imports this module to decide whether
 # `spaces` must be imported first, which ZeroGPU requires to happen before torch.
 
@@ -183,8 +185,12 @@ def bundle_requirements(hardware: str) -> str:
 
 
 def shipped_drafters(pairs: list[dict]) -> list[str]:
-    """The drafters under assets/drafters that the exported pairs load (DFlash and AR), repo-relative."""
-    names = [p.get(key) for p in pairs for key in ("drafter", "ar_drafter")]
+    """The drafters under assets/drafters that the exported pairs load, repo-relative: each pair's
+    DFlash drafter, and those of its drafter lanes (DFlash2, input fusion, AR) that are there (a
+    lane whose drafter is not trained yet is left out of the Space's races, as here)."""
+    names = [p.get("drafter") for p in pairs]
+    names += [name for p in pairs for lane in DRAFTER_LANES if (name := p.get(f"{lane}_drafter"))
+              and (ROOT / name / "config.json").is_file()]
     return sorted({name for name in names if name and name.startswith("assets/drafters/")})
 
 

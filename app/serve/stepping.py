@@ -1,13 +1,14 @@
-"""Pause, Step and Continue, and the cycle picker: the handlers that act on what one viewer has
-on screen (their `Control` and its `Viewer`), for a live race and a replay alike."""
+"""Pause, Step and Continue, and the cycle and lane pickers: the handlers that act on what one viewer
+has on screen (their `Control` and its `Viewer`), for a live race and a replay alike."""
 
 from __future__ import annotations
 
 import gradio as gr
 
 from ..race.control import Control, Controls
+from ..race.lanes import CYCLE_LANES
 from ..view import texts
-from ..view.cycle_view import cycle_html
+from ..view.cycle_view import lane_cycle_html
 
 
 class Stepping:
@@ -43,13 +44,22 @@ class Stepping:
         """Show the chosen cycle of the run on screen, and stop following the latest one."""
         viewer = self.control(request).viewer
         viewer.follow = False
-        if viewer.latest is None:
-            return cycle_html(None, None, None, str), False
-        return cycle_html(viewer.latest.dflash, viewer.latest.plain, index, viewer.text_of, viewer.latest.lanes.get("ar")), False
+        return lane_cycle_html(viewer.latest, viewer.lane, index, viewer.text_of), False
 
     def follow_latest(self, follow, request: gr.Request = None):
         viewer = self.control(request).viewer
         viewer.follow = bool(follow)
         if viewer.latest is None or not follow:
             return gr.skip()
-        return cycle_html(viewer.latest.dflash, viewer.latest.plain, None, viewer.text_of, viewer.latest.lanes.get("ar"))
+        return lane_cycle_html(viewer.latest, viewer.lane, None, viewer.text_of)
+
+    def pick_lane(self, lane, request: gr.Request = None):
+        """Lay out the cycles of `lane` (one of `CYCLE_LANES`, else DFlash's) from now on: its latest
+        cycle, with the cycle slider over its cycles."""
+        viewer = self.control(request).viewer
+        viewer.lane = lane if lane in CYCLE_LANES else "dflash"
+        snap = viewer.latest
+        view = None if snap is None else snap.lanes.get(viewer.lane)
+        slider = gr.skip() if view is None or not view.blocks else gr.update(
+            maximum=max(len(view.blocks) - 1, 1), value=len(view.blocks) - 1)
+        return lane_cycle_html(snap, viewer.lane, None, viewer.text_of), slider

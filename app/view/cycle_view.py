@@ -1,8 +1,10 @@
-""""Inside a cycle": one DFlash cycle laid out in the order it happens, from its explanation.
+""""Inside a cycle": one cycle of a one-pass drafting lane (DFlash, DFlash2, input fusion) laid out in
+the order it happens, from its explanation.
 
 1 the noisy block the drafter sees (slot-0 token, then mask slots, with positions); 2 the target
-features injected into every drafter layer; 3 the drafter's single pass proposing every slot (its
-top-3 per slot); 4 the target's verdict per slot (its own top-3); 5 the accepted prefix and the
+features injected into every drafter layer (fused at its input, for input fusion); 3 the drafter's
+single pass proposing every slot (its top-3 per slot; for DFlash2, each slot's candidates with the
+path its selector walked through them); 4 the target's verdict per slot (its own top-3); 5 the accepted prefix and the
 bonus token; 6 the cache lengths kept; 7 the cycle's time split against one plain decoding step,
 beside an autoregressive drafter's cycle: measured when the race has an AR lane, else estimated
 from DFlash's pass. All text is escaped here. The view (also the cycle picker's answer) stays
@@ -17,9 +19,12 @@ from dataclasses import dataclass
 
 from dflash_core.events import CycleExplanation
 
+from ..race.lanes import LABELS
 from .budget import CYCLE_BYTES, first_within
 from .render import COLORS
 from .tips import prob, slot_decision, topk_rows, visible, why
+
+PATH_SHOWN = 6  # a DFlash2 slot's candidates drawn, in the head's order (the one walked to always is)
 
 CYCLE_CSS = """
 .cycle { font: 13px/1.4 ui-sans-serif, system-ui, sans-serif; color: #111; }
@@ -31,6 +36,8 @@ CYCLE_CSS = """
 .cycle .tk { font-family: ui-monospace, monospace; border-radius: 3px; padding: 0 3px; white-space: pre; }
 .cycle table.grid table td { font-family: ui-monospace, monospace; padding: 0 4px 0 0; border: 0; white-space: pre; }
 .cycle .pick { font-weight: 700; }
+.cycle table.grid table tr.walk td { font-weight: 700; background: #fcc2d7; }
+.cycle table.grid table td.rank { color: #667; }
 .cycle .bar { display: flex; height: 20px; border-radius: 3px; overflow: hidden; font-size: 11px; color: #111; }
 .cycle .bar > div { display: flex; align-items: center; justify-content: center; overflow: hidden; white-space: nowrap; }
 .cycle .barrow { display: grid; grid-template-columns: 15em 1fr 6em; gap: 8px; align-items: center; margin: 3px 0; }
@@ -95,13 +102,13 @@ class _Slot:
         return sum(len(part.encode()) for part in (*(self.noisy or ()), *self.grid, self.accepted))
 
 
-def cycle_html(dflash, plain, index, text_of: Callable[[int], str], ar=None) -> str:
-    """The view of DFlash cycle `index` (None, not a whole number or past the end: the latest
-    shown); `ar`: the AR drafter lane's view, when the race has one (its measured cycles go
-    beside this one)."""
+def cycle_html(dflash, plain, index, text_of: Callable[[int], str], ar=None, lane: str = "dflash") -> str:
+    """The view of cycle `index` of `lane` (None, not a whole number or past the end: the latest
+    shown), whose view is `dflash`; `ar`: the AR drafter lane's view, when the race has one (its
+    measured cycles go beside this one)."""
     style = f"<style>{CYCLE_CSS}</style>"
     if dflash is None or not dflash.blocks:
-        return style + '<div class="cycle" style="color:#667">No DFlash cycle yet: start a race or a replay.</div>'
+        return style + f'<div class="cycle" style="color:#667">No {_esc(LABELS[lane])} cycle yet: start a race or a replay.</div>'
     if not dflash.blocks[0].draft_ids:
         return style + '<div class="cycle" style="color:#667">Block size 1: nothing is drafted, every cycle is a plain step.</div>'
     last = len(dflash.blocks) - 1
@@ -116,28 +123,45 @@ def cycle_html(dflash, plain, index, text_of: Callable[[int], str], ar=None) -> 
         if explain is not None
         else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
     )
+    whose = "" if lane == "dflash" else f"{_esc(LABELS[lane])} lane · "
     head = (
         f'{style}<div class="cycle" id="cycle-{_esc(block.index)}">'
-        f"<h4>Cycle {_esc(block.index)} of {last + 1} · block at positions {_esc(positions[0])}–{_esc(positions[0] + drafts)} · "
+        f"<h4>{whose}Cycle {_esc(block.index)} of {last + 1} · block at positions {_esc(positions[0])}–{_esc(positions[0] + drafts)} · "
         f"acceptance length {n} of {drafts + 1}</h4>{note}"
     )
-    injected = f"<h4>2 · target features injected into every drafter layer</h4><div>{_injected(explain)}</div>"
+    fused = lane == "fusion"
+    how = "fused once at the drafter's input" if fused else "injected into every drafter layer"
+    injected = f"<h4>2 · target features {how}</h4><div>{_injected(explain, fused)}</div>"
     bonus = (f" + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
              f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>")
     tail = (f"<h4>6 · caches kept</h4><div>{_caches(explain)}</div>"
-            f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index, ar)}</div>")
-    fixed = sum(len(part.encode()) for part in (head, injected, bonus, tail)) + _MARKUP_BYTES
+            f"<h4>7 · where the time went</h4>{_time_split(dflash, plain, index, ar, lane)}</div>")
+    walk_note = _path_note(explain.path if explain is not None else None)
+    fixed = sum(len(part.encode()) for part in (head, injected, bonus, tail, walk_note)) + _MARKUP_BYTES
     slots = first_within(_slots(dflash, index, positions, text_of), lambda slot: slot.bytes, CYCLE_BYTES - fixed)
     accepted = [slot.accepted for slot in slots if slot.accepted]
     accepted_text = " ".join(accepted) or "(none)"
     if len(accepted) < block.accepted:
         accepted_text += f" … and {block.accepted - len(accepted)} more"
+    proposes = ("the drafter's single pass ranks each slot's candidates, its selector walks one path through them"
+                if walk_note else "the drafter's single pass proposes every slot")
     return (
         f"{head}<h4>1 · the noisy block the drafter sees</h4>{_noisy_block(explain, slots, drafts + 1)}{injected}"
-        f"<h4>3, 4 · the drafter's single pass proposes every slot; the target's verdict on each</h4>"
-        f"{_slots_grid(slots, block)}"
+        f"<h4>3, 4 · {proposes}; the target's verdict on each</h4>"
+        f"{_slots_grid(slots, block)}{walk_note}"
         f"<h4>5 · accepted prefix and bonus</h4><div>{accepted_text}{bonus}{tail}"
     )
+
+
+def lane_cycle_html(snap, lane: str, index, text_of: Callable[[int], str]) -> str:
+    """The view of cycle `index` of `lane` in the race snapshot `snap` (None: nothing raced yet)."""
+    if snap is None:
+        return cycle_html(None, None, None, text_of, lane=lane)
+    view = snap.lanes.get(lane)
+    if view is None:
+        return (f'<style>{CYCLE_CSS}</style><div class="cycle" style="color:#667">The {_esc(LABELS[lane])} lane is not '
+                "in this race: add it under “Also race”, or pick a lane that raced.</div>")
+    return cycle_html(view, snap.plain, index, text_of, snap.lanes.get("ar"), lane)
 
 
 # The headings, table and row markup around the slots' cells, and the notes of slots left out.
@@ -196,15 +220,33 @@ def _noisy_block(explain: CycleExplanation | None, slots: list[_Slot], size: int
     )
 
 
-def _injected(explain: CycleExplanation | None) -> str:
+def _injected(explain: CycleExplanation | None, fused: bool = False) -> str:
     if explain is None:
         return "Not recorded for this run (record with explanations on to see the injected positions and layers)."
     layers = ", ".join(str(x) for x in explain.injected.target_layers)
+    where = ("and fed <b>once</b>, at the drafter's input, where the block's own tokens enter (the paper's "
+             "ablation of KV injection: its layers never see the target's features in their keys and values)"
+             if fused else "and injected as extra keys and values into <b>every</b> drafter layer (the drafter's "
+             "cache keeps the earlier ones)")
     return (
         f"{explain.injected.positions} new context position(s) (the tokens committed by the previous cycle) "
         f"from target layers [{layers}], concatenated, fused by <code>fc</code> + <code>hidden_norm</code>, "
-        "and injected as extra keys and values into <b>every</b> drafter layer (the drafter's cache keeps "
-        "the earlier ones)."
+        f"{where}."
+    )
+
+
+def _path_note(path) -> str:
+    """What the DFlash2 selector did over the whole block, under the grid."""
+    if path is None:
+        return ""
+    left = sum(1 for chosen in path.chosen if chosen != 0)
+    top = len(path.candidates[0]) if path.candidates else 0
+    return (
+        f"<div style=\"color:#444\">Each slot keeps the LM head's top {top} "
+        "candidates (#1 is the head's first choice). The selector scores every pair of neighbouring "
+        "candidates and walks one path, slot by slot: a slot's percentages are its edges out of the "
+        f"candidate walked to before it. Here the walk left the head's first choice in <b>{left}</b> of "
+        f"{len(path.chosen)} slots.</div>"
     )
 
 
@@ -214,8 +256,10 @@ def _slots_grid(slots: list[_Slot], block) -> str:
     drafts = len(block.draft_ids)
     head = "".join(slot.grid[0] for slot in slots)
     pos_row = "".join(slot.grid[1] for slot in slots)
+    walked = block.explain is not None and block.explain.path is not None
+    first = "3 · the selector's path: each slot's candidates" if walked else "3 · drafter's one pass: top-3"
     rows = [f"<tr><th>{label}</th>{''.join(slot.grid[2 + i] for slot in slots)}</tr>" for i, label in enumerate(
-        ("3 · drafter's one pass: top-3", "4 · target's verdict: its top-3", "committed")
+        (first, "4 · target's verdict: its top-3", "committed")
     )]
     total = drafts + 1 + (1 if block.accepted == drafts else 0)
     return (f'<table class="grid"><tr><th></th>{head}</tr><tr><th>position</th>{pos_row}</tr>{"".join(rows)}</table>'
@@ -231,7 +275,10 @@ def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:
     drafts = len(block.draft_ids)
     draft_id = block.draft_ids[s - 1] if s <= drafts else None
     draft_rows = explain.draft_topk if explain is not None else ()
-    if s <= min(drafts, len(draft_rows)):
+    path = explain.path if explain is not None else None
+    if path is not None and s <= min(drafts, len(path.chosen)):
+        drafter = f"<td>{_path_cell(path, s - 1, text_of)}</td>"
+    elif s <= min(drafts, len(draft_rows)):
         drafter = f"<td>{topk_rows(draft_rows[s - 1], text_of, draft_id, k=3)}</td>"
     elif draft_id is not None:
         drafter = f"<td>{_tok(text_of(draft_id))}</td>"
@@ -259,6 +306,26 @@ def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:
     return drafter, verdict, committed
 
 
+def _path_cell(path, row: int, text_of) -> str:
+    """Slot `row + 1`'s candidates in the head's order (#1 its first choice), each with the selector's
+    probability after the candidate walked to before; the one walked to is highlighted (and drawn
+    even when it ranks past PATH_SHOWN)."""
+    candidates, probs, chosen = path.candidates[row], path.probs[row], path.chosen[row]
+    shown = [i for i in range(min(len(candidates), PATH_SHOWN))]
+    if chosen >= PATH_SHOWN:
+        shown.append(chosen)
+    rows = []
+    for i in shown:
+        walk = ' class="walk"' if i == chosen else ""
+        skipped = "<tr><td>…</td></tr>" if i == chosen and chosen > PATH_SHOWN else ""
+        rows.append(f'{skipped}<tr{walk}><td class="rank">#{i + 1}</td>'
+                    f"<td>{html.escape(repr(visible(text_of(int(candidates[i]))))[1:-1])}</td>"
+                    f"<td>{100 * prob(probs[i]):5.1f}%</td><td>{'◀ walked' if i == chosen else ''}</td></tr>")
+    more = len(candidates) - len(shown)
+    tail = f'<div style="font-size:11px;color:#889">… {more} more not drawn</div>' if more > 0 else ""
+    return "<table>" + "".join(rows) + "</table>" + tail
+
+
 def _caches(explain: CycleExplanation | None) -> str:
     if explain is None:
         return "Not recorded for this run."
@@ -280,7 +347,7 @@ def _ar_cycle_s(ar) -> tuple[int, float, float, float, float] | None:
     return n, sum(b.draft_passes for b in ar.blocks) / n, draft, verify, max(cycle - draft - verify, 0.0)
 
 
-def _time_split(dflash, plain, index: int, ar=None) -> str:
+def _time_split(dflash, plain, index: int, ar=None, lane: str = "dflash") -> str:
     """Bars of this cycle's draft / verify / other time, one plain step, and an autoregressive
     drafter's cycle: the AR lane's measured mean when it races, else an estimate (one of DFlash's
     passes per slot, the rest as DFlash's)."""
@@ -301,7 +368,7 @@ def _time_split(dflash, plain, index: int, ar=None) -> str:
                     ("other", other_s, SPLIT_COLORS["other"])]
     scale = max(cycle, step or 0.0, sum(s for _, s, _ in ar_parts)) or 1.0
     rest = [("verify", verify_s, SPLIT_COLORS["verify"]), ("other", other_s, SPLIT_COLORS["other"])]
-    bars = _bar("this DFlash cycle", [("draft", draft_s, SPLIT_COLORS["draft"]), *rest], scale)
+    bars = _bar(f"this {LABELS[lane]} cycle", [("draft", draft_s, SPLIT_COLORS["draft"]), *rest], scale)
     if step:
         bars += _bar("one plain decoding step", [("plain step", step, SPLIT_COLORS["plain"])], scale)
     bars += _bar(ar_label, ar_parts, scale)

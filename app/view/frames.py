@@ -20,7 +20,7 @@ from ..race.interleave import Snapshot
 from ..race.lanes import LABELS, LANES, lane_title
 from ..race.report import RaceReport
 from . import charts, render, texts
-from .cycle_view import cycle_html
+from .cycle_view import lane_cycle_html
 from .speedup import speedup_figure
 
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
@@ -204,10 +204,11 @@ def _difference(report: RaceReport | None, lane: str) -> int | None:
 def _show_to(viewer: Viewer, frame: Frame, snap: Snapshot, text_of, report: RaceReport | None, with_charts: bool) -> None:
     d = snap.dflash
     viewer.latest = snap
+    shown = snap.lanes.get(viewer.lane, d)  # the lane the cycle view lays out, DFlash's count if it did not race
     # The cycle view goes out with the charts (a few times a second), not with every frame.
-    if viewer.follow and d.blocks and with_charts:
-        frame.cycle_view = cycle_html(d, snap.plain, None, text_of, snap.lanes.get("ar"))
-        frame.cycle_pick = gr.update(maximum=max(len(d.blocks) - 1, 1), value=len(d.blocks) - 1)
+    if viewer.follow and shown.blocks and with_charts:
+        frame.cycle_view = lane_cycle_html(snap, viewer.lane, None, text_of)
+        frame.cycle_pick = gr.update(maximum=max(len(shown.blocks) - 1, 1), value=len(shown.blocks) - 1)
     if snap.paused:
         frame.control_status = texts.PAUSED_AT.format(cycle=len(d.blocks))
     elif report is not None:

@@ -54,9 +54,9 @@ STOPPED_SHOWN = "Stopped: {dflash} DFlash and {plain} plain tokens shown, number
 LANES_CHOICE = "Also race (DFlash and plain decoding always race)"
 THINKING_CHOICE = "Thinking (the chat template's switch; every lane gets the same prompt)"
 THINKING_CHOICES = [("the pair's default", "default"), ("on", "on"), ("off", "off")]
-NO_AR_DRAFTER = (
-    "{label} has no autoregressive drafter, so it cannot race the AR drafter lane. Pairs with one: {pairs}."
-)
+NO_LANE_DRAFTER = "{label} cannot race the {lane} lane: {why}. Pairs that can: {pairs}."
+# After a pair's ready line: a lane whose drafter the pair names but whose folder is not there yet.
+LANE_NOT_OFFERED = " The {lane} lane is not offered: {why}."
 VLLM_LANES = (
     "A vLLM pair races the server's DFlash against its plain decoding only: the scheduled block, AR "
     "drafter and prompt lookup lanes run in this engine, on the app's local pairs."

@@ -1,4 +1,5 @@
-"""`--methods`: plain decoding, DFlash, the autoregressive drafter and prompt lookup side by side.
+"""`--methods`: plain decoding, DFlash, DFlash2, input fusion, the autoregressive drafter and prompt
+lookup side by side.
 
 Every method decodes every prompt in the same process, with the same target, dtype, threads and
 block size; on each prompt the methods run one after another, the order rotated from prompt to
@@ -7,6 +8,10 @@ was accepted, drafter passes, draft and verify milliseconds per cycle, tok/s, sp
 and whether each output equals plain decoding's (with the three-way verdict of `lossless.py`).
 
     python -m dflash_core.bench --methods plain,dflash,ar,lookup --prompt-set natural --threads 1
+
+DFlash is the pair's `--drafter`; every other drafting method reads its own drafter folder
+(`--dflash2-drafter`, `--fusion-drafter`, `--ar-drafter`; defaults in `DEFAULT_DRAFTERS`), which
+must be of its kind and fit the target.
 """
 
 from __future__ import annotations
@@ -19,13 +24,21 @@ import torch
 from ..chat_template import describe_template, reasoning_args
 from ..decoding import run
 from ..lossless import compare as lossless_check
-from ..pair import load_drafter
+from ..pair import load_lane_drafter
 from ..prompt_lookup import PromptLookup
 from ..prompting import encode_prompt
 
-METHODS = ("plain", "dflash", "ar", "lookup")
-LABELS = {"plain": "plain", "dflash": "DFlash", "ar": "AR drafter", "lookup": "prompt lookup"}
-DEFAULT_AR_DRAFTER = "assets/drafters/smollm2-135m-instruct-ar"
+METHODS = ("plain", "dflash", "dflash2", "fusion", "ar", "lookup")
+LABELS = {"plain": "plain", "dflash": "DFlash", "dflash2": "DFlash2", "fusion": "input fusion", "ar": "AR drafter",
+          "lookup": "prompt lookup"}
+# The offline pair's drafter of each method that has its own (the app's pairs.json names the same
+# folders for its lanes; tests/test_methods.py holds the two together).
+DEFAULT_DRAFTERS = {
+    "dflash2": "assets/drafters/smollm2-135m-instruct-dflash2",
+    "fusion": "assets/drafters/smollm2-135m-instruct-fusion",
+    "ar": "assets/drafters/smollm2-135m-instruct-ar",
+}
+DEFAULT_AR_DRAFTER = DEFAULT_DRAFTERS["ar"]
 
 
 def parse_methods(text: str) -> list[str]:
@@ -37,6 +50,11 @@ def parse_methods(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(
             f"unknown method(s) {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(METHODS)}")
     return [m for m in METHODS if m == "plain" or m in names]
+
+
+def drafter_arg(args, method: str):
+    """The drafter folder given for `method` (`--dflash2-drafter` and the like)."""
+    return getattr(args, f"{method}_drafter")
 
 
 def rotated(methods: list[str], i: int) -> list[str]:
@@ -77,8 +95,10 @@ def benchmark_methods(args, pair, prompts: list[dict]) -> dict:
     target, tokenizer = pair.target, pair.tokenizer
     block_size = args.block_sizes[0] if args.block_sizes else pair.drafter.block_size
     drafters = {"plain": None, "dflash": pair.drafter, "lookup": PromptLookup(block_size=block_size)}
-    if "ar" in args.methods:
-        drafters["ar"] = load_drafter(target, args.ar_drafter, pair.drafter.dtype, block_size)
+    for method in DEFAULT_DRAFTERS:
+        if method in args.methods:
+            drafters[method] = load_lane_drafter(target, method, drafter_arg(args, method), pair.drafter.dtype,
+                                                 block_size)
     methods = args.methods
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     stop_ids = [eos] if eos is not None else []
@@ -114,7 +134,7 @@ def benchmark_methods(args, pair, prompts: list[dict]) -> dict:
         "mode": "methods",
         "target": str(args.target),
         "drafter": str(args.drafter),
-        "ar_drafter": str(args.ar_drafter) if "ar" in methods else None,
+        **{f"{m}_drafter": str(drafter_arg(args, m)) if m in methods else None for m in DEFAULT_DRAFTERS},
         "device": args.device,
         "dtype": args.dtype,
         "drafter_dtype": str(pair.drafter.dtype).removeprefix("torch."),

@@ -12,9 +12,9 @@ Prompts come from the natural set (`assets/prompts/natural.jsonl`, written by ha
 plus the app's examples, never trained on), the generated split (`heldout.jsonl`, held out from the
 training prompt sources) or both; tau, speedup and identical are reported per set and per category.
 
-`--methods plain,dflash,ar,lookup` races the engine's methods instead (DFlash, the autoregressive
-drafter with the same KV injection, prompt lookup) against plain decoding on the same prompts
-(`methods.py`).
+`--methods plain,dflash,dflash2,fusion,ar,lookup` races the engine's methods instead (DFlash, DFlash2,
+input fusion, the autoregressive drafter with the same KV injection, prompt lookup) against plain
+decoding on the same prompts (`methods.py`).
 
 `--peer transformers|reference|vllm` (repeatable) also runs the field's engines plain and DFlash on the
 same prompt ids, dtype and threads, and prints one table beside this engine's rows (`peers.py`).
@@ -50,7 +50,7 @@ from ..vllm_sweep import SweepError
 from . import SUBCOMMANDS
 from .concurrency import add_sweep_args
 from .datasets import parse_datasets
-from .methods import DEFAULT_AR_DRAFTER, METHODS, benchmark_methods, parse_methods, print_methods_table
+from .methods import DEFAULT_DRAFTERS, METHODS, benchmark_methods, parse_methods, print_methods_table
 from .peers import PEERS, VENVS, peer_rows, print_peer_table, ratios
 from .transformers_peer import timed_hf_generate
 from .venv_peer import PeerUnavailable
@@ -411,8 +411,13 @@ def main(argv=None) -> int:
     parser.add_argument("--methods", type=parse_methods, metavar="LIST",
                         help=f"race these methods instead, side by side on the same prompts ({','.join(METHODS)}; "
                         "plain always runs: every row is compared with it), at the first block size")
-    parser.add_argument("--ar-drafter", default=DEFAULT_AR_DRAFTER,
+    parser.add_argument("--ar-drafter", default=DEFAULT_DRAFTERS["ar"],
                         help="with --methods: the autoregressive drafter with DFlash's KV injection (method ar)")
+    parser.add_argument("--dflash2-drafter", default=DEFAULT_DRAFTERS["dflash2"],
+                        help="with --methods: a DFlash2 drafter for the target (method dflash2)")
+    parser.add_argument("--fusion-drafter", default=DEFAULT_DRAFTERS["fusion"],
+                        help="with --methods: a drafter that takes the target's features at its input only "
+                             "(method fusion, the paper's ablation of KV injection)")
     parser.add_argument("--dataset", type=parse_datasets, metavar="LIST",
                         help="race plain decoding and DFlash on the reference benchmark's datasets instead "
                         "(gsm8k,math500,humaneval,mbpp,mt-bench; paper_table.py), with their prompt formats")
