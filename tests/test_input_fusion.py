@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
 from test_train import PROMPTS, _target_samples, _write_shard, assert_flex_equals_dense
-from tiny import build_drafter, build_target
+from tiny import build_fusion_drafter, build_target
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, run
 from dflash_core.config import parse_drafter_config
@@ -21,14 +20,6 @@ from dflash_core.errors import ConfigError
 from dflash_core.native_format import native_config
 from dflash_core.training.objective import DrafterTrainer, default_gamma, dense_block_mask
 from dflash_core.training.train import main
-
-
-def build_fusion_drafter(directory: Path, target_dir: Path, *, context_fusion: str = "input", **kwargs) -> Path:
-    """A random drafter of `tiny.build_drafter`'s shape whose config gives `context_fusion`."""
-    vocab = json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"]
-    block = kwargs.pop("block_size", 8)
-    dflash = {"mask_token_id": vocab - 1, "block_size": block, "context_fusion": context_fusion}
-    return build_drafter(directory, target_dir, block_size=block, dflash_config=dflash, **kwargs)
 
 
 @pytest.fixture(scope="module")

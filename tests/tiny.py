@@ -116,6 +116,15 @@ def build_drafter(
     return Path(directory)
 
 
+def build_fusion_drafter(directory: Path, target_dir: Path, *, context_fusion: str = "input", **kwargs) -> Path:
+    """A random drafter of `build_drafter`'s shape whose config gives `context_fusion` ("input": an
+    input-fusion drafter, the target's features at its input only; "kv": DFlash's KV injection)."""
+    vocab = json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"]
+    block = kwargs.pop("block_size", 8)
+    dflash = {"mask_token_id": vocab - 1, "block_size": block, "context_fusion": context_fusion}
+    return build_drafter(directory, target_dir, block_size=block, dflash_config=dflash, **kwargs)
+
+
 def build_qwen3_target(directory: Path, *, num_layers: int = 4, hidden: int = 32, vocab_size: int = 64, seed: int = 0,
                        logit_scale: float = 8.0) -> Path:
     """A random Qwen3 causal LM without a tokenizer (prompts are ids), saved with `save_pretrained`."""
