@@ -3,8 +3,8 @@
 On the tiny pair with a random DFlash2 drafter, through the app's handlers: both lanes decode what
 plain decoding does at temperature 0, the trace records (and a replay reads back) the DFlash2
 selector's walk, and "Inside a cycle" lays out the lane the viewer picks, the walk highlighted. The
-input-fusion lane races the pair's own DFlash drafter as a stand-in for an input-fusion drafter
-(the lane needs only a drafter folder; the input-fusion kind is built elsewhere, issue 56).
+input-fusion lane races a random tiny input-fusion drafter; a drafter of another kind or target named
+for either lane is a clear error.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import html
 import re
 
 import pytest
-from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target
+from tiny import build_dflash2_drafter, build_drafter, build_fusion_drafter, build_qwen3_target
 
 from app.serve.models import PairCache
 from app.serve.pairs import cli_pair
@@ -31,9 +31,14 @@ def dflash2_dir(tiny_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app(tiny_dirs, dflash2_dir, one_thread):
+def fusion_dir(tiny_dirs, tmp_path_factory):
+    return build_fusion_drafter(tmp_path_factory.mktemp("lanes") / "fusion", tiny_dirs[0])
+
+
+@pytest.fixture(scope="module")
+def app(tiny_dirs, dflash2_dir, fusion_dir, one_thread):
     target_dir, drafter_dir = tiny_dirs
-    spec = cli_pair(str(target_dir), str(drafter_dir), dflash2_drafter=str(dflash2_dir), fusion_drafter=str(drafter_dir))
+    spec = cli_pair(str(target_dir), str(drafter_dir), dflash2_drafter=str(dflash2_dir), fusion_drafter=str(fusion_dir))
     return App([spec], spec.id, PairCache("cpu"))
 
 
@@ -58,8 +63,9 @@ def test_dflash2_and_fusion_lanes_race_losslessly_and_record_the_walk(raced):
     trace = validate_trace(raced["trace_file"])
     runs = trace["runs"]
     assert {lane: run["method"] for lane, run in runs.items()} == {
-        "dflash": "dflash", "dflash2": "dflash2", "fusion": "dflash", "plain": "plain"}  # fusion: the stand-in
-    assert trace["pair"]["dflash2_drafter"].endswith("dflash2") and "ar_drafter" not in trace["pair"]
+        "dflash": "dflash", "dflash2": "dflash2", "fusion": "fusion", "plain": "plain"}
+    assert trace["pair"]["dflash2_drafter"].endswith("dflash2") and trace["pair"]["fusion_drafter"].endswith("fusion")
+    assert "ar_drafter" not in trace["pair"]
     assert all(run["output_ids"] == runs["plain"]["output_ids"] for run in runs.values())
     for block in runs["dflash2"]["blocks"]:
         path = block["explain"]["path"]
@@ -129,7 +135,9 @@ def test_a_lane_drafter_of_another_target_or_kind_is_a_clear_error(tiny_dirs, df
         ({"dflash2_drafter": str(other)}, f"the DFlash2 drafter {other} does not fit the target: drafter vocab_size 64"),
         ({"dflash2_drafter": str(drafter_dir)},
          f"the DFlash2 drafter {drafter_dir} is a DFlash drafter; the dflash2 method races DFlash2 drafters"),
-        ({"fusion_drafter": str(dflash2_dir)}, "is a DFlash2 drafter; the fusion method races input-fusion or DFlash drafters"),
+        ({"fusion_drafter": str(dflash2_dir)}, "is a DFlash2 drafter; the fusion method races input-fusion drafters"),
+        ({"fusion_drafter": str(drafter_dir)},
+         f"the input-fusion drafter {drafter_dir} is a DFlash drafter; the fusion method races input-fusion drafters"),
     ):
         spec = cli_pair(str(target_dir), str(drafter_dir), **kwargs)
         with pytest.raises(PairMismatchError, match=re.escape(message)):
