@@ -339,24 +339,22 @@ def test_methods_report_an_output_that_differs_from_plain(methods_setup, monkeyp
 
 def test_dflash2_and_input_fusion_race_as_methods_of_their_own(methods_setup, tiny_dirs, tmp_path, capsys):
     """`--methods dflash,dflash2,fusion,ar,lookup`: each drafter from its own flag, lossless, with tau
-    per slot and speed. The fusion row races a DFlash drafter as a stand-in for an input-fusion one
-    (same folder layout and decoding path)."""
-    from tiny import build_dflash2_drafter
+    per slot and speed; the fusion row races a tiny input-fusion drafter."""
+    from tiny import build_dflash2_drafter, build_fusion_drafter
 
-    target_dir, drafter_dir = tiny_dirs
+    target_dir, _ = tiny_dirs
     dflash2_dir = build_dflash2_drafter(tmp_path / "dflash2", target_dir)
-    argv = [*methods_setup, "--dflash2-drafter", str(dflash2_dir), "--fusion-drafter", str(drafter_dir)]
+    fusion_dir = build_fusion_drafter(tmp_path / "fusion", target_dir)
+    argv = [*methods_setup, "--dflash2-drafter", str(dflash2_dir), "--fusion-drafter", str(fusion_dir)]
     result, lines = run_methods(argv, capsys, methods="dflash,dflash2,fusion,ar,lookup")
     rows = result["methods"]
     assert list(rows) == ["plain", "dflash", "dflash2", "fusion", "ar", "lookup"] and result["all_identical"] is True
-    assert result["dflash2_drafter"] == str(dflash2_dir) and result["fusion_drafter"] == str(drafter_dir)
+    assert result["dflash2_drafter"] == str(dflash2_dir) and result["fusion_drafter"] == str(fusion_dir)
     for method in ("dflash2", "fusion"):
         r = rows[method]
-        assert r["identical"] == 2 and r["lossless"]["diverged"] == 0 and r["draft_passes_per_cycle"] == 1
+        assert r["lossless"] == {"identical": 2, "near_tie": 0, "diverged": 0} and r["draft_passes_per_cycle"] == 1
         assert len(r["per_position_acceptance"]) == 3 and r["tau"] == pytest.approx(1 + sum(r["per_position_acceptance"]))
         assert r["speedup"] == pytest.approx(r["tok_s"] / rows["plain"]["tok_s"])
-    # The stand-in is the pair's own DFlash drafter: its row drafts what DFlash's does.
-    assert rows["fusion"]["per_position_acceptance"] == rows["dflash"]["per_position_acceptance"]
     header = next(i for i, line in enumerate(lines) if line.startswith("method"))
     assert [line.split()[0] for line in lines[header + 1 : header + 7]] == ["plain", "DFlash", "DFlash2", "input", "AR", "prompt"]
 
@@ -370,6 +368,9 @@ def test_a_method_s_drafter_of_another_kind_or_target_is_named(methods_setup, ti
     with pytest.raises(PairMismatchError, match=f"the DFlash2 drafter {drafter_dir} is a DFlash drafter; the dflash2 "
                                                 "method races DFlash2 drafters"):
         main([*methods_setup, "--methods", "dflash2", "--dflash2-drafter", str(drafter_dir)])
+    with pytest.raises(PairMismatchError, match=f"the input-fusion drafter {drafter_dir} is a DFlash drafter; the "
+                                                "fusion method races input-fusion drafters"):
+        main([*methods_setup, "--methods", "fusion", "--fusion-drafter", str(drafter_dir)])
     other = build_drafter(tmp_path / "other", build_qwen3_target(tmp_path / "qwen3"))
     with pytest.raises(PairMismatchError, match=f"the input-fusion drafter {other} does not fit the target: drafter "
                                                 "vocab_size 64 does not match the target.s vocabulary of 320"):
