@@ -325,7 +325,9 @@ class DFlashDrafter(nn.Module):
         """DFlash2's unary scores of LM head logits: times `output_multiplier`, soft-capped at
         `final_logit_softcapping` (off at 0), in float32."""
         options = self.dflash2
-        unary = logits.float() * options.output_multiplier
+        unary = logits.float()
+        if options.output_multiplier != 1.0:  # training passes the whole vocabulary: skip a pass over it
+            unary = unary * options.output_multiplier
         if options.final_logit_softcapping > 0:
             unary = torch.tanh(unary / options.final_logit_softcapping) * options.final_logit_softcapping
         return unary

@@ -375,7 +375,9 @@ class DrafterTrainer:
             n = anchors.numel()
             # DFlash: slot 0 holds the anchor's own token and its output is never used; causal:
             # every slot predicts the token after it.
-            hidden = hidden.view(n, L, -1) if causal else hidden.view(n, B, -1)[:, 1:]
+            # Contiguous: on a strided view that needs grad, the head's matmul broadcasts its weight
+            # into one small matmul per block (a batched matmul ~4x slower than the step's layers on a CPU).
+            hidden = (hidden.view(n, L, -1) if causal else hidden.view(n, B, -1)[:, 1:]).contiguous()
             paths = drafts = None
             if self.core.dflash2 is None:
                 logits = self.core.draft_logits(hidden, self.target.head)
