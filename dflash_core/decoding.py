@@ -8,7 +8,8 @@ cycle drafts comes from the drafter's session (`drafting.py`): a DFlash block in
 autoregressive drafter's γ passes, or prompt lookup's copy; the verify and the loop are the same
 for all. Without a drafter, or with block size 1, each cycle verifies just the last token, which
 is exactly plain autoregressive decoding. With `block_size="auto"` a block schedule (`schedule.py`)
-cuts each cycle's draft to the prefix worth its verify cost before the verify.
+sets how many drafts each cycle drafts, and cuts the draft to the prefix worth its verify cost
+before the verify.
 """
 
 from __future__ import annotations
@@ -176,7 +177,9 @@ class _Decoding:
     def draft(self) -> Proposal:
         if self.session is None:
             return Proposal(torch.empty(0, dtype=torch.long, device=self.device), None, 0)
-        return self.session.draft(self.bonus_ids, self.start, bool(self.explain))
+        if self.schedule is None:
+            return self.session.draft(self.bonus_ids, self.start, bool(self.explain))
+        return self.session.draft(self.bonus_ids, self.start, bool(self.explain), self.schedule.draft_length())
 
     def cycle(self) -> Cycle:
         """Draft, verify, accept, and advance the caches to the accepted prefix and the bonus."""
@@ -241,8 +244,9 @@ def generate(
     drafter when its config says so), or any `drafting.Drafter`, e.g. `PromptLookup`. Each Block
     says how many drafter passes its draft took (`draft_passes`) and their time (`draft_s`).
     block_size: tokens verified per cycle at most (default: the drafter's size; 1 = plain), or
-    "auto": draft the drafter's whole block and verify each cycle the prefix worth its cost
-    (`schedule.py`); each Block's `verify_len` says how many tokens were verified.
+    "auto": each cycle drafts as many slots as recent cycles verified, plus a few (at most the
+    drafter's block), and verifies the prefix worth its cost (`schedule.py`); each Block's
+    `draft_ids` are the drafts drafted, its `verify_len` how many tokens were verified.
     costs: with "auto", the verify cost per length (`schedule.CostProfile`); default: measured
     once for this target, thread count and block size, on first use (a few dozen verifies).
     draft_mode: how draft tokens are chosen when sampling: "sample" (drawn at the same temperature,

@@ -74,8 +74,9 @@ class DraftSession(Protocol):
     def prefill(self, prompt_ids: list[int], bonus: int, context) -> None:
         """After the prefill: the prompt, its first new token, the prompt's target features."""
 
-    def draft(self, bonus_ids: torch.Tensor, start: int, explain: bool) -> Proposal:
-        """The drafts after the bonus token `bonus_ids` [1] (on the device) at position `start`."""
+    def draft(self, bonus_ids: torch.Tensor, start: int, explain: bool, length: int | None = None) -> Proposal:
+        """The drafts after the bonus token `bonus_ids` [1] (on the device) at position `start`:
+        `length` of them (a block schedule's choice, 1 to block_size - 1), or block_size - 1 when None."""
 
     def advance(self, accepted: int, committed: list[int], features) -> None:
         """After the verify: drafts kept, the tokens the cycle added (kept drafts, then the new bonus),
@@ -172,22 +173,24 @@ class DFlashDrafting(_InjectedContext):
         self.padded = run.graphs is not None  # with graphs the whole block goes on: one shape every cycle
 
     def step(self, bonus_ids, context, positions) -> torch.Tensor:
-        drafter, target, block_size = self.drafter, self.run.target, self.run.block_size
-        block = torch.full((1, block_size), drafter.mask_token_id, device=target.device)
+        drafter, target = self.drafter, self.run.target
+        # The block is the slot-0 token and a mask per draft: its length is the positions past the context.
+        block = torch.full((1, positions.shape[1] - context.shape[1]), drafter.mask_token_id, device=target.device)
         block[0, :1] = bonus_ids
         hidden = drafter(target.embed(block).to(drafter.dtype), context.to(drafter.dtype), positions, cache=self.cache)
         return drafter.draft_logits(hidden[0, 1:], target.head, anchor_ids=bonus_ids)
 
-    def draft(self, bonus_ids, start, explain) -> Proposal:
-        drafter, cache, context, injected, B = self.drafter, self.cache, self.context, self.fresh, self.run.block_size
+    def draft(self, bonus_ids, start, explain, length=None) -> Proposal:
+        drafter, cache, context, injected = self.drafter, self.cache, self.context, self.fresh
         device, graphs = self.run.target.device, self.run.graphs
+        B = self.run.block_size if length is None else length + 1
         drafter.before_draft(start)
         if graphs is None:
             positions = torch.arange(cache.length, start + B, device=device)[None]
             logits = self.step(bonus_ids, context, positions)
         else:
             positions = static_slots(cache.length, injected, context.shape[1], B, device)[None]
-            if context.shape[1] == B:  # every cycle after the first: the one captured shape
+            if context.shape[1] == B == self.run.block_size:  # whole blocks after the first: the captured shape
                 logits = graphs(("draft", drafter, cache.capacity), self.step, bonus_ids, context, positions)
             else:
                 logits = self.step(bonus_ids, context, positions)
@@ -209,11 +212,11 @@ class ARDrafting(_InjectedContext):
         # Dynamic cache only: each pass is its own shape-one step, outside any CUDA graph.
         super().__init__(drafter, run, drafter.new_cache())
 
-    def draft(self, bonus_ids, start, explain) -> Proposal:
+    def draft(self, bonus_ids, start, explain, length=None) -> Proposal:
         drafter, cache, target = self.drafter, self.cache, self.run.target
         features = self.context.to(drafter.dtype)
         token, drafts, dists, all_logits = bonus_ids, [], [], []
-        for j in range(self.run.block_size - 1):
+        for j in range(self.run.block_size - 1 if length is None else length):
             positions = torch.arange(cache.length, start + j + 1, device=target.device)[None]
             hidden = drafter(target.embed(token[None]).to(drafter.dtype), features, positions, cache=cache)
             cache.commit(1)  # this pass's token: the next passes attend to it

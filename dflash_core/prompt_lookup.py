@@ -76,8 +76,8 @@ class _LookupSession:
     def prefill(self, prompt_ids, bonus, context) -> None:
         self.context = [*prompt_ids, bonus]
 
-    def draft(self, bonus_ids, start, explain) -> Proposal:
-        found = lookup(self.context, self.drafter.ngram_sizes, self.run.block_size - 1)
+    def draft(self, bonus_ids, start, explain, length=None) -> Proposal:
+        found = lookup(self.context, self.drafter.ngram_sizes, self.run.block_size - 1 if length is None else length)
         ids = torch.tensor(found, dtype=torch.long, device=self.run.target.device)
         view = None
         if explain:

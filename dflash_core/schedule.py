@@ -1,7 +1,7 @@
-"""The per-cycle block schedule: how many of a cycle's drafts are worth their verify cost.
+"""The per-cycle block schedule: how many drafts a cycle drafts, and how many are worth their verify cost.
 
-`generate(..., block_size="auto")` drafts the drafter's whole block every cycle, then verifies only
-its first k drafts, the k that maximizes expected tokens per second of the cycle:
+`generate(..., block_size="auto")` verifies each cycle only its first k drafts, the k that
+maximizes expected tokens per second of the cycle:
 
     rate(k) = (1 + E[accepted | k]) / (other_s + verify_s[k + 1]),
     E[accepted | k] = sum over j <= k of c_1 * ... * c_j
@@ -19,6 +19,13 @@ would skew what is emitted. So with sampled drafts c_i is the expected probabili
 sum_x q_i(x)^2, a function of q_i alone; and only a drafter that computes every slot's q before
 drawing any (DFlash: one pass) may be scheduled then. Deterministic drafts (greedy, argmax)
 use the draft's own probability, which is the same thing for them: max_x q_i(x).
+
+Before the draft, the schedule also says how many drafts to draft (`draft_length`): a few more
+than the most it verified in the last `WINDOW` cycles, the whole block at first and after a cycle
+that verified every draft it had. On a CPU a drafter pass costs more with every slot, and a
+drafter trained at a large block drafts as well at smaller ones (docs/benchmarks.md, "The block
+schedule"). The length depends only on earlier cycles, never on this cycle's draws, so sampling
+stays exact.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from .errors import GenerationInputError
 from .explain import distribution
 
 AUTO = "auto"  # the block_size that asks for the schedule
+WINDOW = 4  # cycles whose verified lengths set the next draft length
+HEADROOM = 2  # drafts past the longest recently verified, so that a run of sure drafts can grow
 
 
 @dataclass(frozen=True)
@@ -97,8 +106,9 @@ def best_length(confidence: list[float], verify_s, other_s: float) -> int:
 
 
 class BlockSchedule:
-    """One run's schedule: chooses each cycle's verified drafts (`choose`) and learns the cost
-    of a cycle besides its verify from the cycles that ran (`observe`)."""
+    """One run's schedule: sets each cycle's drafted length (`draft_length`), chooses its verified
+    drafts (`choose`) and learns the cost of a cycle besides its verify from the cycles that ran
+    (`observe`)."""
 
     def __init__(self, costs: CostProfile, block_size: int):
         if costs.longest < block_size:
@@ -108,6 +118,7 @@ class BlockSchedule:
         self.verify_s = costs.verify_s[:block_size]
         self.given_other_s = costs.other_s
         self.other_total, self.cycles = 0.0, 0
+        self.recent: list[int] = []  # drafts verified in the last WINDOW cycles, past the last full one
 
     @property
     def other_s(self) -> float:
@@ -115,9 +126,20 @@ class BlockSchedule:
             return self.given_other_s
         return self.other_total / self.cycles if self.cycles else 0.0
 
+    def draft_length(self) -> int:
+        """Drafts to draft this cycle: HEADROOM past the most verified in the last WINDOW cycles,
+        or the whole block (block_size - 1) at first and after a cycle that verified every draft."""
+        longest = len(self.verify_s) - 1
+        if not self.recent:
+            return longest
+        return min(longest, max(self.recent) + HEADROOM)
+
     def choose(self, confidence: torch.Tensor) -> int:
         """Drafts to verify, from the drafter's confidence per draft (one host read)."""
-        return best_length(confidence.tolist(), self.verify_s, self.other_s)
+        k = best_length(confidence.tolist(), self.verify_s, self.other_s)
+        # A cycle that wanted every draft it had may want more: the next one drafts the whole block.
+        self.recent = [] if k == len(confidence) else [*self.recent, k][-WINDOW:]
+        return k
 
     def observe(self, other_s: float) -> None:
         """A cycle's seconds besides its verify."""

@@ -518,7 +518,7 @@ def _thinking(obj: dict, name: str, where: str) -> None:
 def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None:
     """A run whose counts agree with each other: what sizes a replay's work is checked against
     what the file holds (every block holds its block_size - 1 drafts, or up to that many for
-    prompt lookup, the output is the prefill token and every block's committed tokens)."""
+    prompt lookup and a block schedule, the output is the prefill token and every block's committed tokens)."""
     if run["prompt_len"] != prompt_len:
         raise TraceFieldError(f"{where}.prompt_len is {_show(run['prompt_len'])}, but the prompt has {prompt_len} ids")
     size = run["block_size"]
@@ -526,6 +526,7 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
     if not 1 <= size <= high:
         raise TraceFieldError(f"{where}.block_size is {_show(size)}; it must be from 1 to {high}")
     lookup = run.get("method") == "lookup"  # a cycle drafts what the context's match offers, maybe nothing
+    scheduled = run.get("block_schedule") == "auto"  # a cycle drafts the length its schedule set, at least 1
     blocks = run["blocks"]
     output = [run["prefill"]["token_id"]]
     clock = run["prefill"]["seconds"]
@@ -534,8 +535,8 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         drafts = len(block["draft_ids"])
         if block["index"] != i:
             raise TraceFieldError(f"{at}.index is {_show(block['index'])}; blocks are numbered from 0 in order")
-        if drafts != size - 1 and not (lookup and drafts < size):
-            most = f"up to {size - 1}" if lookup else f"{size - 1}"
+        if drafts != size - 1 and not (lookup and drafts < size) and not (scheduled and 1 <= drafts < size):
+            most = f"up to {size - 1}" if lookup else f"1 to {size - 1}" if scheduled else f"{size - 1}"
             raise TraceFieldError(f"{at}.draft_ids holds {drafts} drafts; block_size {size} drafts {most}")
         verified = drafts if block.get("verify_len") is None else block["verify_len"] - 1
         if verified > drafts:

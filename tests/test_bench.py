@@ -44,6 +44,8 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     assert auto["identical"] == 1.0 and 1 <= auto["mean_verify_len"] <= 8
     assert result["per_block_size"]["8"]["mean_verify_len"] == 8.0
     assert set(auto["per_set"]) == {"prompts"} and auto["per_set"]["prompts"]["num_prompts"] == 2
+    # ... and per prompt, by its text where it has no id.
+    assert {key: r["num_prompts"] for key, r in auto["per_prompt"].items()} == {"What is 2+3?": 1, "def add(a, b):": 1}
     assert any(line.startswith("DFlash block auto") for line in lines)
     # The tiny target fits in a cache, so its one-row path is never timed and stays packed.
     assert result["cpu_single_row"] == ("oneDNN" if packing_wanted() else None)

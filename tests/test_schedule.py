@@ -7,13 +7,16 @@ import copy
 import json
 
 import pytest
+import torch
 from dflash_core import DFlashDrafter, PromptLookup, SamplingParams, Target, run
 from dflash_core import trace as tr
 from dflash_core.__main__ import main
 from dflash_core.bench.cycle import TARGETS
 from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.errors import GenerationInputError
-from dflash_core.schedule import BlockSchedule, CostProfile, best_length, expected_accepted, measured_costs
+from dflash_core.schedule import (
+    HEADROOM, WINDOW, BlockSchedule, CostProfile, best_length, expected_accepted, measured_costs,
+)
 from tiny import build_drafter
 
 
@@ -52,6 +55,27 @@ def test_a_cheap_verify_keeps_long_blocks_and_a_dear_one_cuts_them():
     assert 5 <= best_length(sure, AVX2.verify_s, 0.0) <= 9
     # A per-cycle cost besides the verify (the draft) makes longer blocks pay: it is paid anyway.
     assert best_length(sure, AVX2.verify_s, 5.0) > best_length(sure, AVX2.verify_s, 0.0)
+
+
+def sure_for(drafts: int, of: int) -> torch.Tensor:
+    """Confidences whose best prefix under STEEP is exactly `drafts` of `of`: sure, then hopeless."""
+    return torch.tensor([1.0] * drafts + [0.0] * (of - drafts))
+
+
+STEEP = linear_profile(16, 4.0)  # each verified token costs a fifth of a plain step more
+
+
+def test_the_draft_length_follows_the_lengths_verified_lately():
+    schedule = BlockSchedule(STEEP, 16)
+    drafted = []
+    for verified in (3, 1, 0, 0, 0, 3, 2):
+        drafted.append(schedule.draft_length())
+        assert schedule.choose(sure_for(verified, drafted[-1])) == verified
+    # The whole block first; then HEADROOM (2) past the most verified in the last WINDOW (4) cycles;
+    # a cycle that verified all 3 drafts it had is followed by the whole block again.
+    assert (HEADROOM, WINDOW) == (2, 4)
+    assert drafted == [15, 5, 5, 5, 5, 3, 15]
+    assert schedule.draft_length() == 4
 
 
 def test_the_schedule_learns_the_rest_of_a_cycle_from_the_run():
@@ -93,7 +117,7 @@ def test_greedy_output_is_plain_decoding_whatever_lengths_are_verified(golden_pa
         assert auto.output_ids == plain.output_ids
         assert auto.block_schedule == "auto" and auto.block_size == b
         for block in auto.blocks:
-            assert len(block.draft_ids) == b - 1 and block.accepted <= block.verified == block.verify_len - 1
+            assert block.accepted <= block.verified == block.verify_len - 1 <= len(block.draft_ids) <= b - 1
         lengths |= {block.verify_len for block in auto.blocks}
         accepted += sum(block.accepted for block in auto.blocks)
     assert accepted > 0, "no draft was accepted: the test would not exercise acceptance"
@@ -101,6 +125,39 @@ def test_greedy_output_is_plain_decoding_whatever_lengths_are_verified(golden_pa
         assert lengths == {b}  # more drafts never cost more: verify them all
     elif profile == "steep":  # the measured profile is this machine's: which lengths it picks varies
         assert len(lengths) > 1, f"every cycle verified {lengths}: the test would not exercise prefixes"
+
+
+def expected_draft_lengths(blocks, block_size: int) -> list[int]:
+    """What each cycle should draft, read from the cycles before it: the whole block at first and after a
+    cycle that verified all its drafts, else HEADROOM past the most verified in the last WINDOW cycles."""
+    out, recent = [], []
+    for block in blocks:
+        out.append(min(block_size - 1, max(recent) + HEADROOM) if recent else block_size - 1)
+        recent = [] if block.verified == len(block.draft_ids) else [*recent, block.verified][-WINDOW:]
+    return out
+
+
+@pytest.mark.parametrize("method", ["dflash", "ar"])
+def test_a_scheduled_run_drafts_only_as_many_slots_as_recent_cycles_verified(golden_pair, golden_expected,
+                                                                            tiny_dirs, tmp_path, method):
+    target, drafter = golden_pair
+    prompts = golden_prompts(golden_expected)[:3]
+    if method == "ar":
+        target = Target.from_pretrained(tiny_dirs[0])
+        drafter = DFlashDrafter.from_pretrained(build_drafter(tmp_path / "ar", tiny_dirs[0], block_size=8,
+                                                              architectures=["DFlashARDraftModel"]))
+        prompts = [[3, 4, 5], [9, 1], [7, 7, 7, 2]]
+    b = drafter.block_size
+    shorter = 0
+    for prompt in prompts:
+        auto = run(target, prompt, drafter, max_new_tokens=32, block_size="auto", costs=linear_profile(b, 4.0))
+        assert auto.output_ids == run(target, prompt, max_new_tokens=32).output_ids
+        drafted = [len(block.draft_ids) for block in auto.blocks]
+        assert drafted == expected_draft_lengths(auto.blocks, b)
+        # The AR drafter spends one pass per draft: fewer drafts, fewer passes.
+        assert [block.draft_passes for block in auto.blocks] == (drafted if method == "ar" else [1] * len(drafted))
+        shorter += sum(n < b - 1 for n in drafted)
+    assert shorter > 0, "every cycle drafted the whole block: the test would not exercise shorter drafts"
 
 
 def test_the_measured_profile_covers_every_length_and_is_kept_with_the_target(golden_pair):
@@ -159,6 +216,8 @@ def test_the_trace_records_each_verified_length_and_old_traces_still_read(auto_t
     dflash = auto_trace["runs"]["dflash"]
     assert dflash["block_schedule"] == "auto" and auto_trace["runs"]["plain"]["block_schedule"] == "fixed"
     lengths = [b["verify_len"] for b in dflash["blocks"]]
+    # Shorter drafts than the block are read back as they were drafted.
+    assert min(len(b["draft_ids"]) for b in dflash["blocks"]) < dflash["block_size"] - 1
     assert min(lengths) < dflash["block_size"] and {b["verify_len"] for b in auto_trace["runs"]["plain"]["blocks"]} == {1}
     assert dflash["mean_verify_len"] == pytest.approx(sum(lengths) / len(lengths))
     assert tr.validate_trace(json.dumps(auto_trace).encode()) == auto_trace
@@ -170,6 +229,7 @@ def test_the_trace_records_each_verified_length_and_old_traces_still_read(auto_t
         for block in lane["blocks"]:
             block.pop("verify_len")
             block.pop("explain", None)
+            block["draft_ids"] = (block["draft_ids"] + [block["bonus_id"]] * lane["block_size"])[: lane["block_size"] - 1]
     assert tr.validate_trace(json.dumps(old).encode())["runs"]["plain"]["blocks"]
 
 
@@ -177,6 +237,7 @@ def test_the_trace_records_each_verified_length_and_old_traces_still_read(auto_t
     (lambda b: b.update(verify_len=b["verify_len"] + len(b["draft_ids"]) + 1), "verifies at most"),
     (lambda b: b.update(verify_len=0), "verify_len is 0; it must be at least 1"),
     (lambda b: b.update(verify_len=b["accepted"]), "verified drafts accepts 0 to"),
+    (lambda b: b.update(draft_ids=b["draft_ids"] * 8), "drafts; block_size 8 drafts 1 to 7"),
 ])
 def test_a_verified_length_that_contradicts_its_block_is_refused(auto_trace, edit, message):
     broken = copy.deepcopy(auto_trace)

@@ -252,7 +252,14 @@ def benchmark(args) -> dict:
             "mean_verify_len": sum(blk.verified + 1 for s in summaries[v] for blk in s.blocks) / cycles,
         }
 
-    per_block = {b: {**overall(variant_name(b)), "per_set": per_set(variant_name(b))} for b in block_sizes}
+    # Per prompt, by its id (else its text): a prompt listed twice in --prompts is raced twice and pooled.
+    by_prompt: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_prompt.setdefault(p.get("id") or p["prompt"], []).append(i)
+
+    per_block = {b: {**overall(variant_name(b)), "per_set": per_set(variant_name(b)),
+                     "per_prompt": {key: figures(variant_name(b), picked) for key, picked in by_prompt.items()}}
+                 for b in block_sizes}
     head = per_block[block_sizes[0]]
     sets = head["per_set"]
     prefix = len(sets) > 1

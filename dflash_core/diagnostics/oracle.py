@@ -93,7 +93,8 @@ class OracleDrafter(nn.Module):
     def draft_logits(self, hidden, lm_head, anchor_ids=None) -> torch.Tensor:
         self.inner.draft_logits(hidden, lm_head, anchor_ids)  # the real head's cost; its scores are replaced
         logits = torch.zeros(hidden.shape[0], self.vocab_size, dtype=self.dtype, device=hidden.device)
-        return logits.scatter_(1, self._proposal[:, None], CONFIDENT)
+        # A block schedule may draft fewer slots than the block: the plan's first ones.
+        return logits.scatter_(1, self._proposal[: hidden.shape[0], None], CONFIDENT)
 
     propose = DFlashDrafter.propose  # its proposal is plain logits, whatever the inner drafter's kind
 
