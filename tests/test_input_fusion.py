@@ -166,6 +166,21 @@ def test_greedy_decoding_is_token_identical_to_plain(fusion_pair, one_thread):
             assert fast.output_ids == plain and fast.method == "fusion"
 
 
+def test_a_fusion_run_is_explained_and_traced_in_dflashs_lane(fusion_pair, one_thread):
+    from dflash_core import trace as tr
+
+    target, drafter, _ = fusion_pair
+    summary = run(target, [3, 9, 4], drafter, max_new_tokens=12, block_size=4, explain=2)
+    assert summary.method == "fusion" and tr.lane_of(summary.method) == "dflash"
+    trace = tr.build_trace(settings=tr.settings_of(None, [3, 9, 4], 12, 4, SamplingParams()),
+                           pair={"id": None, "target": "t", "drafter": "d", "trained_block_size": drafter.block_size},
+                           runs={tr.lane_of(summary.method): summary}, vocab_size=target.vocab_size,
+                           text_of=lambda t: f"tok{t}", device="cpu")
+    read = tr.validate_trace(json.dumps(trace).encode())
+    assert read["runs"]["dflash"]["method"] == "fusion"
+    assert read["runs"]["dflash"]["output_ids"] == list(run(target, [3, 9, 4], max_new_tokens=12).output_ids)
+
+
 def test_cuda_graph_steps_replay_input_fusion_drafts(fusion_pair, one_thread):
     """The static cache (CUDA graphs' padded context rows, here on the CPU stand-in) drafts what the
     dynamic one does."""
