@@ -81,13 +81,18 @@ def _block_size(drafter, block_size: int | str | None) -> int:
     return block_size
 
 
+# Drafters whose each draft is conditioned on the ones before it: a schedule may not take their
+# sampled drafts (schedule.py: the choice must not depend on what a draft drew).
+SEQUENTIAL_DRAFTS = ("ar", "dflash2")
+
+
 def _check_schedule(drafter, sampling: SamplingParams, draft_mode: str) -> None:
     """A block schedule needs the drafter's probabilities, and with sampled drafts q for every slot
     before any is drawn (schedule.py: the choice must not depend on what a draft drew)."""
     method = method_name(drafter)
     if hasattr(drafter, "session"):  # e.g. prompt lookup
         raise GenerationInputError(f'block_size="auto" needs a drafter with probabilities; {method} has none')
-    if method in ("ar", "dflash2") and not sampling.greedy and draft_mode == "sample":
+    if method in SEQUENTIAL_DRAFTS and not sampling.greedy and draft_mode == "sample":
         raise GenerationInputError(
             f'block_size="auto" with sampled drafts needs a drafter that drafts every slot at once; {method} '
             f'conditions each draft on the ones before it: use draft_mode="argmax" or a fixed block size'
