@@ -9,7 +9,8 @@ and `DFlashARDraftModel` for this project's autoregressive drafter with the same
 (the same layers run causally, one token per pass; `config.autoregressive`). `context_fusion` in
 `dflash_config` says where the target's context features enter: "kv" (DFlash's injection into every
 layer's keys and values, the default) or "input" (this project's ablation: once, at the input, as
-sequence positions of their own; `config.context_fusion`, docs/design.md §2 "Input fusion").
+sequence positions of their own; `config.context_fusion`, docs/design.md §2 "Input fusion"); such
+a drafter is written as `DFlashInputFusionDraftModel`, so that engines which know only DFlash refuse it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ DFLASH_KEYS = ("block_size", "mask_token_id", "target_layer_ids")
 DFLASH = "DFlashDraftModel"
 DFLASH2 = "DFlash2DraftModel"
 DFLASH_AR = "DFlashARDraftModel"
-ARCHITECTURES = (DFLASH, DFLASH2, DFLASH_AR)
+# Input fusion has DFlash's weights; a name of its own makes engines that know only DFlash (vLLM, the
+# reference package, transformers) refuse it instead of running its weights as KV injection.
+DFLASH_FUSION = "DFlashInputFusionDraftModel"
+ARCHITECTURES = (DFLASH, DFLASH2, DFLASH_AR, DFLASH_FUSION)
 # The integer keys a DFlash2 config must give, and its optional float keys with their defaults.
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DFLASH2_SCALARS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
@@ -100,11 +104,14 @@ def parse_drafter_config(raw: dict) -> Qwen3Config:
 
 def _parse_context_fusion(config: Qwen3Config, value) -> str:
     """The drafter's `context_fusion`, checked against the kinds input fusion is implemented for."""
+    fusion_named = config.architecture == DFLASH_FUSION
     if value is None:
-        return "kv"
+        return "input" if fusion_named else "kv"
     if value not in CONTEXT_FUSIONS:
         raise ConfigError(f"dflash_config.context_fusion must be one of {CONTEXT_FUSIONS}, got {value!r}")
-    if value == "input" and config.architecture != DFLASH:
+    if value == "kv" and fusion_named:
+        raise ConfigError(f"a {DFLASH_FUSION} drafter fuses the context at its input; its config gives context_fusion 'kv'")
+    if value == "input" and config.architecture not in (DFLASH, DFLASH_FUSION):
         # DFlash2's block convolution filters the block along the sequence, which would then hold the
         # context rows too; the autoregressive drafter with input fusion is not implemented.
         raise ConfigError(
@@ -206,7 +213,12 @@ def drafter_config_dict(config: Qwen3Config) -> dict:
         dflash.update(asdict(options))
     if getattr(config, "context_fusion", "kv") != "kv":
         dflash["context_fusion"] = config.context_fusion  # DFlash's own configs stay as released
-    architecture = DFLASH2 if options is not None else DFLASH_AR if getattr(config, "autoregressive", False) else DFLASH
+    architecture = (
+        DFLASH2 if options is not None
+        else DFLASH_AR if getattr(config, "autoregressive", False)
+        else DFLASH_FUSION if getattr(config, "context_fusion", "kv") == "input"
+        else DFLASH
+    )
     raw.update(
         architectures=[architecture],
         model_type="qwen3",

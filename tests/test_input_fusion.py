@@ -39,7 +39,7 @@ def test_config_round_trip_and_refusals(tiny_dirs, tmp_path, fusion_pair):
     assert fusion.input_fusion and method_name(fusion) == "fusion"
     fusion.save_pretrained(tmp_path / "saved")
     raw = json.loads((tmp_path / "saved" / "config.json").read_text())
-    assert raw["dflash_config"]["context_fusion"] == "input" and raw["architectures"] == ["DFlashDraftModel"]
+    assert raw["dflash_config"]["context_fusion"] == "input" and raw["architectures"] == ["DFlashInputFusionDraftModel"]
     assert DFlashDrafter.from_pretrained(tmp_path / "saved").input_fusion
     # A DFlash drafter's config is written as released: no context_fusion key.
     DFlashDrafter.from_pretrained(drafter_dir).save_pretrained(tmp_path / "dflash")
@@ -54,6 +54,11 @@ def test_config_round_trip_and_refusals(tiny_dirs, tmp_path, fusion_pair):
         parse_drafter_config(config(context_fusion="inputs"))
     with pytest.raises(ConfigError, match="'input' is implemented for DFlashDraftModel drafters only; .*DFlashAR"):
         parse_drafter_config({**config(context_fusion="input"), "architectures": ["DFlashARDraftModel"]})
+    # The architecture alone says input fusion; it may not say KV injection too.
+    named = {**raw, "architectures": ["DFlashInputFusionDraftModel"]}
+    assert parse_drafter_config(named).context_fusion == "input"
+    with pytest.raises(ConfigError, match="DFlashInputFusionDraftModel drafter fuses the context at its input"):
+        parse_drafter_config({**named, "dflash_config": {**raw["dflash_config"], "context_fusion": "kv"}})
     with pytest.raises(ConfigError, match="input-fusion drafter .* cannot be exported"):
         native_config(fusion.config)
 
