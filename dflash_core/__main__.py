@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--cuda-graphs", action="store_true",
                      help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only, "
                      "elsewhere they run eagerly with one warning)")
+    gen.add_argument("--compile", action="store_true",
+                     help="run the draft and verify steps through torch.compile (implies --static-cache; each shape "
+                     "compiles on first use, then inductor's disk cache serves later runs)")
     gen.add_argument("--no-chat-template", action="store_true", help="tokenize --prompt as raw text")
     gen.add_argument(
         "--thinking", choices=THINKING_CHOICES,
@@ -104,8 +107,9 @@ def main(argv=None) -> int:
             dtype=args.dtype,
             drafter_dtype=args.drafter_dtype,
             block_size=None if args.block_size == AUTO else args.block_size,
-            static_cache=args.static_cache,
+            static_cache=args.static_cache or args.compile,
             cuda_graphs=args.cuda_graphs,
+            compiled=args.compile,
         )
         tokenizer = pair.tokenizer
         if args.prompt_ids is not None:

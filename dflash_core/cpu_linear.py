@@ -14,6 +14,10 @@ Which library is faster for the single row of a plain decoding step depends on t
 blocks of rows are as fast or faster packed. So `auto` (the default) times both libraries once over a freshly packed model's single-row calls and keeps the faster;
 `on` always runs packed; `off` keeps every layer as it was. Models whose weights fit in a cache
 (under 64 MB) are not timed: there the comparison would not show the bandwidth-bound case.
+
+Under `torch.compile` (`compiled_steps.py`) a packed layer is the custom op `dflash::packed_linear`:
+the compiler cannot trace oneDNN's opaque packed tensor, so the op takes the ordinary weight and
+finds its packed copy at run time.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +72,7 @@ class PackedLinear(nn.Linear):
     def repack(self) -> None:
         self.packed = _pack(self.weight)
         self.packed_key = self._weight_key()
+        _BY_WEIGHT[self.packed_key[0]] = self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
@@ -74,12 +80,32 @@ class PackedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if not self.single_row_packed and x.numel() == x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            return packed_linear(x, self.weight, self.bias)
         return self.packed_forward(x)
 
     def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._weight_key() != self.packed_key:
             self.repack()  # changed in place (optimizer step) or replaced (`.to(dtype)`, `.data =`)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+# The packed layer of each weight storage, for the compiled op below.
+_BY_WEIGHT: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("dflash::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` through the packed copy of `weight` (F.linear itself if none is known)."""
+    module = _BY_WEIGHT.get(weight.data_ptr())
+    if module is None or module.weight.shape != weight.shape:
+        return F.linear(x, weight, bias)
+    return module.packed_forward(x)
+
+
+@packed_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 CALIBRATE_MIN_BYTES = 64 * 2**20

@@ -21,7 +21,8 @@ call runs the same step eagerly. A capture that fails leaves its key eager for g
 `FallbackWarning` per distinct error (`fallbacks.notice`).
 
 The capture/replay machinery is a backend object with `capture(step, inputs) -> (handle, outputs)`
-and `replay(handle)`: `CudaGraphBackend` here, a CPU stand-in in tests/test_cuda_graphs.py.
+and `replay(handle)`: `CudaGraphBackend` here, `compiled_steps.CompiledBackend` (torch.compile, whose
+replay returns fresh outputs in place of the captured ones), a CPU stand-in in tests/test_cuda_graphs.py.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class StepGraphs:
         handle, static, outputs = entry
         for buffer, x in zip(static, inputs):
             buffer.copy_(x)
-        self.backend.replay(handle)
-        return outputs
+        fresh = self.backend.replay(handle)
+        return outputs if fresh is None else fresh
 
     def _capture(self, step, inputs):
         static = tuple(x.clone() for x in inputs)

@@ -287,6 +287,8 @@ class DFlashDrafter(nn.Module):
         Built once per target head and kept: casting or slicing a 49k x 576 matrix every cycle
         would cost more than the drafter's layers.
         """
+        if torch.compiler.is_compiling() and self._head is not None:
+            return self._head[1]  # a compiled step cannot read data pointers; its session built the head
         weight = lm_head.weight
         key = (weight.data_ptr(), weight.shape, weight.dtype, weight.device, self.dtype)
         if self._head is None or self._head[0] != key:

@@ -171,6 +171,8 @@ class DFlashDrafting(_InjectedContext):
         cache = drafter.new_cache(run.capacity + run.block_size if run.graphs is not None else None)
         super().__init__(drafter, run, cache)
         self.padded = run.graphs is not None  # with graphs the whole block goes on: one shape every cycle
+        if self.padded:
+            drafter.draft_head(run.target.head)  # built outside the steps a backend may compile
 
     def step(self, bonus_ids, context, positions) -> torch.Tensor:
         drafter, target = self.drafter, self.run.target

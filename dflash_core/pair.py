@@ -152,13 +152,13 @@ def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype)
 
 def load_pair(
     target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None, batch_invariant=None,
-    progress=None, static_cache=False, cuda_graphs=False,
+    progress=None, static_cache=False, cuda_graphs=False, compiled=False,
 ) -> ModelPair:
     """Load a target (path or Hub id) and optionally a drafter, and validate them as a pair.
 
     `dtype` "auto" picks `default_target_dtype`, `drafter_dtype` None `default_drafter_dtype`,
     `batch_invariant` None `wants_batch_invariance` (see `Target.from_pretrained`, also for
-    `static_cache` and `cuda_graphs`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
+    `static_cache`, `cuda_graphs` and `compiled`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
     """
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         from .device import cuda_mismatch
@@ -168,7 +168,7 @@ def load_pair(
     target = fetch_target(target, progress)
     target_model = Target.from_pretrained(
         target, device=device, dtype=dtype, batch_invariant=batch_invariant, static_cache=static_cache,
-        cuda_graphs=cuda_graphs,
+        cuda_graphs=cuda_graphs, compiled=compiled,
     )
     if drafter is None:
         return ModelPair(target_model, None)

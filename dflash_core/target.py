@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from .batch_invariant import make_batch_invariant
+from .compiled_steps import CompiledBackend
 from .cpu_linear import pack_linears
 from .cuda_graphs import StepGraphs
 from .errors import CheckpointError, ConfigError
@@ -82,31 +83,38 @@ class Target:
     ConfigError here.
     cuda_graphs: replay the verify forward (and, in `generate`, the draft step) from CUDA graphs
     (`cuda_graphs.py`); needs `static_cache`. `graph_backend` replaces `torch.cuda.CUDAGraph` (tests).
+    compiled: run the same steps through `torch.compile` instead (`compiled_steps.py`), on any device;
+    needs `static_cache`. Plain decoding's one-token steps are such verify forwards too.
     """
 
     def __init__(self, model, tokenizer=None, static_cache: bool = False, cuda_graphs: bool = False,
-                 graph_backend=None):
+                 graph_backend=None, compiled: bool = False):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.layers = model.get_decoder().layers
         self.static_cache = static_cache
         config = model.config
-        if cuda_graphs and not static_cache:
+        if cuda_graphs and compiled:
+            raise ConfigError("choose CUDA graphs or compiled steps, not both: each runs the same steps its own way")
+        steps = "CUDA graphs" if cuda_graphs else "compiled steps" if compiled else None
+        if steps and not static_cache:
             raise ConfigError(
-                "CUDA graphs need the static KV cache (static_cache=True, --static-cache): a graph replays "
-                "fixed cache addresses and offsets, which a DynamicCache reallocates every cycle"
+                f"{steps[0].upper()}{steps[1:]} need the static KV cache (static_cache=True, --static-cache): "
+                f"{'a graph replays' if cuda_graphs else 'a compiled step runs at'} fixed cache addresses and "
+                "offsets, which a DynamicCache reallocates every cycle"
             )
         self.kv = TargetCache(model, static=static_cache, chunk=STATIC_CHUNK)
         # Our own causal mask (see `_causal_mask`) assumes full attention in every layer (which the
         # static cache requires) and an attention that takes a 4D mask as is.
         self._own_mask = static_cache and config._attn_implementation in ("sdpa", "eager")
         self.graphs = None
-        if cuda_graphs:
+        if steps:
             if not self._own_mask:
                 raise ConfigError(
-                    f"CUDA graphs need sdpa or eager attention; this model uses {config._attn_implementation}"
+                    f"{steps[0].upper()}{steps[1:]} need sdpa or eager attention; this model uses "
+                    f"{config._attn_implementation}"
                 )
-            self.graphs = StepGraphs(graph_backend)
+            self.graphs = StepGraphs(CompiledBackend() if compiled else graph_backend)
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
         self._recording = False
@@ -119,10 +127,10 @@ class Target:
     @classmethod
     def from_pretrained(
         cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, attn_implementation=None, batch_invariant=None,
-        static_cache: bool = False, cuda_graphs: bool = False,
+        static_cache: bool = False, cuda_graphs: bool = False, compiled: bool = False,
     ):
         """batch_invariant: verify blocks bitwise as one-token steps (`batch_invariant.py`); None
-        decides by `wants_batch_invariance`. static_cache, cuda_graphs: see the class."""
+        decides by `wants_batch_invariance`. static_cache, cuda_graphs, compiled: see the class."""
         name = str(path_or_id)
         if looks_like_path(name) and not Path(name).expanduser().is_dir():
             raise CheckpointError(f"target model directory not found: {name}")
@@ -139,7 +147,7 @@ class Target:
         pack_linears(model, calibrate=not batch_invariant)
         if batch_invariant:
             make_batch_invariant(model)
-        return cls(model, load_tokenizer(name), static_cache=static_cache, cuda_graphs=cuda_graphs)
+        return cls(model, load_tokenizer(name), static_cache=static_cache, cuda_graphs=cuda_graphs, compiled=compiled)
 
     # --- shapes and shared modules -------------------------------------------------------------
     @property

@@ -2,7 +2,9 @@
 model in a bare transformers loop, and `torch.profiler`'s table of the engine's run (dev/LOG.md,
 2026-12-06).
 
-    python dev/scripts/profile_plain_step.py --threads 1 --tokens 64
+    python dev/scripts/profile_plain_step.py --threads 1 --tokens 64 [--compile]
+
+--compile profiles the compiled steps (`Target(..., compiled=True)`) on the same weights instead.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
-from dflash_core import load_pair, run
+from dflash_core import Target, load_pair, run
 from dflash_core.bench.run import BUILTIN_PROMPTS
 from dflash_core.prompting import encode_prompt
 
@@ -36,10 +38,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rows", type=int, default=22, help="rows of the profiler's table")
+    parser.add_argument("--compile", action="store_true", help="the compiled steps (compiled once, before the clock)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     pair = load_pair(args.target, None, dtype="float32")
     target = pair.target
+    if args.compile:
+        target = Target(target.model, pair.tokenizer, static_cache=True, compiled=True)
     ids = encode_prompt(pair.tokenizer, BUILTIN_PROMPTS[-1])
     run(target, ids, max_new_tokens=16)  # warm-up
     start = time.perf_counter()

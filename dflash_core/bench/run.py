@@ -106,6 +106,9 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
                         help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only)")
+    parser.add_argument("--compile", action="store_true",
+                        help="run the draft and verify steps through torch.compile (implies --static-cache; the "
+                        "first run of each shape compiles, minutes on a small CPU, then inductor's disk cache serves)")
     parser.add_argument("--block-sizes", type=parse_block_sizes, metavar="LIST",
                         help="comma-separated block sizes; the benchmark's races also take auto (the block schedule)")
     add_threads_arg(parser)
@@ -142,13 +145,17 @@ def parse(parser: argparse.ArgumentParser, argv, auto: bool = False) -> argparse
         torch.set_num_threads(args.threads)
     if getattr(args, "cuda_graphs", False) and not args.static_cache:
         parser.error("--cuda-graphs needs --static-cache: a graph replays fixed cache addresses and offsets")
+    if getattr(args, "compile", False):
+        if args.cuda_graphs:
+            parser.error("--compile and --cuda-graphs each run the same steps their own way: choose one")
+        args.static_cache = True
     return args
 
 
 def load_pair_of(args, **options):
     """The pair `add_pair_args`'s options name, loaded."""
     return load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                     static_cache=args.static_cache, cuda_graphs=args.cuda_graphs, **options)
+                     static_cache=args.static_cache, cuda_graphs=args.cuda_graphs, compiled=args.compile, **options)
 
 
 BATCH_INVARIANT = {"on": True, "off": False, "auto": None}  # --batch-invariant -> load_pair's batch_invariant
@@ -176,6 +183,8 @@ def benchmark(args) -> dict:
         return run(target, prompt_ids, model, max_new_tokens=args.max_new_tokens, block_size=block_size,
                    stop_ids=stop_ids)
 
+    if target.static_cache:  # sized for the longest run now: no timed run reallocates (or recompiles)
+        size_static_caches(target, drafter, max(map(len, encoded)) + args.max_new_tokens)
     decode(encoded[0][:8])  # warm up kernels and allocator outside the clock
     for variant in variants:
         decode(encoded[0][:8], variant)
@@ -282,6 +291,7 @@ def benchmark(args) -> dict:
         "drafter_dtype": str(drafter.dtype).removeprefix("torch."),
         "static_cache": args.static_cache,
         "cuda_graphs": args.cuda_graphs,  # plain decoding replays its one-token verify from a graph too
+        "compiled": args.compile,  # likewise
         "threads": torch.get_num_threads(),
         # Which library ran the target's one-row (plain decoding) matmuls; chosen per machine.
         "cpu_single_row": single_row_library(target.model),
@@ -312,6 +322,12 @@ def benchmark(args) -> dict:
             drafter.config, "draft_vocab_size", None) else "the target's whole head",
         **{name: field.get(name) for name in PEERS},
     }
+
+
+def size_static_caches(target, drafter, positions: int) -> None:
+    """Allocate the static caches (which only grow) for runs of up to `positions` tokens plus a block."""
+    target.reset(positions + drafter.block_size)
+    drafter.new_cache(positions + 2 * drafter.block_size)
 
 
 def variant_name(block_size: int | str) -> str:

@@ -90,6 +90,9 @@ class OracleDrafter(nn.Module):
     def forward(self, *args, **kwargs):
         return self.inner(*args, **kwargs)
 
+    def draft_head(self, lm_head):
+        return self.inner.draft_head(lm_head)
+
     def draft_logits(self, hidden, lm_head, anchor_ids=None) -> torch.Tensor:
         self.inner.draft_logits(hidden, lm_head, anchor_ids)  # the real head's cost; its scores are replaced
         logits = torch.zeros(hidden.shape[0], self.vocab_size, dtype=self.dtype, device=hidden.device)
