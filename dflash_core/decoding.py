@@ -179,12 +179,14 @@ class _Decoding:
             self.session.prefill(prompt_ids, bonus, context)
         return prefill
 
-    def draft(self) -> Proposal:
-        if self.session is None:
-            return Proposal(torch.empty(0, dtype=torch.long, device=self.device), None, 0)
-        if self.schedule is None:
-            return self.session.draft(self.bonus_ids, self.start, bool(self.explain))
-        return self.session.draft(self.bonus_ids, self.start, bool(self.explain), self.schedule.draft_length())
+    def draft(self, length: int | None) -> Proposal:
+        """`length` drafts (None: the whole block; 0: none, a plain step)."""
+        if length == 0:
+            self.session.sit_out()
+        if self.session is None or length == 0:
+            nothing = torch.empty(0, dtype=torch.long, device=self.device)
+            return Proposal(nothing, None, 0, confidence=nothing.float())
+        return self.session.draft(self.bonus_ids, self.start, bool(self.explain), length)
 
     def cycle(self) -> Cycle:
         """Draft, verify, accept, and advance the caches to the accepted prefix and the bonus."""
@@ -193,7 +195,8 @@ class _Decoding:
         t0 = time.perf_counter()
         marks = _Marks(self.device)
         marks.mark()
-        proposal = self.draft()
+        length = None if self.schedule is None else self.schedule.draft_length()
+        proposal = self.draft(length)
         drafted = draft = proposal.ids
         probs = proposal.probs
         if self.schedule is not None:  # the one host read the schedule adds: the drafter's confidences
@@ -212,7 +215,9 @@ class _Decoding:
         position = self.start
         self.start += accepted + 1
         self.target.crop(self.start)
-        if self.session is not None:
+        if length == 0:  # the drafter sat this cycle out: it takes the token's features next time
+            self.session.carry(features)
+        elif self.session is not None:
             self.session.advance(accepted, [*draft_ids[:accepted], bonus], features)
         explanation = None
         if self.explain:
@@ -224,7 +229,8 @@ class _Decoding:
                 record=record, accepted=accepted, bonus=bonus, times=times, drafting=proposal.view,
             )
         if self.schedule is not None:
-            self.schedule.observe(time.perf_counter() - t0 - verify_s)
+            self.schedule.judged(block_ids.shape[1] - 1, accepted)
+            self.schedule.observe(draft_s if length else 0.0, time.perf_counter() - t0 - draft_s - verify_s)
         return Cycle(position, tuple(draft_ids), accepted, bonus, draft_s, verify_s, explanation, proposal.passes,
                      block_ids.shape[1])
 

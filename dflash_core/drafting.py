@@ -82,6 +82,13 @@ class DraftSession(Protocol):
         """After the verify: drafts kept, the tokens the cycle added (kept drafts, then the new bonus),
         and the target features of the verified block."""
 
+    def sit_out(self) -> None:
+        """Before the verify of a cycle that drafts nothing (a paused block schedule)."""
+
+    def carry(self, features) -> None:
+        """After that verify: the target features of its one token, for the next draft to take with
+        the ones the drafter has not seen yet."""
+
 
 class Drafter(Protocol):
     """A drafter without a model of this engine's kind (e.g. prompt lookup)."""
@@ -129,6 +136,15 @@ class _InjectedContext:
     def advance(self, accepted, committed, features) -> None:
         self.fresh = accepted + 1
         self.context = features if self.padded else features[:, : self.fresh]
+
+    def sit_out(self) -> None:
+        # The features not seen yet may be a graphed verify's outputs, which this cycle's verify
+        # overwrites; and without the padding a verified block leaves (a static step pads its input).
+        self.context = self.context[:, : self.fresh].clone()
+
+    def carry(self, features) -> None:
+        self.context = torch.cat([self.context, features[:, :1]], dim=1)
+        self.fresh += 1
 
     def choose(self, logits):
         """(draft ids, their q or None) from draft logits, as the run's sampling settings say."""

@@ -20,11 +20,19 @@ sum_x q_i(x)^2, a function of q_i alone; and only a drafter that computes every 
 drawing any (DFlash: one pass) may be scheduled then. Deterministic drafts (greedy, argmax)
 use the draft's own probability, which is the same thing for them: max_x q_i(x).
 
+The drafter's confidence is calibrated on the run's own outcomes (`Calibration`): c_i is scaled by
+the drafts the run kept over the confidence it gave them, with recent cycles weighing most, so a
+drafter that overstates its chances on some text (a math answer, say) stops buying long verifies
+there.
+
 Before the draft, the schedule also says how many drafts to draft (`draft_length`): a few more
 than the most it verified in the last `WINDOW` cycles, the whole block at first and after a cycle
 that verified every draft it had. On a CPU a drafter pass costs more with every slot, and a
 drafter trained at a large block drafts as well at smaller ones (docs/benchmarks.md, "The block
-schedule"). The length depends only on earlier cycles, never on this cycle's draws, so sampling
+schedule"). When a cycle's best choice is still slower than a plain step (its draft's cost
+included), the schedule pauses the drafter: the next cycles are plain steps (length 0; the drafter
+takes their features when it drafts again), 1, 2, 4, ... up to `MAX_PAUSE` cycles while the drafter
+keeps losing. The length depends only on earlier cycles, never on this cycle's draws, so sampling
 stays exact.
 """
 
@@ -45,23 +53,33 @@ from .explain import distribution
 AUTO = "auto"  # the block_size that asks for the schedule
 WINDOW = 4  # cycles whose verified lengths set the next draft length
 HEADROOM = 2  # drafts past the longest recently verified, so that a run of sure drafts can grow
+PRIOR = 4.0  # drafts taken at the drafter's word before the run's own outcomes calibrate it
+DECAY = 0.9  # per cycle: the weight left to older outcomes, as a run's text changes
+MAX_PAUSE = 16  # plain cycles at most between tries of a drafter that keeps losing
 
 
 @dataclass(frozen=True)
 class CostProfile:
     """What a cycle costs at each verify length: verify_s[L - 1] seconds for a verify of L tokens
     (slot 0 and L - 1 drafts), L = 1 .. len(verify_s); other_s: the rest of a cycle (the draft,
-    acceptance and bookkeeping), or None to learn it from the run's own cycles."""
+    acceptance and bookkeeping), or None to learn it from the run's own cycles; draft_s: the draft's
+    part of other_s, which a plain step saves (0 when other_s is given without it)."""
 
     verify_s: tuple[float, ...]
     other_s: float | None = None
+    draft_s: float | None = None
 
     def __post_init__(self):
-        times = [*self.verify_s, *([] if self.other_s is None else [self.other_s])]
+        given = [t for t in (self.other_s, self.draft_s) if t is not None]
+        times = [*self.verify_s, *given]
         if not self.verify_s or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times):
             raise GenerationInputError(
                 f"a cost profile needs verify seconds for lengths 1, 2, ... and finite times >= 0; got "
-                f"verify_s={list(self.verify_s)[:20]}, other_s={self.other_s}"
+                f"verify_s={list(self.verify_s)[:20]}, other_s={self.other_s}, draft_s={self.draft_s}"
+            )
+        if self.draft_s is not None and (self.other_s is None or self.draft_s > self.other_s):
+            raise GenerationInputError(
+                f"a cost profile's draft_s is a part of its other_s; got draft_s={self.draft_s}, other_s={self.other_s}"
             )
         if max(self.verify_s) <= 0:
             raise GenerationInputError(f"a cost profile's verify times are all zero: {list(self.verify_s)[:20]}")
@@ -71,13 +89,16 @@ class CostProfile:
         return len(self.verify_s)
 
     def to_dict(self) -> dict:
-        return {"verify_s": list(self.verify_s), "other_s": self.other_s}
+        return {"verify_s": list(self.verify_s), "other_s": self.other_s, "draft_s": self.draft_s}
 
     @classmethod
     def from_dict(cls, data: dict) -> CostProfile:
         if not isinstance(data, dict) or not isinstance(data.get("verify_s"), list):
-            raise GenerationInputError(f'a cost profile is {{"verify_s": [seconds per length], "other_s": seconds}}; got {data!r:.80}')
-        return cls(tuple(data["verify_s"]), data.get("other_s"))
+            raise GenerationInputError(
+                f'a cost profile is {{"verify_s": [seconds per length], "other_s": seconds, "draft_s": seconds}}; '
+                f"got {data!r:.80}"
+            )
+        return cls(tuple(data["verify_s"]), data.get("other_s"), data.get("draft_s"))
 
     @classmethod
     def load(cls, path: str | Path) -> CostProfile:
@@ -105,10 +126,35 @@ def best_length(confidence: list[float], verify_s, other_s: float) -> int:
     return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
 
+class Calibration:
+    """How far the drafter's confidence has matched acceptance in this run: the drafts kept over the
+    confidence given the drafts verified up to the first rejection, decayed by DECAY every cycle,
+    with PRIOR drafts at ratio 1. So the first cycles take the drafter at its word, and so do the
+    cycles after a long pause, which have no recent outcome to go by."""
+
+    def __init__(self):
+        self.said = self.kept = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return (self.kept + PRIOR) / (self.said + PRIOR)
+
+    def apply(self, confidence: list[float]) -> list[float]:
+        ratio = self.ratio
+        return [min(1.0, c * ratio) for c in confidence]
+
+    def update(self, confidence: list[float], verified: int, accepted: int) -> None:
+        """After a cycle's verify of `verified` drafts (0 for a plain step), `accepted` of them kept;
+        the drafts after the first rejected one were never judged, so they do not count."""
+        judged = min(verified, accepted + 1)
+        self.said = DECAY * self.said + sum(confidence[:judged])
+        self.kept = DECAY * self.kept + accepted
+
+
 class BlockSchedule:
     """One run's schedule: sets each cycle's drafted length (`draft_length`), chooses its verified
-    drafts (`choose`) and learns the cost of a cycle besides its verify from the cycles that ran
-    (`observe`)."""
+    drafts (`choose`), learns from each verify how far to trust the drafter (`judged`), and the cost
+    of a cycle besides its verify from the cycles that ran (`observe`)."""
 
     def __init__(self, costs: CostProfile, block_size: int):
         if costs.longest < block_size:
@@ -117,18 +163,37 @@ class BlockSchedule:
             )
         self.verify_s = costs.verify_s[:block_size]
         self.given_other_s = costs.other_s
-        self.other_total, self.cycles = 0.0, 0
+        # Given times make the schedule's choices a function of the drafts alone (tests, replays).
+        self.given_draft_s = costs.draft_s if costs.draft_s is not None or costs.other_s is None else 0.0
+        self.calibration = Calibration()
+        self.draft_total = self.rest_total = 0.0
+        self.drafting_cycles = self.cycles = 0
         self.recent: list[int] = []  # drafts verified in the last WINDOW cycles, past the last full one
+        self.paused = 0  # plain cycles left before the drafter is tried again
+        self.next_pause = 1  # the pause after the next losing cycle; doubles while the drafter keeps losing
+        self.confidence: list[float] = []  # the raw confidences of the cycle being verified
+
+    @property
+    def draft_s(self) -> float:
+        """A draft's seconds: given, or its mean in this run (0 before the first)."""
+        if self.given_draft_s is not None:
+            return self.given_draft_s
+        return self.draft_total / self.drafting_cycles if self.drafting_cycles else 0.0
 
     @property
     def other_s(self) -> float:
+        """A drafting cycle's seconds besides its verify: given, or learned from the run."""
         if self.given_other_s is not None:
             return self.given_other_s
-        return self.other_total / self.cycles if self.cycles else 0.0
+        return self.draft_s + (self.rest_total / self.cycles if self.cycles else 0.0)
 
     def draft_length(self) -> int:
-        """Drafts to draft this cycle: HEADROOM past the most verified in the last WINDOW cycles,
-        or the whole block (block_size - 1) at first and after a cycle that verified every draft."""
+        """Drafts to draft this cycle: 0 while paused, HEADROOM past the most verified in the last
+        WINDOW cycles, or the whole block (block_size - 1) at first and after a cycle that verified
+        every draft."""
+        if self.paused:
+            self.paused -= 1
+            return 0
         longest = len(self.verify_s) - 1
         if not self.recent:
             return longest
@@ -136,14 +201,33 @@ class BlockSchedule:
 
     def choose(self, confidence: torch.Tensor) -> int:
         """Drafts to verify, from the drafter's confidence per draft (one host read)."""
-        k = best_length(confidence.tolist(), self.verify_s, self.other_s)
+        self.confidence = confidence.tolist()
+        if not self.confidence:  # a paused cycle: a plain step
+            return 0
+        calibrated = self.calibration.apply(self.confidence)
+        other_s = self.other_s
+        k = best_length(calibrated, self.verify_s, other_s)
+        # A plain step costs the verify of one token and the cycle's rest without the draft.
+        drafting_rate = (1 + expected_accepted(calibrated)[k]) / (other_s + self.verify_s[k])
+        plain_rate = 1 / (max(other_s - self.draft_s, 0.0) + self.verify_s[0])
+        if k == 0 or drafting_rate < plain_rate:
+            self.paused, self.next_pause = self.next_pause, min(2 * self.next_pause, MAX_PAUSE)
+        else:
+            self.next_pause = 1
         # A cycle that wanted every draft it had may want more: the next one drafts the whole block.
-        self.recent = [] if k == len(confidence) else [*self.recent, k][-WINDOW:]
+        self.recent = [] if k == len(self.confidence) else [*self.recent, k][-WINDOW:]
         return k
 
-    def observe(self, other_s: float) -> None:
-        """A cycle's seconds besides its verify."""
-        self.other_total += other_s
+    def judged(self, verified: int, accepted: int) -> None:
+        """The verify's outcome: `accepted` of the `verified` drafts kept (every cycle, paused ones too)."""
+        self.calibration.update(self.confidence, verified, accepted)
+
+    def observe(self, draft_s: float, rest_s: float) -> None:
+        """A cycle's seconds drafting (0 when it drafted nothing) and besides its draft and verify."""
+        if draft_s:
+            self.draft_total += draft_s
+            self.drafting_cycles += 1
+        self.rest_total += rest_s
         self.cycles += 1
 
 

@@ -526,7 +526,7 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
     if not 1 <= size <= high:
         raise TraceFieldError(f"{where}.block_size is {_show(size)}; it must be from 1 to {high}")
     lookup = run.get("method") == "lookup"  # a cycle drafts what the context's match offers, maybe nothing
-    scheduled = run.get("block_schedule") == "auto"  # a cycle drafts the length its schedule set, at least 1
+    scheduled = run.get("block_schedule") == "auto"  # a cycle drafts the length its schedule set, 0 when paused
     blocks = run["blocks"]
     output = [run["prefill"]["token_id"]]
     clock = run["prefill"]["seconds"]
@@ -535,8 +535,8 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         drafts = len(block["draft_ids"])
         if block["index"] != i:
             raise TraceFieldError(f"{at}.index is {_show(block['index'])}; blocks are numbered from 0 in order")
-        if drafts != size - 1 and not (lookup and drafts < size) and not (scheduled and 1 <= drafts < size):
-            most = f"up to {size - 1}" if lookup else f"1 to {size - 1}" if scheduled else f"{size - 1}"
+        if drafts != size - 1 and not (lookup and drafts < size) and not ((lookup or scheduled) and drafts < size):
+            most = f"up to {size - 1}" if lookup or scheduled else f"{size - 1}"
             raise TraceFieldError(f"{at}.draft_ids holds {drafts} drafts; block_size {size} drafts {most}")
         verified = drafts if block.get("verify_len") is None else block["verify_len"] - 1
         if verified > drafts:

@@ -160,12 +160,13 @@ def test_sampling_matches_exact_target_distribution(tiny_vocab_pair, method, dra
 def test_the_block_schedule_keeps_the_exact_target_distribution(tiny_vocab_pair, method, draft_vocab, draft_mode):
     """block_size="auto" verifies a prefix of each draft, its length chosen from the drafter's q and the
     cost profile: still exact. The profiles (a draft costing 0 to 0.36 of a step) put the choice at
-    every length from 0 drafts to all, and near the drafts' confidences (about 1/3 here), where q decides."""
+    every length from 0 drafts to all, and near the drafts' confidences (about 1/3 here), where q decides;
+    a cycle that chose no draft pauses the drafter for the next, whose token is then a plain step's."""
     target, drafter = tiny_vocab_pair(draft_vocab, method)
     prompt, length = [1, 2, 0], 3
     params = SamplingParams(temperature=1.3, top_k=3)
     exact = exact_joint(target, prompt, length, params).flatten()
-    counts, accepted, lengths = torch.zeros_like(exact), 0, set()
+    counts, accepted, lengths, paused = torch.zeros_like(exact), 0, set(), 0
     for seed in range(CHI_SQUARE_RUNS):
         step = (0.0, 0.32, 0.35, 0.36)[seed % 4]
         costs = CostProfile(tuple(1 + step * k for k in range(4)))
@@ -175,8 +176,10 @@ def test_the_block_schedule_keeps_the_exact_target_distribution(tiny_vocab_pair,
         counts[a * 16 + b * 4 + c] += 1
         accepted += sum(blk.accepted for blk in out.blocks)
         lengths |= {blk.verify_len for blk in out.blocks}
+        paused += sum(not blk.draft_ids for blk in out.blocks)
     assert accepted > CHI_SQUARE_RUNS // 5, "drafts were rarely accepted: the test would not exercise the acceptance rule"
     assert len(lengths) > 1, f"every cycle verified {lengths} tokens: the test would not exercise the schedule"
+    assert paused > CHI_SQUARE_RUNS // 20, f"{paused} paused cycles: the test would not exercise the drafter's pauses"
     assert chi_square_ok(counts, exact)
 
 

@@ -15,7 +15,8 @@ from dflash_core.bench.cycle import TARGETS
 from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.errors import GenerationInputError
 from dflash_core.schedule import (
-    HEADROOM, WINDOW, BlockSchedule, CostProfile, best_length, expected_accepted, measured_costs,
+    DECAY, HEADROOM, MAX_PAUSE, PRIOR, WINDOW, BlockSchedule, Calibration, CostProfile, best_length,
+    expected_accepted, measured_costs,
 )
 from tiny import build_drafter
 
@@ -65,26 +66,84 @@ def sure_for(drafts: int, of: int) -> torch.Tensor:
 STEEP = linear_profile(16, 4.0)  # each verified token costs a fifth of a plain step more
 
 
-def test_the_draft_length_follows_the_lengths_verified_lately():
-    schedule = BlockSchedule(STEEP, 16)
-    drafted = []
-    for verified in (3, 1, 0, 0, 0, 3, 2):
+def drive(schedule: BlockSchedule, verified_per_draft: list[int]) -> list[int]:
+    """Run `schedule` through cycles whose drafts it verifies `verified_per_draft` in turn (sure
+    drafts, then hopeless ones); returns each cycle's drafted length (0: a paused cycle)."""
+    drafted, verified = [], list(verified_per_draft)
+    while verified:
         drafted.append(schedule.draft_length())
-        assert schedule.choose(sure_for(verified, drafted[-1])) == verified
+        if drafted[-1] == 0:
+            assert schedule.choose(torch.empty(0)) == 0
+            continue
+        assert schedule.choose(sure_for(verified[0], drafted[-1])) == verified.pop(0)
+    return drafted
+
+
+def test_the_draft_length_follows_the_lengths_verified_lately():
     # The whole block first; then HEADROOM (2) past the most verified in the last WINDOW (4) cycles;
-    # a cycle that verified all 3 drafts it had is followed by the whole block again.
+    # a cycle whose best choice is no draft pauses the drafter 1, then 2 cycles (0), and a cycle that
+    # pays again ends the doubling; a cycle that verified all 5 drafts it had is followed by the whole block.
     assert (HEADROOM, WINDOW) == (2, 4)
-    assert drafted == [15, 5, 5, 5, 5, 3, 15]
-    assert schedule.draft_length() == 4
+    schedule = BlockSchedule(STEEP, 16)
+    assert drive(schedule, [3, 1, 0, 0, 3, 5, 2]) == [15, 5, 5, 0, 5, 0, 0, 5, 5, 15]
+    assert schedule.draft_length() == 4  # the last four verified 0, 3, 5, 2 ... after the full one: 2 + 2
+
+
+def test_a_drafter_that_keeps_losing_is_paused_longer_up_to_max_pause():
+    schedule = BlockSchedule(STEEP, 4)
+    drafted = drive(schedule, [0] * 7)
+    # the paused cycles between one drafting cycle and the next
+    pauses = [len(run) for run in "".join("x" if n else "." for n in drafted).split("x")[1:-1]]
+    assert pauses == [1, 2, 4, 8, 16, 16] and MAX_PAUSE == 16
+
+
+def test_a_draft_dearer_than_its_expected_gain_pauses_the_drafter():
+    # One sure draft gains a token, but with the draft's cost a cycle is slower than a plain step.
+    cheap, dear = (CostProfile((1.0, 1.2), other_s=d, draft_s=d) for d in (0.1, 1.5))
+    for costs, paused in ((cheap, False), (dear, True)):
+        schedule = BlockSchedule(costs, 2)
+        assert schedule.draft_length() == 1 and schedule.choose(torch.tensor([1.0])) == 1
+        assert (schedule.draft_length() == 0) == paused
+
+
+def test_the_calibration_scales_the_confidence_by_what_the_run_kept():
+    calibration = Calibration()
+    assert calibration.apply([0.5, 0.9]) == [0.5, 0.9]  # at first the drafter's word
+    # Drafts 1-2 judged (draft 2 rejected), draft 3 never reached; then a cycle keeping 1 of 1.
+    calibration.update([0.9, 0.7, 0.6], verified=3, accepted=1)
+    calibration.update([0.5], verified=1, accepted=1)
+    said, kept = DECAY * 1.6 + 0.5, DECAY * 1 + 1
+    assert calibration.ratio == pytest.approx((kept + PRIOR) / (said + PRIOR))
+    assert calibration.apply([0.5, 1.0]) == pytest.approx([0.5 * calibration.ratio, min(1.0, calibration.ratio)])
+
+
+def test_an_overconfident_drafter_gets_shorter_verifies():
+    # A 4-token verify costs 2 plain steps: at 0.9 confidence per draft all 3 are worth it; as cycles
+    # in which the first draft was always rejected pile up, fewer are, then none.
+    schedule = BlockSchedule(linear_profile(4, 2.0), 4)
+    sure = torch.tensor([0.9, 0.9, 0.9])
+    chosen = [schedule.choose(sure)]
+    while chosen[-1] and len(chosen) < 30:
+        schedule.judged(chosen[-1], 0)
+        chosen.append(schedule.choose(sure))
+    assert chosen[0] == 3 and chosen[-1] == 0 and 1 in chosen and chosen == sorted(chosen, reverse=True)
+    # Paused cycles judge nothing, and the outcomes fade: the drafter is taken at its word again.
+    for _ in range(30):
+        schedule.judged(0, 0)
+    assert schedule.choose(sure) == 3
 
 
 def test_the_schedule_learns_the_rest_of_a_cycle_from_the_run():
     schedule = BlockSchedule(CostProfile((1.0, 2.0, 3.0)), 3)
-    assert schedule.other_s == 0.0
-    schedule.observe(2.0)
-    schedule.observe(4.0)
-    assert schedule.other_s == 3.0
-    assert BlockSchedule(CostProfile((1.0, 2.0), other_s=0.5), 2).other_s == 0.5
+    assert schedule.other_s == schedule.draft_s == 0.0
+    schedule.observe(2.0, 1.0)
+    schedule.observe(4.0, 2.0)
+    schedule.observe(0.0, 3.0)  # a paused cycle: no draft
+    assert (schedule.draft_s, schedule.other_s) == (3.0, 3.0 + 2.0)
+    given = BlockSchedule(CostProfile((1.0, 2.0), other_s=0.5), 2)
+    given.observe(7.0, 7.0)
+    assert (given.other_s, given.draft_s) == (0.5, 0.0)  # given times hold: the choices are the drafts' alone
+    assert BlockSchedule(CostProfile((1.0, 2.0), other_s=0.5, draft_s=0.25), 2).draft_s == 0.25
 
 
 def test_with_the_gpu_profile_the_oracle_drafter_keeps_every_block_whole(tiny_dirs, tmp_path):
@@ -129,10 +188,20 @@ def test_greedy_output_is_plain_decoding_whatever_lengths_are_verified(golden_pa
 
 def expected_draft_lengths(blocks, block_size: int) -> list[int]:
     """What each cycle should draft, read from the cycles before it: the whole block at first and after a
-    cycle that verified all its drafts, else HEADROOM past the most verified in the last WINDOW cycles."""
-    out, recent = [], []
+    cycle that verified all its drafts, else HEADROOM past the most verified in the last WINDOW cycles;
+    none in the 1, 2, 4, ... cycles after a drafting cycle that verified none (a profile whose other_s
+    is given and whose draft costs nothing: verifying no draft is the only losing choice)."""
+    out, recent, paused, next_pause = [], [], 0, 1
     for block in blocks:
+        if paused:
+            out.append(0)
+            paused -= 1
+            continue
         out.append(min(block_size - 1, max(recent) + HEADROOM) if recent else block_size - 1)
+        if block.verified == 0:
+            paused, next_pause = next_pause, min(2 * next_pause, MAX_PAUSE)
+        else:
+            next_pause = 1
         recent = [] if block.verified == len(block.draft_ids) else [*recent, block.verified][-WINDOW:]
     return out
 
@@ -148,16 +217,19 @@ def test_a_scheduled_run_drafts_only_as_many_slots_as_recent_cycles_verified(gol
                                                               architectures=["DFlashARDraftModel"]))
         prompts = [[3, 4, 5], [9, 1], [7, 7, 7, 2]]
     b = drafter.block_size
-    shorter = 0
+    shorter = paused = 0
     for prompt in prompts:
         auto = run(target, prompt, drafter, max_new_tokens=32, block_size="auto", costs=linear_profile(b, 4.0))
         assert auto.output_ids == run(target, prompt, max_new_tokens=32).output_ids
         drafted = [len(block.draft_ids) for block in auto.blocks]
         assert drafted == expected_draft_lengths(auto.blocks, b)
         # The AR drafter spends one pass per draft: fewer drafts, fewer passes.
-        assert [block.draft_passes for block in auto.blocks] == (drafted if method == "ar" else [1] * len(drafted))
-        shorter += sum(n < b - 1 for n in drafted)
+        assert [block.draft_passes for block in auto.blocks] == (drafted if method == "ar" else [min(n, 1) for n in drafted])
+        shorter += sum(0 < n < b - 1 for n in drafted)
+        paused += drafted.count(0)
+        assert all(block.verify_len == 1 and block.draft_passes == 0 for block in auto.blocks if not block.draft_ids)
     assert shorter > 0, "every cycle drafted the whole block: the test would not exercise shorter drafts"
+    assert paused > 0, "no cycle was paused: the test would not exercise the drafter taking up skipped features"
 
 
 def test_the_measured_profile_covers_every_length_and_is_kept_with_the_target(golden_pair):
@@ -192,6 +264,10 @@ def test_inputs_the_schedule_cannot_serve_are_named(tiny_pair, tiny_dirs, tmp_pa
         run(target, [1, 2], drafter, block_size="auto", costs=CostProfile((1.0, 2.0)))
     with pytest.raises(GenerationInputError, match="finite times >= 0"):
         CostProfile((1.0, float("nan")))
+    with pytest.raises(GenerationInputError, match="draft_s is a part of its other_s; got draft_s=0.5, other_s=0.25"):
+        CostProfile((1.0, 2.0), other_s=0.25, draft_s=0.5)
+    with pytest.raises(GenerationInputError, match="draft_s is a part of its other_s; got draft_s=0.5, other_s=None"):
+        CostProfile((1.0, 2.0), draft_s=0.5)
     with pytest.raises(GenerationInputError, match="verify times are all zero"):
         CostProfile((0.0, 0.0))
     # Plain decoding has nothing to schedule: "auto" without a drafter is plain decoding.
@@ -237,7 +313,7 @@ def test_the_trace_records_each_verified_length_and_old_traces_still_read(auto_t
     (lambda b: b.update(verify_len=b["verify_len"] + len(b["draft_ids"]) + 1), "verifies at most"),
     (lambda b: b.update(verify_len=0), "verify_len is 0; it must be at least 1"),
     (lambda b: b.update(verify_len=b["accepted"]), "verified drafts accepts 0 to"),
-    (lambda b: b.update(draft_ids=b["draft_ids"] * 8), "drafts; block_size 8 drafts 1 to 7"),
+    (lambda b: b.update(draft_ids=b["draft_ids"] * 8), "drafts; block_size 8 drafts up to 7"),
 ])
 def test_a_verified_length_that_contradicts_its_block_is_refused(auto_trace, edit, message):
     broken = copy.deepcopy(auto_trace)

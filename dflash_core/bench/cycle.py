@@ -232,7 +232,7 @@ def write_profile(target: Target, drafter: DFlashDrafter, timed: dict, path: str
     target.tap_layers(drafter.target_layer_ids)
     verify_s = measure_costs(target, timed["block_size"], timed["context"]).verify_s
     target.reset()
-    profile = CostProfile(verify_s, (timed["draft_ms"] + timed["bookkeeping_ms"]) / 1000)
+    profile = CostProfile(verify_s, (timed["draft_ms"] + timed["bookkeeping_ms"]) / 1000, timed["draft_ms"] / 1000)
     with open(path, "w") as f:
         json.dump(profile.to_dict(), f)
     return profile
