@@ -45,7 +45,7 @@ def build_pair(root: Path):
     target_dir = build_qwen3_target(root / "target", vocab_size=12, hidden=128, num_layers=4, seed=3)
     drafter_dir = build_dflash2_drafter(
         root / "drafter", target_dir, num_layers=2, block_size=8, seed=5, conv_kernel_size=3, conv_group_size=16,
-        selector_rank=8, selector_top_k=4, target_layer_ids=[0, 2],
+        selector_rank=8, selector_top_k=4, target_layer_ids=[0, 2], random_norms=True,
         input_embedding_scale=1.25, output_multiplier=0.75, final_logit_softcapping=6.0,
     )
     return target_dir, drafter_dir
