@@ -226,11 +226,13 @@ def test_dflash2_training_refuses_what_dflash2_has_not(tiny_dirs, tmp_path, flag
             main(argv)
 
 
-def _trained_tiny_dflash2(target_dir: Path, out: Path, steps: int, seed: int = 0, **sizes) -> DFlashDrafter:
-    """A one-layer DFlash drafter of block 4 for the target in `target_dir`, turned DFlash2 and trained
-    for `steps` steps on the target's greedy continuations of random prompts; saved to `out` (bf16)."""
+def _trained_tiny_dflash2(target_dir: Path, out: Path, steps: int, seed: int = 0, num_layers: int = 1,
+                          **sizes) -> DFlashDrafter:
+    """A DFlash drafter of block 4 for the target in `target_dir`, turned DFlash2 and trained for
+    `steps` steps on the target's greedy continuations of random prompts; saved to `out` (bf16)."""
     target = Target.from_pretrained(target_dir)
-    warm = DFlashDrafter.from_pretrained(build_drafter(out.parent / "warm", target_dir, num_layers=1, block_size=4, seed=seed))
+    warm_dir = build_drafter(out.parent / "warm", target_dir, num_layers=num_layers, block_size=4, seed=seed)
+    warm = DFlashDrafter.from_pretrained(warm_dir)
     drafter = to_dflash2(warm, **sizes)
     gen = torch.Generator().manual_seed(seed)
     seqs = []
@@ -265,7 +267,11 @@ def test_a_trained_dflash2_is_lossless(tmp_path, one_thread):
 @pytest.mark.slow
 @pytest.mark.skipif(vllm_python() is None, reason="no vLLM venv (.venv-vllm or $DFLASH_VLLM_VENV)")
 def test_a_trained_dflash2_loads_in_vllm_and_drafts_the_same(tmp_path):
+    """Two layers, as the shipped drafter has several: training moves each layer's norms apart, and the
+    comparison must then apply every layer's own K norm to the context keys."""
     target_dir = build_qwen3_target(tmp_path / "target", vocab_size=12, hidden=64, num_layers=4, seed=3)
-    _trained_tiny_dflash2(target_dir, tmp_path / "drafter", 30, conv_kernel_size=2, conv_group_size=16,
-                          selector_rank=8, selector_top_k=4)
+    drafter = _trained_tiny_dflash2(target_dir, tmp_path / "drafter", 30, num_layers=2, conv_kernel_size=2,
+                                    conv_group_size=16, selector_rank=8, selector_top_k=4)
+    k_norms = [layer.self_attn.k_norm.weight for layer in drafter.layers]
+    assert not torch.equal(k_norms[0], k_norms[1])
     assert_drafts_equal_vllm(tmp_path, "--target", str(target_dir), "--drafter", str(tmp_path / "drafter"), min_blocks=20)

@@ -61,7 +61,7 @@ def test_reference_drafts_equal_ours_on_the_reference_pair(golden_dir, golden_pa
 def test_reference_dflash2_drafts_equal_ours(tmp_path):
     target_dir = build_qwen3_target(tmp_path / "target", vocab_size=12)
     drafter_dir = build_dflash2_drafter(tmp_path / "drafter", target_dir, input_embedding_scale=1.25,
-                                        output_multiplier=0.75, final_logit_softcapping=6.0)
+                                        output_multiplier=0.75, final_logit_softcapping=6.0, random_norms=True)
     target, drafter = Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
     rng = random.Random(0)
     prompts = [[rng.randrange(11) for _ in range(rng.randint(2, 10))] for _ in range(3)]

@@ -150,12 +150,14 @@ def build_qwen3_target(directory: Path, *, num_layers: int = 4, hidden: int = 32
 def build_dflash2_drafter(
     directory: Path, target_dir: Path, *, num_layers: int = 2, block_size: int = 8, seed: int = 1,
     conv_kernel_size: int = 3, conv_group_size: int = 8, selector_rank: int = 4, selector_top_k: int = 4,
-    **dflash_extra,
+    random_norms: bool = False, **dflash_extra,
 ) -> Path:
     """A random DFlash2 drafter in the released format for the target in `target_dir`.
 
     Its convolutions and selector get random weights (a fresh one is the identity / has no pair
-    term), so a test sees every DFlash2 part act. `dflash_extra`: more `dflash_config` keys.
+    term), so a test sees every DFlash2 part act. `random_norms`: every RMSNorm weight drawn around 1
+    too, so each layer's norms differ (all-ones norms hide a norm applied with another layer's
+    weight). `dflash_extra`: more `dflash_config` keys.
     """
     mask_id = json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"] - 1
     dflash = {
@@ -175,5 +177,7 @@ def build_dflash2_drafter(
                 param.copy_(torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
             elif "candidate_selector" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) / param.shape[-1] ** 0.5 * 2)
+            elif random_norms and name.endswith("norm.weight"):
+                param.copy_(1 + 0.5 * torch.randn(param.shape, generator=generator))
     drafter.save_pretrained(directory, dtype=torch.float32)
     return Path(directory)

