@@ -24,6 +24,7 @@ import argparse
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from dflash_core.trace import RUNS as LANES
@@ -47,6 +48,23 @@ def chromium_path() -> str | None:
     return CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
 
 
+@contextmanager
+def open_page(url: str, timeout_s: float, height: int = 1000):
+    """A chromium page 1400 wide at `url`, every wait on it bounded by `timeout_s` (a busy shared
+    CPU can hold up a click for seconds); the browser is closed after."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": height})
+            page.set_default_timeout(timeout_s * 1000)
+            page.goto(url)
+            yield page
+        finally:
+            browser.close()
+
+
 def run_race_in_browser(
     url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0,
     lanes: tuple[str, ...] = (), cycle_lane: str | None = None, cycle: int | None = None,
@@ -58,66 +76,56 @@ def run_race_in_browser(
     Returns what the page showed, plus `first_token_s`: seconds from the click to the first
     colored token on screen, and `lane_tokens`: the tokens in each lane's pane.
     """
-    from playwright.sync_api import sync_playwright
-
-    timeout_ms = timeout_s * 1000
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            page.wait_for_selector("#pair-status :text('ready')", timeout=timeout_ms)
-            if max_new_tokens is not None:
-                box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
-                box.fill(str(max_new_tokens))
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#pair-status :text('ready')")
+        if max_new_tokens is not None:
+            box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
+            box.fill(str(max_new_tokens))
+            box.press("Enter")
+        for lane in lanes:
+            page.locator("#lanes-choice label", has_text=LANE_LABELS[lane]).click()
+        page.locator("#prompt textarea").fill(prompt)
+        clicked = time.perf_counter()
+        page.locator("#run").click()
+        page.wait_for_selector("#dflash-tokens .tok")
+        first_token_s = time.perf_counter() - clicked
+        page.wait_for_selector("#summary :text('speedup')")
+        # One lane draws bars and a running mean, several only their running means. A flat line
+        # is a path of zero height, never "visible" to playwright: attached is what is waited for.
+        page.wait_for_selector("#chart-acceptance .js-plotly-plot .scatterlayer path", state="attached")
+        page.wait_for_timeout(500)  # let the last chart frame paint
+        raced = [lane for lane in LANES if lane in ("dflash", *lanes, "plain")]
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshot), full_page=True)
+        cycle_title = None
+        if cycle_lane is not None:
+            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
+            page.locator("#cycle-lane label", has_text=LANE_LABELS.get(cycle_lane, "DFlash")).first.click()
+            page.wait_for_selector("#cycle-view .cycle h4")
+            if cycle is not None:
+                box = page.locator("#cycle-pick input[type=number]")
+                box.fill(str(cycle))
                 box.press("Enter")
-            for lane in lanes:
-                page.locator("#lanes-choice label", has_text=LANE_LABELS[lane]).click()
-            page.locator("#prompt textarea").fill(prompt)
-            clicked = time.perf_counter()
-            page.locator("#run").click()
-            page.wait_for_selector("#dflash-tokens .tok", timeout=timeout_ms)
-            first_token_s = time.perf_counter() - clicked
-            page.wait_for_selector("#summary :text('speedup')", timeout=timeout_ms)
-            # One lane draws bars and a running mean, several only their running means. A flat line
-            # is a path of zero height, never "visible" to playwright: attached is what is waited for.
-            page.wait_for_selector("#chart-acceptance .js-plotly-plot .scatterlayer path", state="attached",
-                                   timeout=timeout_ms)
-            page.wait_for_timeout(500)  # let the last chart frame paint
-            raced = [lane for lane in LANES if lane in ("dflash", *lanes, "plain")]
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(screenshot), full_page=True)
-            cycle_title = None
-            if cycle_lane is not None:
-                page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
-                page.locator("#cycle-lane label", has_text=LANE_LABELS.get(cycle_lane, "DFlash")).first.click()
-                page.wait_for_selector("#cycle-view .cycle h4", timeout=timeout_ms)
-                if cycle is not None:
-                    box = page.locator("#cycle-pick input[type=number]")
-                    box.fill(str(cycle))
-                    box.press("Enter")
-                    page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {cycle} of')", timeout=timeout_ms)
-                page.wait_for_timeout(500)
-                cycle_title = page.locator("#cycle-view .cycle h4").first.inner_text()
-                page.locator("#cycle-view").screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-cycle.png")))
-            return {
-                "cycle_title": cycle_title,
-                "first_token_s": round(first_token_s, 3),
-                "target_tokens": page.locator("#dflash-tokens .tok-bonus, #dflash-tokens .tok-first").count(),
-                "plain_tokens": page.locator("#plain-tokens .tok-plain").count(),
-                "lane_tokens": {lane: page.locator(f"#{lane}-tokens .tok").count() for lane in raced},
-                "lanes_visible": [lane for lane in LANES
-                                  if page.locator(f"#{lane}-pane").is_visible()],
-                "plots": page.locator(".js-plotly-plot").count(),
-                "bars": page.locator("#chart-acceptance .js-plotly-plot .bars path").count(),
-                "summary": page.locator("#summary").inner_text(),
-                "report": page.locator("#report").inner_text(),
-                "token_background": page.locator("#dflash-tokens .tok").first.evaluate(
-                    "el => getComputedStyle(el).backgroundColor"
-                ),
-            }
-        finally:
-            browser.close()
+                page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {cycle} of')")
+            page.wait_for_timeout(500)
+            cycle_title = page.locator("#cycle-view .cycle h4").first.inner_text()
+            page.locator("#cycle-view").screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-cycle.png")))
+        return {
+            "cycle_title": cycle_title,
+            "first_token_s": round(first_token_s, 3),
+            "target_tokens": page.locator("#dflash-tokens .tok-bonus, #dflash-tokens .tok-first").count(),
+            "plain_tokens": page.locator("#plain-tokens .tok-plain").count(),
+            "lane_tokens": {lane: page.locator(f"#{lane}-tokens .tok").count() for lane in raced},
+            "lanes_visible": [lane for lane in LANES
+                              if page.locator(f"#{lane}-pane").is_visible()],
+            "plots": page.locator(".js-plotly-plot").count(),
+            "bars": page.locator("#chart-acceptance .js-plotly-plot .bars path").count(),
+            "summary": page.locator("#summary").inner_text(),
+            "report": page.locator("#report").inner_text(),
+            "token_background": page.locator("#dflash-tokens .tok").first.evaluate(
+                "el => getComputedStyle(el).backgroundColor"
+            ),
+        }
 
 
 def _bonus_count(page) -> int:
@@ -129,180 +137,138 @@ def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: floa
     """In an app without models: replay the recorded run offered first at real time, Pause, Step `steps`
     cycles, open "Inside a cycle", hover a rejected draft token; screenshots (replay, cycle view,
     hover box) go to `artifacts`. Returns what the page showed at each point."""
-    from playwright.sync_api import sync_playwright
-
-    timeout_ms = timeout_s * 1000
     artifacts.mkdir(parents=True, exist_ok=True)
     seen: dict = {}
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(timeout_ms)  # a busy shared CPU can hold up a click for seconds
-            page.goto(url)
-            page.wait_for_selector("#replay-run", timeout=timeout_ms)
-            # The panes are rewritten every frame while a replay plays, so they are waited for by
-            # counting in the page, never by holding on to one token element.
-            page.locator("#replay-run").click()
-            page.wait_for_selector("#summary :text('at 1×')", timeout=timeout_ms)
-            page.wait_for_function(
-                "document.querySelectorAll('#dflash-tokens .tok-bonus').length >= 1", timeout=timeout_ms
-            )
-            page.locator("#pause").click()
-            page.wait_for_selector("#control-status :text('Paused')", timeout=timeout_ms)
-            page.wait_for_timeout(600)  # the paused frame (with hover boxes) arrives
-            seen["paused_at"] = paused = _bonus_count(page)
-            page.wait_for_timeout(800)
-            seen["still_paused_at"] = _bonus_count(page)  # nothing moves while paused
-            counts = []
-            for k in range(1, steps + 1):
-                page.locator("#step").click()
-                page.wait_for_function(
-                    f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {paused + k}", timeout=timeout_ms
-                )
-                page.wait_for_selector("#control-status :text('Paused')", timeout=timeout_ms)
-                counts.append(_bonus_count(page))
-            seen["after_steps"] = counts
-            page.wait_for_timeout(500)
-            seen["plain_stats"] = page.locator("#plain-stats").inner_text()
-            seen["dflash_stats"] = page.locator("#dflash-stats").inner_text()
-            page.screenshot(path=str(artifacts / "replay-paused.png"), full_page=True)
-            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
-            page.wait_for_selector("#cycle-view .cycle h4", timeout=timeout_ms)
-            seen["cycle_title"] = page.locator("#cycle-view .cycle h4").first.inner_text()
-            seen["cycle_text"] = page.locator("#cycle-view").inner_text()
-            page.locator("#cycle-view").screenshot(path=str(artifacts / "inside-a-cycle.png"))
-            # The first rejected draft (the one the target replaced) in the strip.
-            chip = page.locator("#dflash-strip .chip-rejected").filter(has=page.locator(".tip", has_text="Rejected:")).last
-            chip.scroll_into_view_if_needed()
-            chip.hover()
-            tip = chip.locator(".tip")
-            tip.wait_for(state="visible", timeout=timeout_ms)
-            seen["tip_text"] = tip.inner_text()
-            seen["tip_rows"] = tip.locator("tr").count()
-            boxes = [chip.bounding_box(), tip.bounding_box()]
-            left, top = min(b["x"] for b in boxes) - 12, min(b["y"] for b in boxes) - 12
-            right = max(b["x"] + b["width"] for b in boxes) + 12
-            bottom = max(b["y"] + b["height"] for b in boxes) + 12
-            seen["tip_inside_window"] = 0 <= boxes[1]["y"] and boxes[1]["y"] + boxes[1]["height"] <= 1000
-            page.screenshot(
-                path=str(artifacts / "hover-rejected.png"),
-                clip={"x": max(left, 0), "y": max(top, 0), "width": right - max(left, 0), "height": bottom - max(top, 0)},
-            )
-            page.mouse.move(0, 0)
-            page.locator("#continue").click()
-            page.wait_for_function(  # Continue: the replay moves on by itself
-                f"document.querySelectorAll('#dflash-tokens .tok-bonus').length > {counts[-1]}", timeout=timeout_ms
-            )
-            seen["control_status"] = page.locator("#control-status").inner_text()
-            return seen
-        finally:
-            browser.close()
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#replay-run")
+        # The panes are rewritten every frame while a replay plays, so they are waited for by
+        # counting in the page, never by holding on to one token element.
+        page.locator("#replay-run").click()
+        page.wait_for_selector("#summary :text('at 1×')")
+        page.wait_for_function("document.querySelectorAll('#dflash-tokens .tok-bonus').length >= 1")
+        page.locator("#pause").click()
+        page.wait_for_selector("#control-status :text('Paused')")
+        page.wait_for_timeout(600)  # the paused frame (with hover boxes) arrives
+        seen["paused_at"] = paused = _bonus_count(page)
+        page.wait_for_timeout(800)
+        seen["still_paused_at"] = _bonus_count(page)  # nothing moves while paused
+        counts = []
+        for k in range(1, steps + 1):
+            page.locator("#step").click()
+            page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {paused + k}")
+            page.wait_for_selector("#control-status :text('Paused')")
+            counts.append(_bonus_count(page))
+        seen["after_steps"] = counts
+        page.wait_for_timeout(500)
+        seen["plain_stats"] = page.locator("#plain-stats").inner_text()
+        seen["dflash_stats"] = page.locator("#dflash-stats").inner_text()
+        page.screenshot(path=str(artifacts / "replay-paused.png"), full_page=True)
+        page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
+        page.wait_for_selector("#cycle-view .cycle h4")
+        seen["cycle_title"] = page.locator("#cycle-view .cycle h4").first.inner_text()
+        seen["cycle_text"] = page.locator("#cycle-view").inner_text()
+        page.locator("#cycle-view").screenshot(path=str(artifacts / "inside-a-cycle.png"))
+        # The first rejected draft (the one the target replaced) in the strip.
+        chip = page.locator("#dflash-strip .chip-rejected").filter(has=page.locator(".tip", has_text="Rejected:")).last
+        chip.scroll_into_view_if_needed()
+        chip.hover()
+        tip = chip.locator(".tip")
+        tip.wait_for(state="visible")
+        seen["tip_text"] = tip.inner_text()
+        seen["tip_rows"] = tip.locator("tr").count()
+        boxes = [chip.bounding_box(), tip.bounding_box()]
+        left, top = min(b["x"] for b in boxes) - 12, min(b["y"] for b in boxes) - 12
+        right = max(b["x"] + b["width"] for b in boxes) + 12
+        bottom = max(b["y"] + b["height"] for b in boxes) + 12
+        seen["tip_inside_window"] = 0 <= boxes[1]["y"] and boxes[1]["y"] + boxes[1]["height"] <= 1000
+        page.screenshot(
+            path=str(artifacts / "hover-rejected.png"),
+            clip={"x": max(left, 0), "y": max(top, 0), "width": right - max(left, 0), "height": bottom - max(top, 0)},
+        )
+        page.mouse.move(0, 0)
+        page.locator("#continue").click()
+        # Continue: the replay moves on by itself
+        page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length > {counts[-1]}")
+        seen["control_status"] = page.locator("#control-status").inner_text()
+        return seen
 
 
 def replay_screenshots(url: str, out: Path, cycles: int = 16, timeout_s: float = 180.0) -> None:
     """The README's pictures: a replay paused after `cycles` DFlash cycles with a rejected draft's
     hover box open (out/replay.png), and that cycle's "inside a cycle" view (out/inside-a-cycle.png)."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1250})
-            page.set_default_timeout(timeout_s * 1000)
-            page.goto(url)
-            page.wait_for_selector("#summary :text('Replaying')")
-            box = page.locator("#replay-speed input[type=number]")
-            box.fill("1")
-            box.press("Enter")
-            page.locator("#replay-run").click()
-            page.wait_for_selector("#summary :text('Replaying')")
-            page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {cycles}")
-            page.locator("#pause").click()
-            page.wait_for_selector("#control-status :text('Paused')")
-            page.wait_for_timeout(1500)
-            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
-            page.wait_for_selector("#cycle-view .cycle h4")
-            page.wait_for_timeout(500)
-            page.locator("#cycle-view").screenshot(path=str(out / "inside-a-cycle.png"))
-            page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()  # closed again
-            page.evaluate("window.scrollTo(0, 0)")
-            token = page.locator("#dflash-tokens .tok-bonus").nth(6)  # a bonus token: the target replaced a draft
-            token.hover()
-            token.locator(".tip").wait_for(state="visible")
-            page.wait_for_timeout(300)
-            page.screenshot(path=str(out / "replay.png"))
-        finally:
-            browser.close()
+    with open_page(url, timeout_s, height=1250) as page:
+        page.wait_for_selector("#summary :text('Replaying')")
+        box = page.locator("#replay-speed input[type=number]")
+        box.fill("1")
+        box.press("Enter")
+        page.locator("#replay-run").click()
+        page.wait_for_selector("#summary :text('Replaying')")
+        page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {cycles}")
+        page.locator("#pause").click()
+        page.wait_for_selector("#control-status :text('Paused')")
+        page.wait_for_timeout(1500)
+        page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()
+        page.wait_for_selector("#cycle-view .cycle h4")
+        page.wait_for_timeout(500)
+        page.locator("#cycle-view").screenshot(path=str(out / "inside-a-cycle.png"))
+        page.locator("#cycle-panel").get_by_text("Inside a cycle").first.click()  # closed again
+        page.evaluate("window.scrollTo(0, 0)")
+        token = page.locator("#dflash-tokens .tok-bonus").nth(6)  # a bonus token: the target replaced a draft
+        token.hover()
+        token.locator(".tip").wait_for(state="visible")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(out / "replay.png"))
 
 
 def doctor_screenshot(url: str, out: Path, max_new_tokens: int = 48, timeout_s: float = 600.0) -> dict:
     """A short race, then "Why this tau?": waits for the doctor's report, opens the explanation of the
     measured-acceptance check, and saves the summary with the panel under it (out, a PNG). Returns
     the panel's text and the seconds from the click to the report."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(timeout_s * 1000)
-            page.goto(url)
-            page.wait_for_selector("#pair-status :text('ready')")
-            box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
-            box.fill(str(max_new_tokens))
-            box.press("Enter")
-            page.locator("#prompt textarea").fill(DEFAULT_PROMPT)
-            page.locator("#run").click()
-            page.wait_for_selector("#summary :text('speedup')")
-            clicked = time.perf_counter()
-            page.locator("#doctor-run").click()
-            page.wait_for_selector("#doctor .doctor-running")
-            page.wait_for_selector("#doctor .doctor-report")
-            seconds = time.perf_counter() - clicked
-            page.locator('#doctor [data-check="acceptance"] summary').click()
-            page.wait_for_timeout(300)
-            page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
-            top = page.locator("#summary").bounding_box()
-            panel = page.locator("#doctor-panel").bounding_box()
-            page.screenshot(path=str(out), full_page=True, clip={
-                "x": 0, "y": top["y"] - 12, "width": 1400, "height": panel["y"] + panel["height"] - top["y"] + 24})
-            return {"seconds": round(seconds, 1), "panel": page.locator("#doctor").inner_text()}
-        finally:
-            browser.close()
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#pair-status :text('ready')")
+        box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
+        box.fill(str(max_new_tokens))
+        box.press("Enter")
+        page.locator("#prompt textarea").fill(DEFAULT_PROMPT)
+        page.locator("#run").click()
+        page.wait_for_selector("#summary :text('speedup')")
+        clicked = time.perf_counter()
+        page.locator("#doctor-run").click()
+        page.wait_for_selector("#doctor .doctor-running")
+        page.wait_for_selector("#doctor .doctor-report")
+        seconds = time.perf_counter() - clicked
+        page.locator('#doctor [data-check="acceptance"] summary').click()
+        page.wait_for_timeout(300)
+        page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
+        top = page.locator("#summary").bounding_box()
+        panel = page.locator("#doctor-panel").bounding_box()
+        page.screenshot(path=str(out), full_page=True, clip={
+            "x": 0, "y": top["y"] - 12, "width": 1400, "height": panel["y"] + panel["height"] - top["y"] + 24})
+        return {"seconds": round(seconds, 1), "panel": page.locator("#doctor").inner_text()}
 
 
 def serving_screenshot(url: str, out: Path, max_new_tokens: int = 24, timeout_s: float = 600.0) -> dict:
     """The "Serving (vLLM)" tab: runs the sweep at its default levels with `max_new_tokens`, waits for
     its last status line, and saves the tab from its intro to the table (out, a PNG). Returns the
     status line, the table's text and the seconds from the click to the end."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(timeout_s * 1000)
-            page.goto(url)
-            page.get_by_role("tab", name="Serving (vLLM)").click()
-            box = page.locator("#serving-tokens input[type=number]")
-            box.fill(str(max_new_tokens))
-            box.press("Enter")
-            clicked = time.perf_counter()
-            page.locator("#serving-run").click()
-            page.wait_for_selector("#serving-status :text('running')")
-            page.wait_for_selector("#serving-status :text-matches('Done|stopped')")
-            seconds = time.perf_counter() - clicked
-            page.wait_for_timeout(1000)  # the last figure drawn
-            page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
-            top = page.locator("#serving-intro").bounding_box()
-            table = page.locator("#serving-table").bounding_box()
-            page.screenshot(path=str(out), full_page=True, clip={
-                "x": 0, "y": top["y"] - 12, "width": 1400, "height": table["y"] + table["height"] - top["y"] + 24})
-            return {"seconds": round(seconds, 1), "status": page.locator("#serving-status").inner_text(),
-                    "table": page.locator("#serving-table").inner_text()}
-        finally:
-            browser.close()
+    with open_page(url, timeout_s) as page:
+        page.get_by_role("tab", name="Serving (vLLM)").click()
+        box = page.locator("#serving-tokens input[type=number]")
+        box.fill(str(max_new_tokens))
+        box.press("Enter")
+        clicked = time.perf_counter()
+        page.locator("#serving-run").click()
+        page.wait_for_selector("#serving-status :text('running')")
+        page.wait_for_selector("#serving-status :text-matches('Done|stopped')")
+        seconds = time.perf_counter() - clicked
+        page.wait_for_timeout(1000)  # the last figure drawn
+        page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
+        top = page.locator("#serving-intro").bounding_box()
+        table = page.locator("#serving-table").bounding_box()
+        page.screenshot(path=str(out), full_page=True, clip={
+            "x": 0, "y": top["y"] - 12, "width": 1400, "height": table["y"] + table["height"] - top["y"] + 24})
+        return {"seconds": round(seconds, 1), "status": page.locator("#serving-status").inner_text(),
+                "table": page.locator("#serving-table").inner_text()}
 
 
 def main(argv=None) -> None:

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from app.race.interleave import SideView
-from app.view import render
+from app.view import render, tips
 from app.view.cycle_view import cycle_html
 from app.view.speedup import Costs, effective_acceptance, expected_tokens, extend_rates, iid_rates, run_costs, speedup
 from dflash_core import Block, Prefill, Summary
@@ -85,6 +85,16 @@ def test_hover_boxes_show_block_slot_topk_and_why_all_escaped():
     plain = render.tokens_html(render.plain_marks(plain_view()), ["a", "b", "c"], text_of, None,
                                render.plain_tips(plain_view(), text_of))
     assert "target top-k" in plain and "75.0%" in plain
+
+
+def test_a_cycle_without_drafts_says_the_target_decoded_alone():
+    # A block schedule's paused cycle: no drafts, slot 0 verified, the target's token is the bonus.
+    paused = Block(1, 13, (), 0, 7, (7,), 0.0, 0.02, 0.12, verify_len=1)
+    assert tips.why(paused, 1, text_of) == (
+        "No drafts this cycle (block size 1, or a block schedule pausing a drafter that was not paying): "
+        "the target decoded 'z' alone, as plain decoding does."
+    )
+    assert tips.why(dflash_view().blocks[0], 3, text_of).startswith("Discarded unverified")
 
 
 def test_sampled_verdict_shows_the_uniform_draw_and_ratio():

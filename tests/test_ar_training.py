@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import torch
-from test_train import PROMPTS, _target_samples, _write_shard
+from test_train import overfit_setup
 
-from dflash_core import DFlashDrafter, Target
+from dflash_core import DFlashDrafter
 from dflash_core.config import parse_drafter_config
 from dflash_core.training.objective import block_layout, dense_block_mask
 from dflash_core.training.train import main
@@ -39,16 +39,9 @@ def test_causal_layout_holds_the_real_tokens_and_dflash_labels():
 
 def test_ar_training_loss_falls_and_writes_an_autoregressive_drafter(tiny_dirs, tmp_path, one_thread):
     target_dir, _ = tiny_dirs
-    target = Target.from_pretrained(target_dir)
-    samples = _target_samples(target, PROMPTS, 40)
-    data, out = tmp_path / "data", tmp_path / "out"
-    _write_shard(data, samples)
-    summary = main([
-        "--target", str(target_dir), "--data", str(data), "--out", str(out), "--layers", "1", "--block-size", "4",
-        "--drafter-kind", "ar", "--anchors-per-seq", "64", "--lr", "3e-3", "--warmup", "0.05", "--grad-accum", "2",
-        "--heldout-frac", "0", "--amp", "none", "--save-every", "1000", "--log-every", "1", "--no-progress",
-        "--init-from-target", "--max-steps", "30",
-    ])
+    out = tmp_path / "out"
+    target, _, common = overfit_setup(target_dir, tmp_path / "data")
+    summary = main([*common, "--out", str(out), "--drafter-kind", "ar", "--init-from-target", "--max-steps", "30"])
     assert summary["step"] == 30
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in log if r["kind"] == "train"]

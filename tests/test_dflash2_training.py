@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_dflash2 import SCALARS, assert_drafts_equal_vllm, assert_samples_follow_the_target, vllm_python
-from test_train import PROMPTS, _prompt_ids, _target_samples, _write_shard
+from test_train import PROMPTS, _prompt_ids, _write_shard, overfit_setup
 from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target, build_target
 
 from dflash_core import DFlashDrafter, Target, run
@@ -152,15 +152,8 @@ def test_a_dflash_drafter_turned_dflash2_drafts_what_it_did(tiny_dirs, one_threa
 
 def test_dflash2_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     target_dir, _ = tiny_dirs
-    target = Target.from_pretrained(target_dir)
-    samples = _target_samples(target, PROMPTS, 40)
-    data, source, out = tmp_path / "data", tmp_path / "dflash", tmp_path / "dflash2"
-    _write_shard(data, samples)
-    common = [
-        "--target", str(target_dir), "--data", str(data), "--layers", "1", "--block-size", "4", "--anchors-per-seq", "64",
-        "--lr", "3e-3", "--warmup", "0.05", "--grad-accum", "2", "--heldout-frac", "0", "--amp", "none",
-        "--save-every", "1000", "--log-every", "1", "--no-progress",
-    ]
+    source, out = tmp_path / "dflash", tmp_path / "dflash2"
+    target, samples, common = overfit_setup(target_dir, tmp_path / "data")
     main([*common, "--out", str(source), "--init-from-target", "--max-steps", "10"])
     dflash2 = [*common, "--out", str(out), "--init-from", str(source), "--dflash2", "--conv-group-size", "8",
                "--selector-rank", "8", "--selector-top-k", "6", "--walk-weight", "2"]

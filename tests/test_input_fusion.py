@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from test_train import PROMPTS, _target_samples, _write_shard, assert_flex_equals_dense
+from test_train import assert_flex_equals_dense, overfit_setup
 from tiny import build_fusion_drafter, build_target
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, run
@@ -202,15 +202,8 @@ def test_cuda_graph_steps_replay_input_fusion_drafts(fusion_pair, one_thread):
 
 def test_overfit_save_load_resume_and_warm_start(tiny_dirs, tmp_path, one_thread):
     target_dir, _ = tiny_dirs
-    target = Target.from_pretrained(target_dir)
-    samples = _target_samples(target, PROMPTS, 40)
-    data, out = tmp_path / "data", tmp_path / "out"
-    _write_shard(data, samples)
-    common = [
-        "--target", str(target_dir), "--data", str(data), "--layers", "1", "--block-size", "4",
-        "--anchors-per-seq", "64", "--lr", "3e-3", "--warmup", "0.05", "--grad-accum", "2", "--heldout-frac", "0",
-        "--amp", "none", "--save-every", "1000", "--log-every", "1", "--no-progress",
-    ]
+    out = tmp_path / "out"
+    target, samples, common = overfit_setup(target_dir, tmp_path / "data")
     fresh = [*common, "--init-from-target", "--context-fusion", "input"]
     assert main([*fresh, "--out", str(out), "--max-steps", "30"])["step"] == 30
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]

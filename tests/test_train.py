@@ -47,6 +47,21 @@ def _target_samples(target: Target, prompts, max_new_tokens: int) -> list[tuple[
     return samples
 
 
+def overfit_setup(target_dir, data) -> tuple[Target, list[tuple[list[int], int]], list[str]]:
+    """What the overfit tests share: the tiny target, its own greedy answers to PROMPTS (the samples,
+    written to `data` as a shard), and the `train.py` arguments of a 1-layer block-4 drafter on them
+    (full precision, no held-out split, every step logged); each test adds --out, its drafter's kind
+    and its steps."""
+    target = Target.from_pretrained(target_dir)
+    samples = _target_samples(target, PROMPTS, 40)
+    _write_shard(data, samples)
+    return target, samples, [
+        "--target", str(target_dir), "--data", str(data), "--layers", "1", "--block-size", "4",
+        "--anchors-per-seq", "64", "--lr", "3e-3", "--warmup", "0.05", "--grad-accum", "2", "--heldout-frac", "0",
+        "--amp", "none", "--save-every", "1000", "--log-every", "1", "--no-progress",
+    ]
+
+
 def _write_shard(directory, samples, index=0):
     """A shard in the datagen format (see dflash_core/training/datagen.py)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -126,15 +141,9 @@ def test_soft_labels_are_the_targets_own_distribution(tiny_dirs, one_thread):
 
 def test_overfit_save_load_and_resume(tiny_dirs, tmp_path, one_thread):
     target_dir, _ = tiny_dirs
-    target = Target.from_pretrained(target_dir)
-    samples = _target_samples(target, PROMPTS, 40)
     data, out = tmp_path / "data", tmp_path / "out"
-    _write_shard(data, samples)
-    common = [
-        "--target", str(target_dir), "--data", str(data), "--out", str(out), "--layers", "1", "--block-size", "4",
-        "--anchors-per-seq", "64", "--lr", "3e-3", "--warmup", "0.05", "--grad-accum", "2", "--heldout-frac", "0",
-        "--amp", "none", "--save-every", "1000", "--log-every", "1", "--no-progress", "--init-from-target",
-    ]
+    target, samples, common = overfit_setup(target_dir, data)
+    common = [*common, "--out", str(out), "--init-from-target"]
     summary = main([*common, "--max-steps", "40"])
     assert summary["step"] == 40
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]

@@ -88,6 +88,9 @@ def why(block, slot: int, text_of: Callable[[int], str]) -> str:
     rule = explain.decision.rule if explain is not None else "greedy"
     accepted = block.accepted
     bonus = repr(text_of(block.bonus_id))
+    if not block.draft_ids:
+        return (f"No drafts this cycle (block size 1, or a block schedule pausing a drafter that was not paying): "
+                f"the target decoded {bonus} alone, as plain decoding does.")
     if slot > len(block.draft_ids):
         return f"All {len(block.draft_ids)} drafts were accepted; the target adds its own next token {bonus} (the bonus)."
     verified, drafts = block.verified, len(block.draft_ids)
