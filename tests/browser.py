@@ -65,6 +65,14 @@ def open_page(url: str, timeout_s: float, height: int = 1000):
             browser.close()
 
 
+def screenshot_between(page, first: str, last: str, out: Path) -> None:
+    """Save the page's full width from the top of element `first` to the bottom of `last` (out, a PNG)."""
+    page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
+    top, bottom = page.locator(first).bounding_box(), page.locator(last).bounding_box()
+    page.screenshot(path=str(out), full_page=True, clip={
+        "x": 0, "y": top["y"] - 12, "width": 1400, "height": bottom["y"] + bottom["height"] - top["y"] + 24})
+
+
 def run_race_in_browser(
     url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0,
     lanes: tuple[str, ...] = (), cycle_lane: str | None = None, cycle: int | None = None,
@@ -239,11 +247,7 @@ def doctor_screenshot(url: str, out: Path, max_new_tokens: int = 48, timeout_s: 
         seconds = time.perf_counter() - clicked
         page.locator('#doctor [data-check="acceptance"] summary').click()
         page.wait_for_timeout(300)
-        page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
-        top = page.locator("#summary").bounding_box()
-        panel = page.locator("#doctor-panel").bounding_box()
-        page.screenshot(path=str(out), full_page=True, clip={
-            "x": 0, "y": top["y"] - 12, "width": 1400, "height": panel["y"] + panel["height"] - top["y"] + 24})
+        screenshot_between(page, "#summary", "#doctor-panel", out)
         return {"seconds": round(seconds, 1), "panel": page.locator("#doctor").inner_text()}
 
 
@@ -262,11 +266,7 @@ def serving_screenshot(url: str, out: Path, max_new_tokens: int = 24, timeout_s:
         page.wait_for_selector("#serving-status :text-matches('Done|stopped')")
         seconds = time.perf_counter() - clicked
         page.wait_for_timeout(1000)  # the last figure drawn
-        page.evaluate("window.scrollTo(0, 0)")  # boxes are measured from the viewport, the clip from the page
-        top = page.locator("#serving-intro").bounding_box()
-        table = page.locator("#serving-table").bounding_box()
-        page.screenshot(path=str(out), full_page=True, clip={
-            "x": 0, "y": top["y"] - 12, "width": 1400, "height": table["y"] + table["height"] - top["y"] + 24})
+        screenshot_between(page, "#serving-intro", "#serving-table", out)
         return {"seconds": round(seconds, 1), "status": page.locator("#serving-status").inner_text(),
                 "table": page.locator("#serving-table").inner_text()}
 
