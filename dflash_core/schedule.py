@@ -56,6 +56,7 @@ HEADROOM = 2  # drafts past the longest recently verified, so that a run of sure
 PRIOR = 4.0  # drafts taken at the drafter's word before the run's own outcomes calibrate it
 DECAY = 0.9  # per cycle: the weight left to older outcomes, as a run's text changes
 MAX_PAUSE = 16  # plain cycles at most between tries of a drafter that keeps losing
+PATIENCE = 2  # losing cycles in a row before the drafter pauses: one bad draft says little of the next
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ class BlockSchedule:
         self.drafting_cycles = self.cycles = 0
         self.recent: list[int] = []  # drafts verified in the last WINDOW cycles, past the last full one
         self.paused = 0  # plain cycles left before the drafter is tried again
+        self.losing = 0  # drafting cycles in a row whose best choice was slower than a plain step
         self.next_pause = 1  # the pause after the next losing cycle; doubles while the drafter keeps losing
         self.confidence: list[float] = []  # the raw confidences of the cycle being verified
 
@@ -211,9 +213,11 @@ class BlockSchedule:
         drafting_rate = (1 + expected_accepted(calibrated)[k]) / (other_s + self.verify_s[k])
         plain_rate = 1 / (max(other_s - self.draft_s, 0.0) + self.verify_s[0])
         if k == 0 or drafting_rate < plain_rate:
-            self.paused, self.next_pause = self.next_pause, min(2 * self.next_pause, MAX_PAUSE)
+            self.losing += 1
+            if self.losing >= PATIENCE:
+                self.paused, self.next_pause = self.next_pause, min(2 * self.next_pause, MAX_PAUSE)
         else:
-            self.next_pause = 1
+            self.losing, self.next_pause = 0, 1
         # A cycle that wanted every draft it had may want more: the next one drafts the whole block.
         self.recent = [] if k == len(self.confidence) else [*self.recent, k][-WINDOW:]
         return k

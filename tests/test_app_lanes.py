@@ -15,6 +15,8 @@ from serve import launch_app  # noqa: E402
 from tiny import build_drafter  # noqa: E402
 
 from app.view.frames import API_FIELDS  # noqa: E402
+from dflash_core import decoding  # noqa: E402
+from dflash_core.schedule import CostProfile  # noqa: E402
 from dflash_core.trace import validate_trace  # noqa: E402
 
 PROMPT = "What is the capital of France? Paris is the capital of France. What is"
@@ -91,7 +93,11 @@ def test_a_pair_without_an_ar_drafter_says_which_pairs_have_one(tiny_dirs, one_t
         list(app.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["ar"]))
 
 
-def test_the_scheduled_lane_races_losslessly_and_its_trace_records_each_verified_length(client):
+def test_the_scheduled_lane_races_losslessly_and_its_trace_records_each_verified_length(client, monkeypatch):
+    # A verify that costs more with every token, as on a CPU: the costs this machine measures at the
+    # moment (the tiny target's are nearly flat, and noisy under load) would decide the cuts otherwise.
+    steep = CostProfile(tuple(1 + 0.3 * k for k in range(TRAINED)))
+    monkeypatch.setattr(decoding, "measured_costs", lambda target, longest: steep)
     out, _ = race(client, ["scheduled"])
     report = out["report"]["lanes"]
     assert list(report) == ["dflash", "scheduled", "plain"]

@@ -15,7 +15,7 @@ from dflash_core.bench.cycle import TARGETS
 from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.errors import GenerationInputError
 from dflash_core.schedule import (
-    DECAY, HEADROOM, MAX_PAUSE, PRIOR, WINDOW, BlockSchedule, Calibration, CostProfile, best_length,
+    DECAY, HEADROOM, MAX_PAUSE, PATIENCE, PRIOR, WINDOW, BlockSchedule, Calibration, CostProfile, best_length,
     expected_accepted, measured_costs,
 )
 from tiny import build_drafter
@@ -81,20 +81,22 @@ def drive(schedule: BlockSchedule, verified_per_draft: list[int]) -> list[int]:
 
 def test_the_draft_length_follows_the_lengths_verified_lately():
     # The whole block first; then HEADROOM (2) past the most verified in the last WINDOW (4) cycles;
-    # a cycle whose best choice is no draft pauses the drafter 1, then 2 cycles (0), and a cycle that
-    # pays again ends the doubling; a cycle that verified all 5 drafts it had is followed by the whole block.
-    assert (HEADROOM, WINDOW) == (2, 4)
+    # PATIENCE (2) cycles in a row whose best choice is no draft pause the drafter for 1 cycle (0), a
+    # third for 2, and a cycle that pays again ends the run; a cycle that verified all 3 drafts it
+    # had is followed by the whole block.
+    assert (HEADROOM, WINDOW, PATIENCE) == (2, 4, 2)
     schedule = BlockSchedule(STEEP, 16)
-    assert drive(schedule, [3, 1, 0, 0, 3, 5, 2]) == [15, 5, 5, 0, 5, 0, 0, 5, 5, 15]
-    assert schedule.draft_length() == 4  # the last four verified 0, 3, 5, 2 ... after the full one: 2 + 2
+    assert drive(schedule, [3, 1, 0, 0, 0, 3, 5, 0, 2]) == [15, 5, 5, 5, 0, 5, 0, 0, 3, 15, 7, 7]
+    assert schedule.draft_length() == 7  # since the full one: 5, 0, 2 verified; 5 + 2
 
 
 def test_a_drafter_that_keeps_losing_is_paused_longer_up_to_max_pause():
     schedule = BlockSchedule(STEEP, 4)
     drafted = drive(schedule, [0] * 7)
-    # the paused cycles between one drafting cycle and the next
+    # the paused cycles between one drafting cycle and the next: none after the first losing
+    # cycle, then 1, 2, 4, ... up to MAX_PAUSE while the drafter keeps losing
     pauses = [len(run) for run in "".join("x" if n else "." for n in drafted).split("x")[1:-1]]
-    assert pauses == [1, 2, 4, 8, 16, 16] and MAX_PAUSE == 16
+    assert pauses == [0, 1, 2, 4, 8, 16] and MAX_PAUSE == 16
 
 
 def test_a_draft_dearer_than_its_expected_gain_pauses_the_drafter():
@@ -102,7 +104,8 @@ def test_a_draft_dearer_than_its_expected_gain_pauses_the_drafter():
     cheap, dear = (CostProfile((1.0, 1.2), other_s=d, draft_s=d) for d in (0.1, 1.5))
     for costs, paused in ((cheap, False), (dear, True)):
         schedule = BlockSchedule(costs, 2)
-        assert schedule.draft_length() == 1 and schedule.choose(torch.tensor([1.0])) == 1
+        for _ in range(PATIENCE):
+            assert schedule.draft_length() == 1 and schedule.choose(torch.tensor([1.0])) == 1
         assert (schedule.draft_length() == 0) == paused
 
 
@@ -189,9 +192,10 @@ def test_greedy_output_is_plain_decoding_whatever_lengths_are_verified(golden_pa
 def expected_draft_lengths(blocks, block_size: int) -> list[int]:
     """What each cycle should draft, read from the cycles before it: the whole block at first and after a
     cycle that verified all its drafts, else HEADROOM past the most verified in the last WINDOW cycles;
-    none in the 1, 2, 4, ... cycles after a drafting cycle that verified none (a profile whose other_s
-    is given and whose draft costs nothing: verifying no draft is the only losing choice)."""
-    out, recent, paused, next_pause = [], [], 0, 1
+    none in the 1, 2, 4, ... cycles after PATIENCE drafting cycles in a row that verified none (a
+    profile whose other_s is given and whose draft costs nothing: verifying no draft is the only
+    losing choice)."""
+    out, recent, paused, next_pause, losing = [], [], 0, 1, 0
     for block in blocks:
         if paused:
             out.append(0)
@@ -199,9 +203,11 @@ def expected_draft_lengths(blocks, block_size: int) -> list[int]:
             continue
         out.append(min(block_size - 1, max(recent) + HEADROOM) if recent else block_size - 1)
         if block.verified == 0:
-            paused, next_pause = next_pause, min(2 * next_pause, MAX_PAUSE)
+            losing += 1
+            if losing >= PATIENCE:
+                paused, next_pause = next_pause, min(2 * next_pause, MAX_PAUSE)
         else:
-            next_pause = 1
+            losing, next_pause = 0, 1
         recent = [] if block.verified == len(block.draft_ids) else [*recent, block.verified][-WINDOW:]
     return out
 
