@@ -105,7 +105,7 @@ def test_the_scheduled_lane_races_losslessly_and_its_trace_records_each_verified
     # The slider's block is the fixed lane's; the schedule chooses up to the drafter's trained size.
     assert report["scheduled"]["block_size"] == TRAINED and report["dflash"]["block_size"] == BLOCK
     assert out["scheduled_tokens"].count('class="tok ') == 24
-    assert "DFlash, scheduled block (1 to 8, chosen each cycle: 1 pass per cycle)" in out["scheduled_stats"]
+    assert "DFlash, scheduled block (1 to 8, chosen each cycle; no pass while the drafter is paused)" in out["scheduled_stats"]
     trace = validate_trace(out["trace_file"])
     run = trace["runs"]["scheduled"]
     assert run["block_schedule"] == "auto" and trace["runs"]["dflash"]["block_schedule"] == "fixed"

@@ -11,7 +11,7 @@ LABELS = {"dflash": "DFlash", "scheduled": "DFlash, scheduled block", "dflash2":
 COLORS = {"dflash": "#2f9e44", "scheduled": "#0c8599", "dflash2": "#c2255c", "fusion": "#a9861a", "ar": "#e8590c",
           "lookup": "#ae3ec9", "plain": "#4c6ef5"}
 # The lanes a visitor may add (label, name); DFlash and plain decoding always race.
-CHOICES = [("DFlash, scheduled block (verifies what each cycle's drafts are worth)", "scheduled"),
+CHOICES = [("DFlash, scheduled block (verifies what each cycle's drafts are worth, pauses a losing drafter)", "scheduled"),
            ("DFlash2 (one path through each slot's top candidates)", "dflash2"),
            ("input fusion (target features at the input only)", "fusion"),
            ("AR drafter (one pass per draft)", "ar"), ("prompt lookup (no model)", "lookup")]
@@ -30,7 +30,7 @@ def lane_title(lane: str, block_size: int) -> str:
     if lane == "lookup":
         return f"Prompt lookup (block {block_size}, no model)"
     if lane == "scheduled":
-        return f"DFlash, scheduled block (1 to {block_size}, chosen each cycle: 1 pass per cycle)"
+        return f"DFlash, scheduled block (1 to {block_size}, chosen each cycle; no pass while the drafter is paused)"
     if lane == "dflash2":
         return f"DFlash2 (block {block_size}: 1 pass per cycle, then a path through each slot's candidates)"
     if lane == "fusion":
