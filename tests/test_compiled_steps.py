@@ -137,3 +137,4 @@ def test_compile_is_a_switch_of_the_loaders(tmp_path, monkeypatch):
     assert cli_main(["generate", "--target", str(target_dir), "--plain", "--prompt-ids", "1,2", "--max-new-tokens",
                      "2", "--compile", "--quiet"]) == 0
     assert torch.compiler.is_compiling() is False
+
