@@ -54,8 +54,9 @@ RECOMPILE_LIMIT = 64
 OPTIONS = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 
 GEMMS = ("template", "library")
-# Inductor's settings for `template`. Dynamo reads `freezing` while it traces, so they are patched
-# into inductor's global config around every compile and run of such a step, not passed per compile.
+# Inductor's settings for `template`. Dynamo reads `freezing` while it traces, so besides going
+# into the compile's options they are patched into inductor's global config around every compile
+# and run of such a step.
 TEMPLATE_CONFIG = {
     "freezing": True,
     "cpp.enable_concat_linear": True,
@@ -64,22 +65,26 @@ TEMPLATE_CONFIG = {
 }
 
 
-def default_gemms() -> str:
-    """`DFLASH_COMPILE_GEMMS`, or `template`."""
-    return check_gemms(os.environ.get("DFLASH_COMPILE_GEMMS", "").strip().lower() or "template")
-
-
-def check_gemms(gemms: str) -> str:
+def _checked(gemms: str, source: str) -> str:
     if gemms not in GEMMS:
-        raise ConfigError(f"compiled GEMMs must be one of {', '.join(GEMMS)}, not {gemms!r} (DFLASH_COMPILE_GEMMS)")
+        raise ConfigError(f"compiled GEMMs must be one of {', '.join(GEMMS)}, not {gemms!r} ({source})")
     return gemms
+
+
+@contextlib.contextmanager
+def _template_settings():
+    with torch._inductor.config.patch(TEMPLATE_CONFIG), traced_as_linear():
+        yield
 
 
 class CompiledBackend:
     """`capture` compiles the step for its inputs' shapes and runs it; `replay` runs it again."""
 
     def __init__(self, gemms: str | None = None):
-        self.gemms = check_gemms(gemms) if gemms is not None else default_gemms()
+        if gemms is None:
+            variable = os.environ.get("DFLASH_COMPILE_GEMMS", "").strip().lower() or "template"
+            gemms = _checked(variable, "DFLASH_COMPILE_GEMMS")
+        self.gemms = _checked(gemms, "compile_gemms")
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
@@ -88,8 +93,7 @@ class CompiledBackend:
             # The config also goes into the options: dynamo reuses a step's code compiled by an
             # equal backend whose guards pass, and a library-compiled step traces the same graph
             # wherever a layer takes F.linear anyway (one-row inputs on MKL, `cpu_linear.py`).
-            options = {**OPTIONS, **TEMPLATE_CONFIG}
-            settings = lambda: _both(torch._inductor.config.patch(TEMPLATE_CONFIG), traced_as_linear())  # noqa: E731
+            options, settings = {**OPTIONS, **TEMPLATE_CONFIG}, _template_settings
         else:
             options, settings = OPTIONS, contextlib.nullcontext
         compiled = torch.compile(step, fullgraph=True, dynamic=False, options=options)
@@ -102,8 +106,3 @@ class CompiledBackend:
         with settings():
             return compiled(*inputs)
 
-
-@contextlib.contextmanager
-def _both(first, second):
-    with first, second:
-        yield

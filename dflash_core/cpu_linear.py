@@ -83,7 +83,8 @@ class PackedLinear(nn.Linear):
         if not self.single_row_packed and x.numel() == x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
-            return F.linear(x, self.weight, self.bias) if _TRACED_AS_LINEAR else packed_linear(x, self.weight, self.bias)
+            linear = F.linear if _TRACED_AS_LINEAR else packed_linear
+            return linear(x, self.weight, self.bias)
         return self.packed_forward(x)
 
     def packed_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,14 +67,14 @@ def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch):
     assert packed_calls and set(packed_calls) >= {1, 4}
 
 
-KERNEL = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(.*?r'''(.*?)'''", re.S | re.M)
+KERNEL = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(.*?r'''(.*?)'''", re.DOTALL | re.MULTILINE)
 
 
 def gemm_calls(code: str) -> int:
     """How many calls of inductor's C++ GEMM template kernels one compiled step's code makes."""
     templates = {name for name, source in KERNEL.findall(code) if "micro_gemm" in source}
     body = code[code.index("def call(self, args):"):]
-    return sum(1 for name in re.findall(r"^\s+(\w+)\(", body, re.M) if name in templates)
+    return sum(1 for name in re.findall(r"^\s+(\w+)\(", body, re.MULTILINE) if name in templates)
 
 
 def test_template_gemms_merge_the_linears_and_decode_as_the_eager_ones(small_pair, monkeypatch):
@@ -87,7 +87,8 @@ def test_template_gemms_merge_the_linears_and_decode_as_the_eager_ones(small_pai
     for module in eager.model.modules():
         if isinstance(module, PackedLinear):
             monkeypatch.setattr(module, "single_row_packed", False)
-    run(Target(eager.model, static_cache=True, compiled=True, compile_gemms="library"), [5, 6, 7], None, max_new_tokens=4)
+    library = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
+    run(library, [5, 6, 7], None, max_new_tokens=4)
     compiled = Target(eager.model, static_cache=True, compiled=True, compile_gemms="template")
     codes = []
     with mock.patch.object(GraphLowering, "save_output_code", codes.append):
@@ -118,7 +119,7 @@ def test_compiled_gemms_are_checked(small_pair, monkeypatch):
     assert Target(eager.model, static_cache=True, compiled=True).graphs.backend.gemms == "template"
     with pytest.raises(ConfigError, match="compile_gemms='library' is for compiled steps"):
         Target(eager.model, static_cache=True, compile_gemms="library")
-    with pytest.raises(ConfigError, match="compiled GEMMs must be one of template, library, not 'mkl'"):
+    with pytest.raises(ConfigError, match=r"must be one of template, library, not 'mkl' \(compile_gemms\)"):
         Target(eager.model, static_cache=True, compiled=True, compile_gemms="mkl")
     monkeypatch.setenv("DFLASH_COMPILE_GEMMS", "Library")
     assert Target(eager.model, static_cache=True, compiled=True).graphs.backend.gemms == "library"

@@ -33,7 +33,8 @@ def main() -> None:
     parser.add_argument("--prompt-set", default="natural", choices=["natural", "generated", "both"])
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2, help="passes over the prompts")
-    parser.add_argument("--variants", nargs="+", default=["eager", "template"], choices=["eager", "library", "template"],
+    parser.add_argument("--variants", nargs="+", default=["eager", "template"],
+                        choices=["eager", "library", "template"],
                         help="eager: the DynamicCache target; library, template: compiled with those GEMMs")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
