@@ -3,8 +3,22 @@
 A plain decoding step of a small target on a CPU is mostly weight streaming, plus a Python and
 dispatcher cost per module and per small op (RMSNorm, RoPE, SiLU, the cache write) that repeats in
 every layer; on a CPU there is no CUDA graph to replay them. Inductor traces a step once per shape
-into one function: the elementwise ops fuse into a few C++ loops and the module calls disappear,
-while the linears stay library calls (MKL, or the oneDNN-packed ones of `cpu_linear.py`).
+into one function: the elementwise ops fuse into a few C++ loops and the module calls disappear.
+
+The linears of a CPU step run one of two ways (`gemms`):
+
+- `template` (the default on CPU): inductor freezes the weights into the compiled step as
+  constants, merges the linears that read the same input (q/k/v, gate/up) into one weight each,
+  packs every weight once for its shape and runs it through the faster, measured at compile time,
+  of its own C++ GEMM template and MKL's packed GEMM. On a 2-core AVX2 EPYC this made the 4-token
+  verify 1.5x faster than the library calls (docs/benchmarks.md, "Compiled steps").
+- `library`: the weights stay parameters and the linears library calls: MKL for one row, the
+  oneDNN-packed ones of `cpu_linear.py` for a block.
+
+`template` costs compile time (each new weight shape is timed both ways) and memory (each compiled
+shape holds its own packed copy of the weights), and a compiled step keeps computing with the
+weights it froze: the models must not change while they decode (the engine's never do; training
+runs eagerly). Off the CPU both names mean `library`. `DFLASH_COMPILE_GEMMS` sets the default.
 
 `CompiledBackend` is a `cuda_graphs.StepGraphs` backend, so the compiled steps are the graphed
 ones and keep their contract: fixed shapes per key, inputs in static buffers, the static caches
@@ -13,14 +27,22 @@ leaves its key eager with one `FallbackWarning`. A replay returns the step's fre
 stay valid until the next replay of the key, as a graph's do.
 
 Compiling costs time once per shape and process (minutes for a 30-layer model on a loaded 2-core
-CPU); inductor keeps the generated code in its on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, by default
-under the system's temp folder), so a later process with the same model and shapes starts in seconds.
+CPU); inductor keeps the generated code and its GEMM timings in its on-disk cache
+(`TORCHINDUCTOR_CACHE_DIR`, by default under the system's temp folder), so a later process with the
+same model and shapes starts in seconds to a minute.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 import torch._dynamo
+import torch._inductor.config
+
+from .cpu_linear import traced_as_linear
+from .errors import ConfigError
 
 # A run compiles one verify shape per block size (1 to 16 with the block schedule), per target
 # wrapper, plus the draft step; past dynamo's default of 8 per function, new shapes would run eagerly.
@@ -31,19 +53,56 @@ RECOMPILE_LIMIT = 64
 # still guarded or in the StepGraphs key.
 OPTIONS = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 
+GEMMS = ("template", "library")
+# Inductor's settings for `template`. Dynamo reads `freezing` while it traces, so besides going
+# into the compile's options they are patched into inductor's global config around every compile
+# and run of such a step.
+TEMPLATE_CONFIG = {
+    "freezing": True,
+    "cpp.enable_concat_linear": True,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+}
+
+
+def _checked(gemms: str, source: str) -> str:
+    if gemms not in GEMMS:
+        raise ConfigError(f"compiled GEMMs must be one of {', '.join(GEMMS)}, not {gemms!r} ({source})")
+    return gemms
+
+
+@contextlib.contextmanager
+def _template_settings():
+    with torch._inductor.config.patch(TEMPLATE_CONFIG), traced_as_linear():
+        yield
+
 
 class CompiledBackend:
     """`capture` compiles the step for its inputs' shapes and runs it; `replay` runs it again."""
 
-    def __init__(self):
+    def __init__(self, gemms: str | None = None):
+        if gemms is None:
+            variable = os.environ.get("DFLASH_COMPILE_GEMMS", "").strip().lower() or "template"
+            gemms = _checked(variable, "DFLASH_COMPILE_GEMMS")
+        self.gemms = _checked(gemms, "compile_gemms")
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
     def capture(self, step, inputs):
-        compiled = torch.compile(step, fullgraph=True, dynamic=False, options=OPTIONS)
-        outputs = compiled(*inputs)
-        return (compiled, inputs), outputs
+        if self.gemms == "template" and all(x.device.type == "cpu" for x in inputs):
+            # The config also goes into the options: dynamo reuses a step's code compiled by an
+            # equal backend whose guards pass, and a library-compiled step traces the same graph
+            # wherever a layer takes F.linear anyway (one-row inputs on MKL, `cpu_linear.py`).
+            options, settings = {**OPTIONS, **TEMPLATE_CONFIG}, _template_settings
+        else:
+            options, settings = OPTIONS, contextlib.nullcontext
+        compiled = torch.compile(step, fullgraph=True, dynamic=False, options=options)
+        with settings():
+            outputs = compiled(*inputs)
+        return (compiled, inputs, settings), outputs
 
     def replay(self, handle):
-        compiled, inputs = handle
-        return compiled(*inputs)
+        compiled, inputs, settings = handle
+        with settings():
+            return compiled(*inputs)
+

@@ -17,11 +17,13 @@ blocks of rows are as fast or faster packed. So `auto` (the default) times both 
 
 Under `torch.compile` (`compiled_steps.py`) a packed layer is the custom op `dflash::packed_linear`:
 the compiler cannot trace oneDNN's opaque packed tensor, so the op takes the ordinary weight and
-finds its packed copy at run time.
+finds its packed copy at run time. Inside `traced_as_linear()` it is a plain `F.linear` instead, for
+compiled steps that freeze the weights and pack them with inductor's own GEMMs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -81,13 +83,31 @@ class PackedLinear(nn.Linear):
         if not self.single_row_packed and x.numel() == x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
-            return packed_linear(x, self.weight, self.bias)
+            linear = F.linear if _TRACED_AS_LINEAR else packed_linear
+            return linear(x, self.weight, self.bias)
         return self.packed_forward(x)
 
     def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._weight_key() != self.packed_key:
             self.repack()  # changed in place (optimizer step) or replaced (`.to(dtype)`, `.data =`)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+# Read while torch.compile traces a forward, so dynamo guards on it: whoever compiles inside
+# `traced_as_linear()` must also run the compiled function inside it.
+_TRACED_AS_LINEAR = False
+
+
+@contextlib.contextmanager
+def traced_as_linear(enabled: bool = True):
+    """Within, a packed layer traced by torch.compile is `F.linear` on its ordinary weight (which
+    inductor's freezing passes can merge and pack), not the opaque `dflash::packed_linear` op."""
+    global _TRACED_AS_LINEAR
+    previous, _TRACED_AS_LINEAR = _TRACED_AS_LINEAR, enabled
+    try:
+        yield
+    finally:
+        _TRACED_AS_LINEAR = previous
 
 
 # The packed layer of each weight storage, for the compiled op below.

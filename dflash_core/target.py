@@ -85,10 +85,12 @@ class Target:
     (`cuda_graphs.py`); needs `static_cache`. `graph_backend` replaces `torch.cuda.CUDAGraph` (tests).
     compiled: run the same steps through `torch.compile` instead (`compiled_steps.py`), on any device;
     needs `static_cache`. Plain decoding's one-token steps are such verify forwards too.
+    compile_gemms: how a compiled CPU step runs its linears, `template` or `library`
+    (`compiled_steps.py`); None: `DFLASH_COMPILE_GEMMS`, or `template`.
     """
 
     def __init__(self, model, tokenizer=None, static_cache: bool = False, cuda_graphs: bool = False,
-                 graph_backend=None, compiled: bool = False):
+                 graph_backend=None, compiled: bool = False, compile_gemms: str | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.layers = model.get_decoder().layers
@@ -96,6 +98,8 @@ class Target:
         config = model.config
         if cuda_graphs and compiled:
             raise ConfigError("choose CUDA graphs or compiled steps, not both: each runs the same steps its own way")
+        if compile_gemms is not None and not compiled:
+            raise ConfigError(f"compile_gemms={compile_gemms!r} is for compiled steps (compiled=True)")
         steps = "CUDA graphs" if cuda_graphs else "compiled steps" if compiled else None
         if steps and not static_cache:
             raise ConfigError(
@@ -114,7 +118,7 @@ class Target:
                     f"{steps[0].upper()}{steps[1:]} need sdpa or eager attention; this model uses "
                     f"{config._attn_implementation}"
                 )
-            self.graphs = StepGraphs(CompiledBackend() if compiled else graph_backend)
+            self.graphs = StepGraphs(CompiledBackend(compile_gemms) if compiled else graph_backend)
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
         self._recording = False

@@ -1,13 +1,18 @@
 """Compiled steps (`compiled_steps.py`): torch.compile'd verify and draft steps decode token for
-token as the eager ones, through oneDNN-packed linears, and refuse what they cannot run."""
+token as the eager ones, through inductor's merged GEMM templates on frozen weights or through
+oneDNN-packed linears, and refuse what they cannot run."""
 
 from __future__ import annotations
+
+import re
+from unittest import mock
 
 import pytest
 import torch
 from tiny import build_drafter, build_target
+from torch._inductor.graph import GraphLowering
 
-from dflash_core import DFlashDrafter, SamplingParams, Target, load_pair, run
+from dflash_core import DFlashDrafter, SamplingParams, Target, compiled_steps, load_pair, run
 from dflash_core.__main__ import main as cli_main
 from dflash_core.bench.__main__ import main as bench_main
 from dflash_core.cpu_linear import PackedLinear
@@ -23,19 +28,9 @@ def small_pair(tmp_path_factory):
     return Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
 
 
-def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch):
-    eager, drafter = small_pair
-    compiled = Target(eager.model, static_cache=True, compiled=True)
-    packed_calls = []
-    packed_forward = PackedLinear.packed_forward
-
-    def counted(self, x):
-        packed_calls.append(x.shape[:-1].numel())
-        return packed_forward(self, x)
-
-    monkeypatch.setattr(PackedLinear, "packed_forward", counted)
-    prompts = [[5, 6, 7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
-    for ids in prompts:
+def decodes_as_eager(eager, compiled, drafter):
+    """Plain decoding and DFlash (greedy and sampled) through `compiled` equal the eager target's."""
+    for ids in ([5, 6, 7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6]):
         plain = run(eager, ids, None, max_new_tokens=24)
         assert run(compiled, ids, None, max_new_tokens=24).output_ids == plain.output_ids
         for sampling in (SamplingParams(), SamplingParams(temperature=0.9, seed=3)):
@@ -44,12 +39,67 @@ def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch):
             assert b.output_ids == a.output_ids and b.acceptance_lengths == a.acceptance_lengths
             if sampling.greedy:
                 assert b.output_ids == plain.output_ids
+
+
+def compiled_shapes(target) -> dict:
+    """{input shapes of a StepGraphs key: compiled (not fallen back to eager)}."""
+    return {tuple(tuple(s) for s, _, _ in key[1:]): entry is not None for key, entry in target.graphs.graphs.items()}
+
+
+def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch):
+    eager, drafter = small_pair
+    compiled = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
+    packed_calls = []
+    packed_forward = PackedLinear.packed_forward
+
+    def counted(self, x):
+        packed_calls.append(x.shape[:-1].numel())
+        return packed_forward(self, x)
+
+    monkeypatch.setattr(PackedLinear, "packed_forward", counted)
+    decodes_as_eager(eager, compiled, drafter)
     feature_width = len(drafter.target_layer_ids) * eager.hidden_size
-    shapes = {tuple(tuple(s) for s, _, _ in key[1:]): entry is not None for key, entry in compiled.graphs.graphs.items()}
     # Every shape compiled (none fell back to eager): verify of 1 and 4 tokens, the draft step.
-    assert shapes == {((1, 1), (1, 1)): True, ((1, 4), (1, 4)): True, ((1,), (1, 4, feature_width), (1, 8)): True}
+    assert compiled_shapes(compiled) == {
+        ((1, 1), (1, 1)): True, ((1, 4), (1, 4)): True, ((1,), (1, 4, feature_width), (1, 8)): True
+    }
     # The compiled steps ran their linears through the packed weights (a small model packs one rows too).
     assert packed_calls and set(packed_calls) >= {1, 4}
+
+
+KERNEL = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(.*?r'''(.*?)'''", re.DOTALL | re.MULTILINE)
+
+
+def gemm_calls(code: str) -> int:
+    """How many calls of inductor's C++ GEMM template kernels one compiled step's code makes."""
+    templates = {name for name, source in KERNEL.findall(code) if "micro_gemm" in source}
+    body = code[code.index("def call(self, args):"):]
+    return sum(1 for name in re.findall(r"^\s+(\w+)\(", body, re.MULTILINE) if name in templates)
+
+
+def test_template_gemms_merge_the_linears_and_decode_as_the_eager_ones(small_pair, monkeypatch):
+    eager, drafter = small_pair
+    # CPP alone: the engine's CPP,ATEN setting where the template wins, without timing every shape
+    # against MKL first (seconds per shape).
+    monkeypatch.setitem(compiled_steps.TEMPLATE_CONFIG, "max_autotune_gemm_backends", "CPP")
+    # One-row inputs on F.linear, as on a model large enough to time MKL against oneDNN: the library
+    # target's one-token step then traces the graph the template's does, and must not be reused.
+    for module in eager.model.modules():
+        if isinstance(module, PackedLinear):
+            monkeypatch.setattr(module, "single_row_packed", False)
+    library = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
+    run(library, [5, 6, 7], None, max_new_tokens=4)
+    compiled = Target(eager.model, static_cache=True, compiled=True, compile_gemms="template")
+    codes = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        decodes_as_eager(eager, compiled, drafter)
+    assert all(compiled_shapes(compiled).values()) and len(codes) == 3  # verify of 1 token, draft, verify of 4
+    for code in codes:
+        assert "dflash.packed_linear" not in code and "extern_kernels.mm" not in code and "addmm" not in code
+    # The two verify steps: per target layer q/k/v merged into one GEMM, o, gate/up merged into one,
+    # down; plus the head. The draft step: fc, its one layer (q; k/v merged over context and block;
+    # o; gate/up; down), the head. Unmerged, they would be 15, 15 and 9.
+    assert sorted(map(gemm_calls, codes)) == [1 + 5 + 1, 4 * eager.num_layers + 1, 4 * eager.num_layers + 1]
 
 
 def test_compiled_steps_need_the_static_cache_and_exclude_cuda_graphs(small_pair, tmp_path, capsys):
@@ -63,7 +113,24 @@ def test_compiled_steps_need_the_static_cache_and_exclude_cuda_graphs(small_pair
     assert "--compile and --cuda-graphs" in capsys.readouterr().err
 
 
-def test_compile_is_a_switch_of_the_loaders(tmp_path):
+def test_compiled_gemms_are_checked(small_pair, monkeypatch):
+    eager, _ = small_pair
+    monkeypatch.delenv("DFLASH_COMPILE_GEMMS", raising=False)
+    assert Target(eager.model, static_cache=True, compiled=True).graphs.backend.gemms == "template"
+    with pytest.raises(ConfigError, match="compile_gemms='library' is for compiled steps"):
+        Target(eager.model, static_cache=True, compile_gemms="library")
+    with pytest.raises(ConfigError, match=r"must be one of template, library, not 'mkl' \(compile_gemms\)"):
+        Target(eager.model, static_cache=True, compiled=True, compile_gemms="mkl")
+    monkeypatch.setenv("DFLASH_COMPILE_GEMMS", "Library")
+    assert Target(eager.model, static_cache=True, compiled=True).graphs.backend.gemms == "library"
+    monkeypatch.setenv("DFLASH_COMPILE_GEMMS", "fast")
+    with pytest.raises(ConfigError, match=r"not 'fast' \(DFLASH_COMPILE_GEMMS\)"):
+        Target(eager.model, static_cache=True, compiled=True)
+
+
+def test_compile_is_a_switch_of_the_loaders(tmp_path, monkeypatch):
+    # The library GEMMs compile in seconds; the template's are covered above.
+    monkeypatch.setenv("DFLASH_COMPILE_GEMMS", "library")
     target_dir = build_target(tmp_path / "target", num_layers=1)
     pair = load_pair(target_dir, compiled=True, static_cache=True)
     assert pair.target.graphs is not None and pair.target.static_cache
@@ -71,3 +138,4 @@ def test_compile_is_a_switch_of_the_loaders(tmp_path):
     assert cli_main(["generate", "--target", str(target_dir), "--plain", "--prompt-ids", "1,2", "--max-new-tokens",
                      "2", "--compile", "--quiet"]) == 0
     assert torch.compiler.is_compiling() is False
+

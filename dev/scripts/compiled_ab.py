@@ -1,8 +1,10 @@
 """Eager against compiled steps in one process: plain decoding and DFlash of the same prompts through
-the eager target (DynamicCache, the default) and the compiled one (`Target(..., compiled=True)` on the
-same weights), interleaved prompt by prompt, every output checked against the eager plain decoding.
+the eager target (DynamicCache, the default) and compiled ones (`Target(..., compiled=True)` on the
+same weights, with `library` or `template` GEMMs, `compiled_steps.py`), interleaved prompt by prompt,
+every output checked against the first variant's plain decoding.
 
-    python dev/scripts/compiled_ab.py --threads 1 --num-prompts 8 --max-new-tokens 128 --reps 2
+    python dev/scripts/compiled_ab.py --threads 1 --num-prompts 8 --max-new-tokens 128 --reps 2 \
+        --variants library template
 
 Prints tok/s (wall), CPU ms per token, and the median draft and verify time per cycle of each.
 """
@@ -10,6 +12,7 @@ Prints tok/s (wall), CPU ms per token, and the median draft and verify time per 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -30,23 +33,32 @@ def main() -> None:
     parser.add_argument("--prompt-set", default="natural", choices=["natural", "generated", "both"])
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2, help="passes over the prompts")
+    parser.add_argument("--variants", nargs="+", default=["eager", "template"],
+                        choices=["eager", "library", "template"],
+                        help="eager: the DynamicCache target; library, template: compiled with those GEMMs")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     pair = load_pair(args.target, args.drafter, dtype="float32")
-    eager, drafter, tokenizer = pair.target, pair.drafter, pair.tokenizer
-    targets = {"eager": eager, "compiled": Target(eager.model, tokenizer, static_cache=True, compiled=True)}
+    drafter, tokenizer = pair.drafter, pair.tokenizer
+    targets = {
+        name: pair.target if name == "eager" else Target(pair.target.model, tokenizer, static_cache=True, compiled=True,
+                                                         compile_gemms=name)
+        for name in args.variants
+    }
     prompts = [encode_prompt(tokenizer, p["prompt"]) for p in select_prompts(None, args.prompt_set, args.num_prompts)]
     stop_ids = [tokenizer.eos_token_id]
-    size_static_caches(targets["compiled"], drafter, max(map(len, prompts)) + args.max_new_tokens)
-    start = time.perf_counter()
     for target in targets.values():
+        if target.static_cache:
+            size_static_caches(target, drafter, max(map(len, prompts)) + args.max_new_tokens)
+    for name, target in targets.items():
+        start = time.perf_counter()
         for model in (None, drafter):
             run(target, prompts[0][:8], model, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids)
-    print(f"warm-up (compiles, or reads inductor's cache): {time.perf_counter() - start:.1f} s", flush=True)
+        print(f"{name} warm-up (compiles, or reads inductor's cache): {time.perf_counter() - start:.1f} s", flush=True)
     totals, identical = {}, []
     for rep in range(args.reps):
         for i, ids in enumerate(prompts):
-            order = list(targets) if (i + rep) % 2 == 0 else list(targets)[::-1]  # neither always goes first
+            order = list(targets) if (i + rep) % 2 == 0 else list(targets)[::-1]  # none always goes first
             outputs = {}
             for name in order:
                 for model, method in ((None, "plain"), (drafter, "dflash")):
@@ -60,14 +72,15 @@ def main() -> None:
                     t["tokens"] += len(s.output_ids)
                     t["draft"] += [b.draft_s for b in s.blocks]
                     t["verify"] += [b.verify_s for b in s.blocks]
-            identical.append(all(out == outputs["eager", "plain"] for out in outputs.values()))
+            identical.append(all(out == outputs[args.variants[0], "plain"] for out in outputs.values()))
             print(f"prompt {i + 1}/{len(prompts)}, pass {rep + 1}: outputs identical {identical[-1]}, "
                   f"load {Path('/proc/loadavg').read_text().split()[0]}", flush=True)
     for (name, method), t in totals.items():
         print(f"{name:9}{method:8}{t['tokens'] / t['s']:7.2f} tok/s {1000 * t['cpu'] / t['tokens']:7.1f} CPU ms/token  "
               f"draft {1000 * statistics.median(t['draft']):5.1f} ms, verify {1000 * statistics.median(t['verify']):6.1f} ms "
               "per cycle (medians)")
-    print(f"all outputs identical on {sum(identical)}/{len(identical)} prompt passes")
+    print(f"all outputs identical on {sum(identical)}/{len(identical)} prompt passes; "
+          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB")
 
 
 if __name__ == "__main__":

@@ -283,6 +283,7 @@ def benchmark(args) -> dict:
     for name in getattr(args, "peer", ()):
         field[name] = peer_rows(name, args, encoded, ours, block_sizes[0], eos)
         ratios(field[name], plain_tok_s, head["tok_s"])
+    template_gemms = args.compile and target.graphs.backend.gemms == "template" and target.device.type == "cpu"
     return {
         "target": str(args.target),
         "drafter": str(args.drafter),
@@ -292,9 +293,12 @@ def benchmark(args) -> dict:
         "static_cache": args.static_cache,
         "cuda_graphs": args.cuda_graphs,  # plain decoding replays its one-token verify from a graph too
         "compiled": args.compile,  # likewise
+        # How the compiled steps ran the linears (compiled_steps.py; off the CPU, always `library`).
+        "compiled_gemms": ("template" if template_gemms else "library") if args.compile else None,
         "threads": torch.get_num_threads(),
-        # Which library ran the target's one-row (plain decoding) matmuls; chosen per machine.
-        "cpu_single_row": single_row_library(target.model),
+        # Which library ran the target's one-row (plain decoding) matmuls; chosen per machine. Not
+        # the eager layers' when compiled steps run inductor's GEMMs on the CPU.
+        "cpu_single_row": None if template_gemms else single_row_library(target.model),
         # Blocks verified bitwise as one-token steps (identical is then 1.0 by construction).
         "batch_invariant": is_batch_invariant(target.model),
         "rows_alone_linears": len(rows_alone_layers(target.model)),  # exact but slower on this CPU
@@ -339,6 +343,7 @@ def print_table(result: dict) -> None:
     print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
           f"on {result['device']} ({result['threads']} threads"
           + (f", one-row matmuls by {result['cpu_single_row']}" if result.get("cpu_single_row") else "")
+          + (", compiled, linears by inductor's GEMMs" if result.get("compiled_gemms") == "template" else "")
           + (f", {result['numerics']}" if result.get("numerics") else "") + ")")
     print(f"prompts through {result['chat_template']}")
     print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
