@@ -186,6 +186,8 @@ class _Decoding:
         if self.session is None or length == 0:
             nothing = torch.empty(0, dtype=torch.long, device=self.device)
             return Proposal(nothing, None, 0, confidence=nothing.float())
+        if length is None:  # the whole block: a session need not take a length it is never given
+            return self.session.draft(self.bonus_ids, self.start, bool(self.explain))
         return self.session.draft(self.bonus_ids, self.start, bool(self.explain), length)
 
     def cycle(self) -> Cycle:
