@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_dflash2 import SCALARS, assert_drafts_equal_vllm, assert_samples_follow_the_target, vllm_python
+from test_dflash2 import SCALARS, assert_drafts_equal_vllm, vllm_python
+from test_sampling import assert_samples_follow_the_target
 from test_train import PROMPTS, _prompt_ids, _write_shard, overfit_setup
 from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target, build_target
 

@@ -125,6 +125,21 @@ def exact_joint(target: Target, prompt, length, params) -> torch.Tensor:
 CHI_SQUARE_RUNS = 800
 
 
+def assert_samples_follow_the_target(target, drafter):
+    """`drafter`'s sampled 3-token outputs after [1, 2, 0] (temperature 1.3, top-k 3) follow the target's
+    exact distribution (chi-square), with drafts often accepted."""
+    prompt, length = [1, 2, 0], 3
+    exact = exact_joint(target, prompt, length, SamplingParams(temperature=1.3, top_k=3)).flatten()
+    counts, accepted = torch.zeros_like(exact), 0
+    for seed in range(CHI_SQUARE_RUNS):
+        out = run(target, prompt, drafter, max_new_tokens=length, sampling=SamplingParams(1.3, top_k=3, seed=seed))
+        a, b, c = out.output_ids
+        counts[a * 16 + b * 4 + c] += 1
+        accepted += sum(blk.accepted for blk in out.blocks)
+    assert accepted > CHI_SQUARE_RUNS // 5, "drafts were rarely accepted: the test would not exercise the acceptance rule"
+    assert chi_square_ok(counts, exact)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method,draft_vocab,draft_mode", [
     ("dflash", None, "argmax"), ("dflash", None, "sample"), ("dflash", (3, 1), "sample"),
