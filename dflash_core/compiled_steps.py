@@ -10,8 +10,7 @@ The linears of a CPU step run one of two ways (`gemms`):
 - `template` (the default on CPU): inductor freezes the weights into the compiled step as
   constants, merges the linears that read the same input (q/k/v, gate/up) into one weight each,
   packs every weight once for its shape and runs it through the faster, measured at compile time,
-  of its own C++ GEMM template and MKL's packed GEMM. On a 2-core AVX2 EPYC this made the 4-token
-  verify 1.5x faster than the library calls (docs/benchmarks.md, "Compiled steps").
+  of its own C++ GEMM template and MKL's packed GEMM (figures: docs/benchmarks.md, "Compiled steps").
 - `library`: the weights stay parameters and the linears library calls: MKL for one row, the
   oneDNN-packed ones of `cpu_linear.py` for a block.
 
