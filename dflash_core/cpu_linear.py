@@ -11,9 +11,18 @@ weight changed in place (an optimizer step) or replaced is repacked before its n
 packed module never computes with stale weights. Calls that need gradients take `F.linear`.
 
 Which library is faster for the single row of a plain decoding step depends on the CPU, while
-blocks of rows are as fast or faster packed. So `auto` (the default) times both libraries once over a freshly packed model's single-row calls and keeps the faster;
-`on` always runs packed; `off` keeps every layer as it was. Models whose weights fit in a cache
-(under 64 MB) are not timed: there the comparison would not show the bandwidth-bound case.
+blocks of rows are as fast or faster packed. So `auto` (the default of `DFLASH_CPU_LINEAR`) times
+both libraries once over a freshly packed model's single-row calls and keeps the faster; `on`
+always runs packed; `off` keeps every layer as it was.
+
+Faster than both on the CPUs measured, where it builds, is this project's rows kernel
+(`kernels/cpu_rows.py`: float32, 1 to 16 rows, each row bitwise as it would be alone).
+`DFLASH_CPU_ROWS` picks: `auto` (the default) times the kernel against the libraries' choice over
+one-row and four-row calls (a plain step and a verify) and keeps the kernel unless it is slower;
+`on` takes it for every few-row call it can; `off` never.
+
+Models whose weights fit in a cache (under 64 MB) are not timed: there the comparison would not
+show the bandwidth-bound case. They run packed, and take the rows kernel where it builds.
 
 Under `torch.compile` (`compiled_steps.py`) a packed layer is the custom op `dflash::packed_linear`:
 the compiler cannot trace oneDNN's opaque packed tensor, so the op takes the ordinary weight and
@@ -33,16 +42,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import cpu_rows
+
+MODES = ("auto", "on", "off")
 
 def packable_dtypes() -> tuple[torch.dtype, ...]:
     # Without native bf16 (AVX512-BF16/AMX) oneDNN would emulate it; MKL's path is then no worse.
     return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
-def _mode() -> str:
-    value = os.environ.get("DFLASH_CPU_LINEAR", "auto").strip().lower() or "auto"
-    if value not in ("auto", "on", "off"):
-        raise ValueError(f"DFLASH_CPU_LINEAR must be auto, on or off, not {value!r}")
+def _mode(variable: str = "DFLASH_CPU_LINEAR") -> str:
+    value = os.environ.get(variable, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{variable} must be auto, on or off, not {value!r}")
     return value
 
 
@@ -60,6 +72,7 @@ class PackedLinear(nn.Linear):
     packed: torch.Tensor
     packed_key: tuple[int, int]  # which weight storage, at which in-place version, was packed
     single_row_packed: bool = True  # False: one-row inputs take F.linear (see choose_single_row_path)
+    rows_kernel: bool = False  # True: inputs of up to cpu_rows.MAX_ROWS rows take the rows kernel
 
     @classmethod
     def convert(cls, linear: nn.Linear) -> "PackedLinear":
@@ -80,12 +93,14 @@ class PackedLinear(nn.Linear):
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         if needs_grad or x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
+        compiling = torch.compiler.is_compiling()
+        if compiling and _TRACED_AS_LINEAR:
+            return F.linear(x, self.weight, self.bias)
+        if self.rows_kernel and x.numel() <= cpu_rows.MAX_ROWS * x.shape[-1]:
+            return cpu_rows.rows_linear(x, self.weight, self.bias)
         if not self.single_row_packed and x.numel() == x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling():
-            linear = F.linear if _TRACED_AS_LINEAR else packed_linear
-            return linear(x, self.weight, self.bias)
-        return self.packed_forward(x)
+        return packed_linear(x, self.weight, self.bias) if compiling else self.packed_forward(x)
 
     def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._weight_key() != self.packed_key:
@@ -131,46 +146,74 @@ def _(x, weight, bias):
 CALIBRATE_MIN_BYTES = 64 * 2**20
 
 
-@torch.inference_mode()
-def choose_single_row_path(layers: list[PackedLinear], reps: int = 7) -> bool:
-    """Time one-row calls through all of `layers`, packed and with F.linear, interleaved so that a
-    machine slowing down hurts both alike; set and return whether packed stays (MKL must win by
-    5% to take over, so a tie keeps one library for every row count)."""
-    rows = [torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in layers]
+def _median_times(layers: list[PackedLinear], paths: dict, rows: tuple[int, ...], reps: int) -> dict:
+    """{path name: median seconds of one sweep through all `layers` with inputs of each row count},
+    the paths interleaved so that a machine slowing down hurts them alike."""
+    inputs = [[torch.randn(n, m.in_features, dtype=m.weight.dtype) for n in rows] for m in layers]
 
-    def sweep(packed: bool) -> float:
+    def sweep(path) -> float:
         t0 = time.perf_counter()
-        for m, x in zip(layers, rows):
-            m.packed_forward(x) if packed else F.linear(x, m.weight, m.bias)
+        for m, xs in zip(layers, inputs):
+            for x in xs:
+                path(m, x)
         return time.perf_counter() - t0
 
-    times = {True: [], False: []}
+    times = {name: [] for name in paths}
     for i in range(reps + 1):
-        for packed in (True, False):
+        for name, path in paths.items():
+            seconds = sweep(path)
             if i:  # the first sweep of each only warms up
-                times[packed].append(sweep(packed))
-            else:
-                sweep(packed)
-    keep = statistics.median(times[False]) > 0.95 * statistics.median(times[True])
+                times[name].append(seconds)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+@torch.inference_mode()
+def choose_single_row_path(layers: list[PackedLinear], reps: int = 7) -> bool:
+    """Time one-row calls through all of `layers`, packed and with F.linear; set and return whether
+    packed stays (MKL must win by 5% to take over, so a tie keeps one library for every row count)."""
+    times = _median_times(layers, {
+        "packed": lambda m, x: m.packed_forward(x),
+        "mkl": lambda m, x: F.linear(x, m.weight, m.bias),
+    }, rows=(1,), reps=reps)
+    keep = times["mkl"] > 0.95 * times["packed"]
     for m in layers:
         m.single_row_packed = keep
     return keep
 
 
+@torch.inference_mode()
+def choose_rows_kernel(layers: list[PackedLinear], reps: int = 7) -> bool:
+    """Time one-row plus four-row calls through all of `layers` with the rows kernel and with their
+    current paths; set and return whether the kernel takes their few-row calls (unless slower)."""
+    for m in layers:
+        m.rows_kernel = False
+    times = _median_times(layers, {
+        "kernel": lambda m, x: cpu_rows.rows_linear(x, m.weight, m.bias),
+        "current": lambda m, x: m.forward(x),
+    }, rows=(1, 4), reps=reps)
+    keep = times["kernel"] <= times["current"]
+    for m in layers:
+        m.rows_kernel = keep
+    return keep
+
+
 def single_row_library(model: nn.Module) -> str | None:
-    """'oneDNN' or 'MKL': what a packed `model` uses for one-row inputs (None: nothing packed)."""
+    """'rows kernel', 'oneDNN' or 'MKL': what a packed `model` uses for one-row inputs (None: nothing packed)."""
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
     if not layers:
         return None
+    if all(m.rows_kernel for m in layers):
+        return "rows kernel"
     return "oneDNN" if all(m.single_row_packed for m in layers) else "MKL"
 
 
 def pack_linears(model: nn.Module, calibrate: bool = True) -> int:
     """Pack every CPU float32/bfloat16 `nn.Linear` in `model`; return how many were packed.
 
-    Under `auto` and with `calibrate`, a model of at least CALIBRATE_MIN_BYTES then has its one-row
-    path chosen by `choose_single_row_path`. Does nothing (returns 0) when `DFLASH_CPU_LINEAR=off`
-    or PyTorch was built without oneDNN.
+    With `calibrate`, a model of at least CALIBRATE_MIN_BYTES then has its one-row path chosen by
+    `choose_single_row_path` and its few-row path by `choose_rows_kernel` (where the variables are
+    `auto`); other models take the rows kernel where it builds. Does nothing (returns 0) when
+    `DFLASH_CPU_LINEAR=off` or PyTorch was built without oneDNN.
     """
     if not packing_wanted():
         return 0
@@ -180,6 +223,14 @@ def pack_linears(model: nn.Module, calibrate: bool = True) -> int:
         if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype in dtypes:
             packed.append(PackedLinear.convert(module))
     weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in packed)
-    if calibrate and _mode() == "auto" and weight_bytes >= CALIBRATE_MIN_BYTES:
+    large = calibrate and weight_bytes >= CALIBRATE_MIN_BYTES
+    if large and _mode() == "auto":
         choose_single_row_path(packed)
+    kernel, rows_mode = [m for m in packed if cpu_rows.eligible(m.weight)], _mode("DFLASH_CPU_ROWS")
+    if kernel and rows_mode != "off" and cpu_rows.available():
+        if large and rows_mode == "auto":
+            choose_rows_kernel(kernel)
+        else:
+            for m in kernel:
+                m.rows_kernel = True
     return len(packed)

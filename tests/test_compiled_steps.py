@@ -17,6 +17,7 @@ from dflash_core.__main__ import main as cli_main
 from dflash_core.bench.__main__ import main as bench_main
 from dflash_core.cpu_linear import PackedLinear
 from dflash_core.errors import ConfigError
+from dflash_core.kernels import cpu_rows
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,18 @@ def compiled_shapes(target) -> dict:
     return {tuple(tuple(s) for s, _, _ in key[1:]): entry is not None for key, entry in target.graphs.graphs.items()}
 
 
-def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch):
+@pytest.mark.parametrize("rows_kernel", [
+    pytest.param(True, marks=pytest.mark.skipif(cpu_rows.unsupported_reason() is not None, reason="no rows kernel here")),
+    False,
+])
+def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch, rows_kernel):
     eager, drafter = small_pair
+    for module in eager.model.modules():
+        if isinstance(module, PackedLinear):
+            monkeypatch.setattr(module, "rows_kernel", rows_kernel and cpu_rows.available())
+    torch._dynamo.reset()  # dynamo does not guard on module attributes: forget steps traced the other way
     compiled = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
-    packed_calls = []
+    packed_calls, codes = [], []
     packed_forward = PackedLinear.packed_forward
 
     def counted(self, x):
@@ -57,14 +66,18 @@ def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch):
         return packed_forward(self, x)
 
     monkeypatch.setattr(PackedLinear, "packed_forward", counted)
-    decodes_as_eager(eager, compiled, drafter)
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        decodes_as_eager(eager, compiled, drafter)
     feature_width = len(drafter.target_layer_ids) * eager.hidden_size
     # Every shape compiled (none fell back to eager): verify of 1 and 4 tokens, the draft step.
     assert compiled_shapes(compiled) == {
         ((1, 1), (1, 1)): True, ((1, 4), (1, 4)): True, ((1,), (1, 4, feature_width), (1, 8)): True
     }
-    # The compiled steps ran their linears through the packed weights (a small model packs one rows too).
-    assert packed_calls and set(packed_calls) >= {1, 4}
+    if rows_kernel:  # the target's steps call the kernel, and nothing takes the packed weights
+        assert sum("dflash_cpu.rows_linear" in code for code in codes) >= 2 and not packed_calls
+    else:  # the linears ran through the packed weights (a small model packs one rows too)
+        assert packed_calls and set(packed_calls) >= {1, 4}
+    torch._dynamo.reset()
 
 
 KERNEL = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(.*?r'''(.*?)'''", re.DOTALL | re.MULTILINE)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_core import cpu_linear
+from dflash_core.kernels import cpu_rows
 from dflash_core.cpu_linear import (
     PackedLinear,
     choose_single_row_path,
@@ -97,7 +98,7 @@ def test_tied_weights_stay_tied():
 def test_single_row_path_switches_only_one_row_inputs():
     torch.manual_seed(4)
     packed = packed_copy(nn.Linear(64, 48))
-    packed.single_row_packed = False
+    packed.rows_kernel, packed.single_row_packed = False, False
     one, block = torch.randn(1, 1, 64), torch.randn(1, 4, 64)
     with torch.inference_mode():
         assert torch.equal(packed(one), F.linear(one, packed.weight, packed.bias))
@@ -118,6 +119,8 @@ def test_the_faster_library_takes_single_rows(monkeypatch, slow):
         monkeypatch.setattr(cpu_linear.F, "linear", _slow(F.linear))
     else:
         monkeypatch.setattr(PackedLinear, "packed_forward", _slow(PackedLinear.packed_forward))
+    for m in layers:
+        m.rows_kernel = False
     keep = choose_single_row_path(layers, reps=3)
     assert keep == (slow == "mkl")
     assert all(m.single_row_packed == keep for m in layers)
@@ -126,12 +129,14 @@ def test_the_faster_library_takes_single_rows(monkeypatch, slow):
 
 @pytest.mark.parametrize("mode,size,calibrated", [("auto", 64, True), ("auto", 16, False), ("on", 64, False)])
 def test_only_large_models_under_auto_are_timed(monkeypatch, mode, size, calibrated):
-    calls = []
+    calls, kernel_calls = [], []
     monkeypatch.setattr(cpu_linear, "choose_single_row_path", calls.append)
+    monkeypatch.setattr(cpu_linear, "choose_rows_kernel", kernel_calls.append)
     monkeypatch.setattr(cpu_linear, "CALIBRATE_MIN_BYTES", 64 * 64 * 4)
     monkeypatch.setenv("DFLASH_CPU_LINEAR", mode)
     assert pack_linears(nn.Sequential(nn.Linear(size, 64, bias=False))) == 1
     assert len(calls) == calibrated
+    assert len(kernel_calls) == (size == 64 and cpu_rows.available())  # DFLASH_CPU_ROWS is auto
 
 
 def test_switch_off_and_bad_value(monkeypatch):

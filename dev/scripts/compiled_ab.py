@@ -1,10 +1,11 @@
 """Eager against compiled steps in one process: plain decoding and DFlash of the same prompts through
-the eager target (DynamicCache, the default) and compiled ones (`Target(..., compiled=True)` on the
-same weights, with `library` or `template` GEMMs, `compiled_steps.py`), interleaved prompt by prompt,
-every output checked against the first variant's plain decoding.
+the eager target (DynamicCache, the default), the same with the CPU rows kernel switched off
+(`libraries`: MKL and oneDNN as `cpu_linear.py` chose them) and compiled ones (`Target(...,
+compiled=True)` on the same weights, with `library` or `template` GEMMs, `compiled_steps.py`),
+interleaved prompt by prompt, every output checked against the first variant's plain decoding.
 
     python dev/scripts/compiled_ab.py --threads 1 --num-prompts 8 --max-new-tokens 128 --reps 2 \
-        --variants library template
+        --variants libraries eager library template
 
 Prints tok/s (wall), CPU ms per token, and the median draft and verify time per cycle of each.
 """
@@ -12,6 +13,7 @@ Prints tok/s (wall), CPU ms per token, and the median draft and verify time per 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import statistics
 import time
@@ -20,8 +22,22 @@ from pathlib import Path
 import torch
 
 from dflash_core import Target, load_pair, run
+from dflash_core.cpu_linear import PackedLinear
 from dflash_core.bench.run import DEFAULT_DRAFTER, DEFAULT_TARGET, select_prompts, size_static_caches
 from dflash_core.prompting import encode_prompt
+
+
+@contextlib.contextmanager
+def rows_kernel_off(models, off: bool):
+    """Within, the packed layers of `models` run as if the rows kernel had not been chosen (if `off`)."""
+    layers = [m for model in models for m in model.modules() if isinstance(m, PackedLinear) and m.rows_kernel]
+    for m in layers:
+        m.rows_kernel = not off
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.rows_kernel = True
 
 
 def main() -> None:
@@ -34,14 +50,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2, help="passes over the prompts")
     parser.add_argument("--variants", nargs="+", default=["eager", "template"],
-                        choices=["eager", "library", "template"],
-                        help="eager: the DynamicCache target; library, template: compiled with those GEMMs")
+                        choices=["libraries", "eager", "library", "template"],
+                        help="eager: the DynamicCache target; libraries: the same without the CPU rows kernel; "
+                        "library, template: compiled with those GEMMs")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     pair = load_pair(args.target, args.drafter, dtype="float32")
     drafter, tokenizer = pair.drafter, pair.tokenizer
     targets = {
-        name: pair.target if name == "eager" else Target(pair.target.model, tokenizer, static_cache=True, compiled=True,
+        name: pair.target if name in ("eager", "libraries") else Target(pair.target.model, tokenizer, static_cache=True, compiled=True,
                                                          compile_gemms=name)
         for name in args.variants
     }
@@ -52,8 +69,9 @@ def main() -> None:
             size_static_caches(target, drafter, max(map(len, prompts)) + args.max_new_tokens)
     for name, target in targets.items():
         start = time.perf_counter()
-        for model in (None, drafter):
-            run(target, prompts[0][:8], model, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids)
+        with rows_kernel_off((target.model, drafter), name == "libraries"):
+            for model in (None, drafter):
+                run(target, prompts[0][:8], model, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids)
         print(f"{name} warm-up (compiles, or reads inductor's cache): {time.perf_counter() - start:.1f} s", flush=True)
     totals, identical = {}, []
     for rep in range(args.reps):
@@ -62,9 +80,10 @@ def main() -> None:
             outputs = {}
             for name in order:
                 for model, method in ((None, "plain"), (drafter, "dflash")):
-                    cpu = time.process_time()
-                    s = run(targets[name], ids, model, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids)
-                    cpu = time.process_time() - cpu
+                    with rows_kernel_off((targets[name].model, drafter), name == "libraries"):
+                        cpu = time.process_time()
+                        s = run(targets[name], ids, model, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids)
+                        cpu = time.process_time() - cpu
                     outputs[name, method] = s.output_ids
                     t = totals.setdefault((name, method), {"s": 0.0, "cpu": 0.0, "tokens": 0, "draft": [], "verify": []})
                     t["s"] += s.total_s

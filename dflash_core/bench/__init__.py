@@ -11,6 +11,6 @@ SUBCOMMANDS = {
     "cycle": ("cycle", "one cycle's draft / verify / bookkeeping against one plain step"),
     "explain-cost": ("explain_cost", "what the cycle explanation (explain=K) costs per cycle"),
     "drafter-costs": ("drafter_costs", "training throughput and per-cycle costs per drafter shape"),
-    "linear-rows": ("linear_rows", "every linear layer of the target at 1, 4 and 16 rows, oneDNN against MKL"),
+    "linear-rows": ("linear_rows", "every linear layer of the target at a few row counts: oneDNN, MKL and the rows kernel"),
     "row-invariance": ("row_invariance", "whether the packed linear kernel computes a block's rows as rows alone"),
 }

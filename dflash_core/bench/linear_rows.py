@@ -1,8 +1,9 @@
-"""Time every linear layer of a target at 1, 4 and 16 rows: oneDNN-packed (for several expected row
-counts) against `F.linear` (MKL). Verification multiplies a block of rows by the same weights a plain
-step multiplies one row by, so this is the part of a verify's cost the CPU's GEMM kernels decide.
+"""Time every linear layer of a target at a few row counts: oneDNN-packed (for several expected row
+counts), `F.linear` (MKL) and this project's rows kernel (`kernels/cpu_rows.py`, where it runs).
+Verification multiplies a block of rows by the same weights a plain step multiplies one row by, so
+this is the part of a verify's cost the CPU's GEMM kernels decide.
 
-    python -m dflash_core.bench linear-rows --threads 1
+    python -m dflash_core.bench linear-rows --threads 1 [--rows 1 2 3 4 8 16]
     ONEDNN_MAX_CPU_ISA=AVX2 python -m dflash_core.bench linear-rows --threads 1   # AVX2's kernels
 
 Prints one line per row count: the median over interleaved sweeps, in ms per sweep of all layers.
@@ -20,21 +21,24 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from ..default_target import DEFAULT_TARGET, resolve_target
+from ..kernels import cpu_rows
 from .run import parse
 
 PACK_HINTS = (None, 1, 4, 16)  # the batch_size oneDNN is told to lay the weight out for
 
 
-def sweep(weights: list[torch.Tensor], packed: list[torch.Tensor] | None, rows: int) -> float:
-    """Milliseconds to run `rows` rows through every layer once (packed if given, else F.linear)."""
+def sweep(weights: list[torch.Tensor], linear, rows: int) -> float:
+    """Milliseconds to run `rows` rows through every layer once, `linear(i, x)` computing layer i."""
     xs = [torch.randn(rows, w.shape[1]) for w in weights]
     t0 = time.perf_counter()
     for i, x in enumerate(xs):
-        if packed is None:
-            F.linear(x, weights[i])
-        else:
-            torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")
+        linear(i, x)
     return (time.perf_counter() - t0) * 1e3
+
+
+def packed_path(weights: list[torch.Tensor], hint: int | None):
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, hint) for w in weights]
+    return lambda i, x: torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")
 
 
 @torch.inference_mode()
@@ -43,21 +47,21 @@ def main(argv=None) -> int:
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="row counts to time")
     args = parse(p, argv)
     model = AutoModelForCausalLM.from_pretrained(resolve_target(args.target), dtype=torch.float32)
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
-    paths: dict[str, list[torch.Tensor] | None] = {
-        f"oneDNN packed for {hint or 'default'}": [torch.ops.mkldnn._reorder_linear_weight(w, hint) for w in weights]
-        for hint in PACK_HINTS
-    }
-    paths["MKL (F.linear)"] = None
+    paths = {f"oneDNN packed for {hint or 'default'}": packed_path(weights, hint) for hint in PACK_HINTS}
+    paths["MKL (F.linear)"] = lambda i, x: F.linear(x, weights[i])
+    if cpu_rows.available():
+        paths["rows kernel"] = lambda i, x: cpu_rows.rows_linear(x, weights[i])
     print(f"{len(weights)} linear layers, {sum(w.numel() for w in weights) * 4 / 2**20:.0f} MiB, "
           f"{args.threads} thread(s)")
-    for rows in (1, 4, 16):
+    for rows in args.rows:
         times: dict[str, list[float]] = {name: [] for name in paths}
         for rep in range(args.reps + 1):
-            for name, packed in paths.items():
-                ms = sweep(weights, packed, rows)
+            for name, linear in paths.items():
+                ms = sweep(weights, linear, rows)
                 if rep:  # the first sweep of each path only warms up
                     times[name].append(ms)
         print(f"rows {rows:2d}: " + ", ".join(f"{name} {statistics.median(t):.1f}" for name, t in times.items()),

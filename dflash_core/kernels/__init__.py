@@ -2,7 +2,8 @@
 
 Two kernels (see their modules): `kv_injection` (k_norm + RoPE + drafter-cache write, one launch
 per drafter layer) and `verify` (greedy choice per block slot, accepted count and bonus token, one
-launch per cycle). Each module holds its kernel and its exact PyTorch reference with the same
+launch per cycle). The CPU's few-row float32 linears have a C++ kernel of their own, `cpu_rows`,
+which `cpu_linear.py` switches on and off (it has no Triton side). Each module holds its kernel and its exact PyTorch reference with the same
 signature; the references are what runs on CPU and what the tests compare against. `cuda_paths` holds the
 CUDA-only extras (flash-attn for the drafter's attention, CUDA-graph capture), untested without a GPU.
 
