@@ -8,6 +8,7 @@ import torch
 
 from dflash_core.bench.__main__ import main
 from dflash_core.cpu_linear import packing_wanted
+from dflash_core.kernels import cpu_rows
 
 
 @pytest.fixture(autouse=True)
@@ -47,8 +48,10 @@ def test_bench_reports_headline_figures(tiny_dirs, tmp_path, capsys):
     # ... and per prompt, by its text where it has no id.
     assert {key: r["num_prompts"] for key, r in auto["per_prompt"].items()} == {"What is 2+3?": 1, "def add(a, b):": 1}
     assert any(line.startswith("DFlash block auto") for line in lines)
-    # The tiny target fits in a cache, so its one-row path is never timed and stays packed.
-    assert result["cpu_single_row"] == ("oneDNN" if packing_wanted() else None)
+    # The tiny target fits in a cache, so its one-row path is never timed: the rows kernel where it
+    # builds, else the packed weights.
+    expected = ("rows kernel" if cpu_rows.available() else "oneDNN") if packing_wanted() else None
+    assert result["cpu_single_row"] == expected
     # The first two prompts are picked; the headline tau is the block-weighted mean of theirs.
     per_category = result["tau_per_category"]
     assert set(per_category) == {"math", "code"} and min(per_category.values()) >= 1.0
