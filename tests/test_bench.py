@@ -90,6 +90,20 @@ def test_cycle_times_split_a_cycle_of_the_loaded_pair(tiny_dirs, capsys):
     assert not any("target <=" in line for line in out)
 
 
+def test_cycle_times_a_static_cache_sized_to_the_measurement(tiny_pair):
+    """A static cache of the model's whole context would make every step read all of it."""
+    from dflash_core import Target
+    from dflash_core.bench.cycle import time_cycle
+
+    target, drafter = tiny_pair
+    static = Target(target.model, static_cache=True)
+    time_cycle(static, drafter, context=24, block=4, iters=1)
+    assert 24 + 4 <= static._capacity < target.model.config.max_position_embeddings
+    # which is where the cache would have been: a reset with no size takes the model's context
+    static.reset()
+    assert static._capacity == target.model.config.max_position_embeddings
+
+
 def test_synthetic_tiny_prints_its_table_once(capsys):
     assert main(["cycle", "--synthetic", "tiny", "--threads", "1"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
