@@ -46,6 +46,7 @@ from .kernels import cpu_rows
 
 MODES = ("auto", "on", "off")
 
+
 def packable_dtypes() -> tuple[torch.dtype, ...]:
     # Without native bf16 (AVX512-BF16/AMX) oneDNN would emulate it; MKL's path is then no worse.
     return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)

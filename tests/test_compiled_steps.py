@@ -48,7 +48,8 @@ def compiled_shapes(target) -> dict:
 
 
 @pytest.mark.parametrize("rows_kernel", [
-    pytest.param(True, marks=pytest.mark.skipif(cpu_rows.unsupported_reason() is not None, reason="no rows kernel here")),
+    pytest.param(True, marks=pytest.mark.skipif(cpu_rows.unsupported_reason() is not None,
+                                                reason="no rows kernel here")),
     False,
 ])
 def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch, rows_kernel):

@@ -81,7 +81,8 @@ def test_packed_linears_take_the_kernel_for_a_few_rows_only(monkeypatch):
     assert single_row_library(nn.Sequential(layer)) == "rows kernel"
     x = torch.randn(1, cpu_rows.MAX_ROWS + 1, 64)
     with torch.inference_mode():
-        assert torch.equal(layer(x[:, :cpu_rows.MAX_ROWS]), cpu_rows.rows_linear(x[:, :cpu_rows.MAX_ROWS], layer.weight, layer.bias))
+        block = x[:, : cpu_rows.MAX_ROWS]
+        assert torch.equal(layer(block), cpu_rows.rows_linear(block, layer.weight, layer.bias))
         assert torch.equal(layer(x), layer.packed_forward(x))  # a prefill: packed oneDNN
     with torch.no_grad():
         layer.weight.mul_(-2.0)  # the kernel reads the weight itself: nothing to repack

@@ -58,8 +58,8 @@ def main() -> None:
     pair = load_pair(args.target, args.drafter, dtype="float32")
     drafter, tokenizer = pair.drafter, pair.tokenizer
     targets = {
-        name: pair.target if name in ("eager", "libraries") else Target(pair.target.model, tokenizer, static_cache=True, compiled=True,
-                                                         compile_gemms=name)
+        name: pair.target if name in ("eager", "libraries")
+        else Target(pair.target.model, tokenizer, static_cache=True, compiled=True, compile_gemms=name)
         for name in args.variants
     }
     prompts = [encode_prompt(tokenizer, p["prompt"]) for p in select_prompts(None, args.prompt_set, args.num_prompts)]

@@ -2,10 +2,11 @@
 
 Two kernels (see their modules): `kv_injection` (k_norm + RoPE + drafter-cache write, one launch
 per drafter layer) and `verify` (greedy choice per block slot, accepted count and bonus token, one
-launch per cycle). The CPU's few-row float32 linears have a C++ kernel of their own, `cpu_rows`,
-which `cpu_linear.py` switches on and off (it has no Triton side). Each module holds its kernel and its exact PyTorch reference with the same
+launch per cycle). Each module holds its kernel and its exact PyTorch reference with the same
 signature; the references are what runs on CPU and what the tests compare against. `cuda_paths` holds the
 CUDA-only extras (flash-attn for the drafter's attention, CUDA-graph capture), untested without a GPU.
+The CPU's few-row float32 linears have a C++ kernel of their own, `cpu_rows`, outside this switch:
+`cpu_linear.py` decides where it runs, and the libraries' linears are its reference.
 
 Backend choice, per call, from the environment variable `DFLASH_KERNELS`:
   - `auto` (default): Triton when the tensors are on CUDA and `triton` imports, PyTorch otherwise;

@@ -7,7 +7,7 @@ row after the first, while this kernel reads each weight once per call (figures:
 so a verify's linears compute exactly what one-token steps would.
 
 The kernel needs an x86 CPU with AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
-compiles it once (about 10 s) into its cache (`TORCH_EXTENSIONS_DIR`, by default under
+compiles it once into its cache (`TORCH_EXTENSIONS_DIR`, by default under
 ~/.cache/torch_extensions) and later processes load it from there. Where it cannot build or run,
 `available()` says False with one `FallbackWarning`, and `cpu_linear.py` keeps the libraries' paths.
 """
