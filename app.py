@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from app.serve.space import default_limits, on_space, on_zerogpu  # noqa: E402  (imports neither torch nor models)
+from app.hosting.space import default_limits, on_space, on_zerogpu  # noqa: E402  (imports neither torch nor models)
 
 if on_zerogpu():
     import spaces  # noqa: F401  (ZeroGPU must patch CUDA before torch is imported)
@@ -22,7 +22,7 @@ if on_zerogpu():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.serve.limits import add_flags
+    from app.guard.limits import add_flags
 
     parser = argparse.ArgumentParser(description="DFlash Studio: DFlash vs plain decoding, live.")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         "CPUs that run it natively, where verification is batch-invariant and stays lossless; else float32)",
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--pair", help="id of the pair to select at start (see app/serve/pairs.json)")
+    parser.add_argument("--pair", help="id of the pair to select at start (see app/pairs/pairs.json)")
     parser.add_argument("--vllm-url", help="race a vLLM server's DFlash (this OpenAI-compatible URL) against its "
                         "plain decoding (scripts/serve_vllm.sh starts both)")
     parser.add_argument("--vllm-plain-url", help="the plain vLLM server (default: --vllm-url's port + 1)")
@@ -94,22 +94,22 @@ def main(argv=None) -> None:
 
     import torch
 
-    from app.serve.models import PairCache, default_threads
+    from app.pairs.models import PairCache, default_threads
 
     threads = args.threads or default_threads(args.host, torch.get_num_threads())
     if threads:
         torch.set_num_threads(threads)
     print(f"DFlash Studio: {torch.get_num_threads()} torch CPU threads", flush=True)
-    from dflash_core.device import cuda_mismatch
+    from dflash_core.speed.device import cuda_mismatch
 
     if problem := cuda_mismatch():
         print(f"DFlash Studio: {problem}", flush=True)
 
-    from app.serve.limits import from_args
-    from app.serve.pairs import cli_pair, load_pairs, vllm_pair
+    from app.guard.limits import from_args
+    from app.pairs.registry import cli_pair, load_pairs, vllm_pair
 
     if on_space():
-        from app.serve.space import install_default_target
+        from app.hosting.space import install_default_target
 
         install_default_target()
     from app.ui import build_demo
@@ -129,7 +129,7 @@ def main(argv=None) -> None:
     cache = PairCache("cuda" if zerogpu else args.device, warm_up=not zerogpu, cpu_for_cpu_pairs=zerogpu)
     demo = build_demo(pairs, default_id, cache, from_args(args))
     if zerogpu:
-        from app.serve.space import load_every_pair
+        from app.hosting.space import load_every_pair
 
         load_every_pair(cache, pairs)
     serve(demo, args, mcp_server=args.mcp)
@@ -137,7 +137,7 @@ def main(argv=None) -> None:
 
 def serve_replay(args) -> None:
     """A replay-only app: no model pairs, no torch, so it serves within seconds."""
-    from app.serve.limits import from_args
+    from app.guard.limits import from_args
     from app.serve.replay import ReplayError, load_trace
     from app.ui import build_demo
 

@@ -21,23 +21,23 @@ from starlette.middleware import Middleware
 
 from dflash_core.trace import MAX_BYTES
 
+from .guard.http_guard import MULTIPART_SLACK, HttpGuard, UploadBudget, refuse_url_inputs
+from .guard.limits import Limits
+from .guard.queue_bounds import bound_queue
+from .guard.readers import Readers
+from .guard.traces import TraceStore
+from .pairs.registry import PairSpec
 from .race.control import Controls
 from .race.lanes import CHOICES, CYCLE_LANES, LABELS, LANES
 from .race.thinking import DEFAULT
 from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
-from .serve.http_guard import MULTIPART_SLACK, HttpGuard, UploadBudget, refuse_url_inputs
-from .serve.limits import Limits
 from .serve.live import LiveRace
 from .serve.loading import PairLoading
-from .serve.pairs import PairSpec
 from .serve.playback import Playback
-from .serve.queue_bounds import bound_queue
-from .serve.readers import Readers
 from .serve.replay import ReplayError, load_trace, shipped_traces
 from .serve.serving import LEVELS, Serving
 from .serve.stepping import Stepping
-from .serve.traces import TraceStore
 from .view import charts, render, texts
 from .view.cycle_view import cycle_html
 from .view.frames import FRAME_FIELDS
@@ -340,7 +340,7 @@ def build_demo(
     uploads.mkdir(parents=True, exist_ok=True)
     traces = TraceStore(private_trace_root(), served=uploads)
     if live and cache is None:
-        from .serve.models import PairCache
+        from .pairs.models import PairCache
 
         cache = PairCache()
     app = App(pairs, default_id, cache if live else None, limits, traces, recorded_runs(replay))

@@ -16,18 +16,18 @@ from importlib import import_module
 
 _EXPORTS = {
     "Block": "events",
-    "DFlashDrafter": "drafter",
+    "DFlashDrafter": "models.drafter",
     "DFlashError": "errors",
-    "ModelPair": "pair",
+    "ModelPair": "loading.pair",
     "Prefill": "events",
     "PromptLookup": "prompt_lookup",
     "SamplingParams": "sampling",
     "Summary": "events",
-    "Target": "target",
+    "Target": "models.target",
     "generate": "decoding",
-    "load_pair": "pair",
+    "load_pair": "loading.pair",
     "run": "decoding",
-    "validate_pair": "pair",
+    "validate_pair": "loading.pair",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .chat_template import THINKING_CHOICES, describe_template, template_args
 from .decoding import generate
 from .doctor import cli as doctor_cli
 from .errors import DFlashError
 from .events import Block, Prefill, Summary
-from .pair import DTYPES, load_pair
-from .prompting import IncrementalDecoder, encode_prompt
+from .loading.chat_template import THINKING_CHOICES, describe_template, template_args
+from .loading.pair import DTYPES, load_pair
+from .loading.prompting import IncrementalDecoder, encode_prompt
 from .sampling import SamplingParams
 from .schedule import AUTO, CostProfile
 from .trace import build_trace, lane_of, settings_of, write_trace

@@ -21,14 +21,14 @@ from typing import Literal, get_args
 
 import torch
 
-from .drafter import DFlashDrafter
-from .drafting import Drafter, Proposal, RunSettings, method_name, open_session
+from .drafting import Drafter, Proposal, RunSettings, open_session
 from .errors import GenerationInputError
 from .events import Block, CycleExplanation, CycleTimes, Prefill, StopReason, Summary
 from .explain import explain_cycle
+from .models.drafter import DFlashDrafter, method_name
+from .models.target import Target
 from .sampling import SamplingParams, make_generator, probabilities, sample
 from .schedule import AUTO, BlockSchedule, CostProfile, measured_costs
-from .target import Target
 from .verify import accept
 
 DraftMode = Literal["sample", "argmax"]

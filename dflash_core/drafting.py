@@ -22,11 +22,11 @@ from typing import Callable, Protocol
 
 import torch
 
-from .dflash2 import PathScores
-from .drafter import DrafterCache, static_slots
 from .explain import distribution
-from .schedule import draft_confidence
+from .models.dflash2 import PathScores
+from .models.drafter import DrafterCache, static_slots
 from .sampling import SamplingParams
+from .schedule import draft_confidence
 
 
 @dataclass(frozen=True)
@@ -96,20 +96,6 @@ class Drafter(Protocol):
     block_size: int
 
     def session(self, run: RunSettings) -> DraftSession: ...
-
-
-def method_name(drafter) -> str:
-    """"plain", "dflash", "dflash2", "ar", "fusion" (DFlash's input-fusion ablation), or a drafter's
-    own `method` (e.g. "lookup")."""
-    if drafter is None:
-        return "plain"
-    if hasattr(drafter, "session"):
-        return drafter.method
-    if getattr(drafter, "autoregressive", False):
-        return "ar"
-    if getattr(drafter, "input_fusion", False):
-        return "fusion"
-    return "dflash2" if getattr(drafter, "dflash2", None) is not None else "dflash"
 
 
 def open_session(drafter, run: RunSettings) -> DraftSession:

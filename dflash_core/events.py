@@ -193,7 +193,7 @@ class Summary:
     prefill: Prefill
     blocks: tuple[Block, ...] = field(repr=False)
     total_s: float = 0.0  # compute seconds of the whole run, prefill included
-    method: str = "plain"  # what drafted: plain, dflash, dflash2, fusion, ar or lookup (`drafting.method_name`)
+    method: str = "plain"  # what drafted: plain, dflash, dflash2, fusion, ar or lookup (`models.drafter.method_name`)
     # "fixed": every cycle verified its whole draft; "auto": a block schedule chose each cycle's
     # verified length (`Block.verify_len`), block_size being the longest.
     block_schedule: str = "fixed"

@@ -80,7 +80,7 @@ def compare(target, prompt_ids, dflash_ids, plain_ids) -> Verdict:
     """
     import torch
 
-    from .target import Target
+    from .models.target import Target
 
     dflash_ids, plain_ids = [int(t) for t in dflash_ids], [int(t) for t in plain_ids]
     i = first_difference(dflash_ids, plain_ids)

@@ -34,9 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .chat_template import THINKING_CHOICES
 from .errors import DFlashError
 from .events import Summary
+from .loading.chat_template import THINKING_CHOICES
 
 if TYPE_CHECKING:
     from .sampling import SamplingParams

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from . import kernels
 from .sampling import SamplingParams, probabilities, sample
+from .speed import kernels
 
 
 def pick(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

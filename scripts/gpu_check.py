@@ -27,7 +27,7 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
   split of one cycle against one plain step with the targets of issue 4 (the static cache's run:
   not for a hybrid);
 - cuda_graphs: the speed part's plain and oracle runs on the static KV cache with CUDA graphs off
-  and on (`dflash_core/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
+  and on (`dflash_core/speed/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
   identical either way, and no failed capture (CUDA only, not for a hybrid);
 - race: the app's race path without the web server (`app.race.interleave`, `app.race.report`, the lossless check);
 - datasets: the paper's table (`python -m dflash_core.bench --dataset`, `dflash_core/bench/paper_table.py`)
@@ -167,8 +167,8 @@ def write_fake_hub(cache: Path, shape: str, device: str) -> dict:
     from tiny import THINKING_CHATML, build_tokenizer  # a Qwen3-style template with enable_thinking
 
     from dflash_core.bench.cycle import _qwen3_dict
-    from dflash_core.config import default_target_layer_ids, parse_drafter_config
-    from dflash_core.drafter import DFlashDrafter
+    from dflash_core.models.config import default_target_layer_ids, parse_drafter_config
+    from dflash_core.models.drafter import DFlashDrafter
 
     s = shape_spec(shape)
     torch.manual_seed(0)
@@ -199,8 +199,8 @@ def part_environment(state) -> dict:
     import torch
     import transformers
 
-    from dflash_core import kernels
-    from dflash_core.fallbacks import attention_report
+    from dflash_core.speed import kernels
+    from dflash_core.speed.fallbacks import attention_report
 
     device = state["device"]
     info = {
@@ -260,8 +260,8 @@ def part_kernels(state) -> dict:
     """Triton against the PyTorch references, on the device (CUDA only)."""
     import torch
 
-    from dflash_core import kernels
-    from dflash_core.kernels import kv_injection, verify
+    from dflash_core.speed import kernels
+    from dflash_core.speed.kernels import kv_injection, verify
 
     device = state["device"]
     if not device.startswith("cuda"):
@@ -302,8 +302,8 @@ def part_kernels(state) -> dict:
 def part_hub_load(state) -> dict:
     import torch
 
-    from app.serve.models import PairCache
-    from app.serve.pairs import PairSpec
+    from app.pairs.models import PairCache
+    from app.pairs.registry import PairSpec
 
     device = state["device"]
     written = write_fake_hub(state["hub"], state["shape"], device)
@@ -487,8 +487,8 @@ def part_cuda_graphs(state) -> dict:
     from dflash_core import Block, Target, generate, run
     from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths, schedule_for_tau
     from dflash_core.diagnostics.syncs import SyncCounter
-    from dflash_core.fallbacks import NOTICES
     from dflash_core.lossless import compare
+    from dflash_core.speed.fallbacks import NOTICES
 
     n = TOKENS[state["shape"]][1]
     pair, prompt = state["pair"], state["prompt_ids"]
@@ -723,7 +723,7 @@ def main(argv=None) -> int:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    import app.serve.models  # noqa: F401
+    import app.pairs.models  # noqa: F401
     import dflash_core.bench.cycle  # noqa: F401
     import dflash_core.lossless  # noqa: F401
 

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from app.pairs.models import PairCache  # noqa: E402
+from app.pairs.registry import load_pairs  # noqa: E402
 from app.serve.examples import EXAMPLES  # noqa: E402
-from app.serve.models import PairCache  # noqa: E402
-from app.serve.pairs import load_pairs  # noqa: E402
 from app.ui import App  # noqa: E402
 from app.view.frames import FRAME_FIELDS  # noqa: E402
 from dflash_core.trace import validate_trace  # noqa: E402
@@ -43,7 +43,7 @@ SIZE_LIMIT = 1_000_000  # shipped files stay small; a bigger one means the forma
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "assets" / "traces"))
-    parser.add_argument("--pair", help="pair id from app/serve/pairs.json (default: the registry's default)")
+    parser.add_argument("--pair", help="pair id from app/pairs/pairs.json (default: the registry's default)")
     parser.add_argument("--dtype", default="float32", help="target dtype (the shipped traces: float32)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=4)

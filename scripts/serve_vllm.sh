@@ -35,11 +35,11 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 block=$(.venv/bin/python -c "import json,sys; c=json.load(open(sys.argv[1])); print((c.get('dflash_config') or {}).get('block_size') or c['block_size'])" "$drafter/config.json")
 k=${K:-$((block - 1))}
-# The converted default target: dflash_core/default_target.py converts it into its cache on first
+# The converted default target: dflash_core/loading/default_target.py converts it into its cache on first
 # use (the engine's import of torch is skipped when the directory is already there).
 target=${DFLASH_CACHE:-$HOME/.cache/dflash-studio}/smollm2-135m-instruct
 [ -f "$target/dflash-converted.json" ] ||
-  target=$(.venv/bin/python -c "from dflash_core.pair import fetch_target; print(fetch_target('default:smollm2'))")
+  target=$(.venv/bin/python -c "from dflash_core.loading.pair import fetch_target; print(fetch_target('default:smollm2'))")
 eager=(--enforce-eager)
 [ "${EAGER:-1}" = 0 ] && eager=()
 mkdir -p "$logdir"

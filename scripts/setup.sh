@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # --space-stack / --gpu-image-stack: a separate venv with exactly the versions a ZeroGPU Space
-# (app/serve/space-requirements.txt, Python 3.10) or the GPU image (torch 2.11, transformers 5.17,
+# (app/hosting/space-requirements.txt, Python 3.10) or the GPU image (torch 2.11, transformers 5.17,
 # triton 3.6) runs, plus the test tools, so the suite runs on what those machines install:
 #   bash scripts/setup.sh --space-stack && .venv-space/bin/python -m pytest -q
 stack_venv() {  # VENV PYTHON REQUIREMENT...
@@ -21,7 +21,7 @@ stack_venv() {  # VENV PYTHON REQUIREMENT...
 }
 case "${1:-}" in
   --space-stack)
-    stack_venv .venv-space "${PYTHON310:-python3.10}" -r app/serve/space-requirements.txt
+    stack_venv .venv-space "${PYTHON310:-python3.10}" -r app/hosting/space-requirements.txt
     exit 0 ;;
   --gpu-image-stack)
     mapfile -t rest < <(grep -v -E '^[[:space:]]*(#|$|torch==|transformers)' requirements.txt)

@@ -8,8 +8,8 @@ import socket
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from app.serve.models import PairCache  # noqa: E402
-from app.serve.pairs import cli_pair, load_pairs  # noqa: E402
+from app.pairs.models import PairCache  # noqa: E402
+from app.pairs.registry import cli_pair, load_pairs  # noqa: E402
 from app.ui import build_demo, launch_options  # noqa: E402
 
 

@@ -12,8 +12,8 @@ gradio_client = pytest.importorskip("gradio_client")
 
 from serve import free_port, launch_app  # noqa: E402
 
-from app.serve.models import PairCache  # noqa: E402
-from app.serve.pairs import cli_pair  # noqa: E402
+from app.pairs.models import PairCache  # noqa: E402
+from app.pairs.registry import cli_pair  # noqa: E402
 from app.ui import build_demo  # noqa: E402
 from app.view.frames import API_FIELDS  # noqa: E402
 from dflash_core.trace import validate_trace  # noqa: E402

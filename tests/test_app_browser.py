@@ -115,8 +115,8 @@ def replay_url(tiny_dirs, request, tmp_path_factory):
 
 
 def record_tiny_trace(tiny_dirs, request) -> Path:
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
     from app.ui import App
     from app.view.frames import FRAME_FIELDS
 

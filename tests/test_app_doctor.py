@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
+from app.guard.limits import Limits
+from app.guard.readers import Readers
 from app.serve.diagnosis import Ask, cli_command
-from app.serve.limits import Limits
-from app.serve.readers import Readers
 from app.ui import App, build_demo
 from app.view import doctor_panel, texts
 from dflash_core.doctor import Check, Report
@@ -63,8 +63,8 @@ def test_a_pair_with_nothing_wrong_is_told_so():
 # --- the handler ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_app(tiny_dirs, one_thread):
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
 
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
     app = App([spec], spec.id, PairCache("cpu"))
@@ -113,8 +113,8 @@ def test_the_doctor_stops_once_nobody_reads_the_page(tiny_app):
 
 
 def test_a_vllm_pair_gets_the_command_that_asks_its_server():
-    from app.serve.models import PairCache
-    from app.serve.pairs import vllm_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import vllm_pair
 
     app = App([vllm_pair("http://127.0.0.1:9", None, 4)], "vllm", PairCache("cpu"))
     [(page, data)] = list(app.diagnose("vllm"))

@@ -15,8 +15,8 @@ import re
 import pytest
 from tiny import build_dflash2_drafter, build_drafter, build_fusion_drafter, build_qwen3_target
 
-from app.serve.models import PairCache
-from app.serve.pairs import cli_pair
+from app.pairs.models import PairCache
+from app.pairs.registry import cli_pair
 from app.ui import App
 from app.view.frames import FRAME_FIELDS
 from dflash_core.trace import validate_trace

@@ -19,7 +19,7 @@ from serve import launch_app  # noqa: E402
 from tiny import build_drafter  # noqa: E402
 
 from dflash_core import Target, run  # noqa: E402
-from dflash_core.prompting import encode_prompt  # noqa: E402
+from dflash_core.loading.prompting import encode_prompt  # noqa: E402
 from dflash_core.trace import validate_trace  # noqa: E402
 
 PROMPT = "What is the capital of France?"

@@ -83,8 +83,8 @@ def test_the_visitor_picks_the_lanes_and_a_bad_pick_is_named(client):
 
 
 def test_a_pair_without_an_ar_drafter_says_which_pairs_have_one(tiny_dirs, one_thread):
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
     from app.ui import App
 
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
@@ -123,8 +123,8 @@ def test_the_scheduled_lane_races_losslessly_and_its_trace_records_each_verified
 
 
 def test_a_scheduled_race_replays_from_its_trace_as_it_was_shown(tiny_dirs, one_thread):
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
     from app.serve.replay import load_trace
     from app.ui import App
     from app.view.frames import FRAME_FIELDS
@@ -157,8 +157,8 @@ def test_the_shipped_traces_from_before_the_scheduled_lane_still_replay():
 def test_a_drafter_that_drafts_slot_by_slot_races_the_scheduled_lane_at_temperature_0_only(tiny_dirs, tmp_path, one_thread):
     from tiny import build_dflash2_drafter
 
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
     from app.ui import App
     from app.view.frames import FRAME_FIELDS
 
@@ -174,8 +174,8 @@ def test_a_drafter_that_drafts_slot_by_slot_races_the_scheduled_lane_at_temperat
 def test_a_stopped_race_names_each_lanes_method_and_schedule_in_its_trace(tiny_dirs, one_thread):
     from types import SimpleNamespace
 
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
     from app.ui import App
     from app.view.frames import FRAME_FIELDS
 

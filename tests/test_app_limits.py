@@ -6,11 +6,11 @@ import math
 
 import pytest
 
+from app.guard.limits import Limits, check_prompt_tokens, check_request
+from app.guard.traces import TraceStore
 from app.race.interleave import race
 from app.race.report import race_report
 from app.race.stopping import StopRequests
-from app.serve.limits import Limits, check_prompt_tokens, check_request
-from app.serve.traces import TraceStore
 from dflash_core import Block, Prefill, Summary
 
 LIMITS = Limits(max_new_tokens=64, max_prompt_chars=100)

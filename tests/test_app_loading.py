@@ -12,12 +12,12 @@ from test_memory_need import FakeApi, not_found
 
 import app.serve.loading as loading
 import dflash_core
+from app.pairs.models import PairCache
+from app.pairs.registry import PairSpec
 from app.serve.failures import failure_message
-from app.serve.models import PairCache
-from app.serve.pairs import PairSpec
 from app.ui import App
 from dflash_core.errors import user_message
-from dflash_core.hub import progress_tqdm
+from dflash_core.models.hub import progress_tqdm
 
 GB = 2**30
 

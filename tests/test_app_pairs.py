@@ -5,8 +5,8 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from app.serve.models import PairCache, default_threads
-from app.serve.pairs import PairSpec, availability, cli_pair, load_pairs
+from app.pairs.models import PairCache, default_threads
+from app.pairs.registry import PairSpec, availability, cli_pair, load_pairs
 from app.ui import App
 
 

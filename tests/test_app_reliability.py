@@ -11,9 +11,9 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 from serve import launch_app  # noqa: E402
 
-from app.serve.limits import Limits  # noqa: E402
-from app.serve.models import PairCache  # noqa: E402
-from app.serve.pairs import cli_pair  # noqa: E402
+from app.guard.limits import Limits  # noqa: E402
+from app.pairs.models import PairCache  # noqa: E402
+from app.pairs.registry import cli_pair  # noqa: E402
 from app.ui import App  # noqa: E402
 from app.view.frames import FRAME_FIELDS  # noqa: E402
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from app.serve.models import PairCache
-from app.serve.pairs import cli_pair
+from app.pairs.models import PairCache
+from app.pairs.registry import cli_pair
 from app.serve.replay import ReplayError, load_trace
 from app.ui import App
 from app.view.frames import FRAME_FIELDS

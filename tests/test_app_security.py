@@ -24,10 +24,10 @@ import httpx
 import pytest
 from fake_runs import run_events
 
+from app.guard.limits import Limits, check_request
 from app.race.control import Control, Controls
 from app.race.interleave import race
 from app.race.report import RaceReport
-from app.serve.limits import Limits, check_request
 from app.serve.replay import ReplayError, load_trace
 from app.ui import App, build_demo
 from app.view import render
@@ -258,8 +258,8 @@ def test_eviction_from_the_controls_table_wakes_the_paused_race():
 
 @pytest.fixture(scope="module")
 def tiny_app(tiny_dirs, one_thread):
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
 
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
     return App([spec], spec.id, PairCache("cpu"))
@@ -344,16 +344,16 @@ def test_mcp_is_off_on_a_space_unless_turned_on(monkeypatch):
         def launch(self, **kwargs):
             launched.update(kwargs)
 
-    import app.serve.models
-    import app.serve.space
+    import app.hosting.space
+    import app.pairs.models
     import app.ui
 
     monkeypatch.setenv("SPACE_ID", "someone/dflash-studio")
     from gradio.utils import get_upload_folder  # main() gives the server a folder of its own: keep this one
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", get_upload_folder())
-    monkeypatch.setattr(app.serve.space, "install_default_target", lambda: None)
-    monkeypatch.setattr(app.serve.models, "PairCache", lambda *a, **k: None)
+    monkeypatch.setattr(app.hosting.space, "install_default_target", lambda: None)
+    monkeypatch.setattr(app.pairs.models, "PairCache", lambda *a, **k: None)
     monkeypatch.setattr(app.ui, "build_demo", lambda *a, **k: FakeDemo())
     monkeypatch.setattr("signal.signal", lambda *a: None)
     import torch

@@ -12,9 +12,9 @@ import gradio as gr
 import pytest
 from fake_vllm import FakeVllm
 
-from app.serve.limits import Limits
-from app.serve.pairs import cli_pair, vllm_pair
-from app.serve.readers import Readers
+from app.guard.limits import Limits
+from app.guard.readers import Readers
+from app.pairs.registry import cli_pair, vllm_pair
 from app.serve.serving import Serving
 from app.view import texts
 
@@ -104,7 +104,7 @@ def test_without_a_vllm_pair_the_view_says_how_to_start_one():
 
 
 def test_the_sweep_runs_in_the_race_queue_and_only_where_pairs_race_live():
-    from app.serve.models import PairCache
+    from app.pairs.models import PairCache
     from app.ui import build_demo
 
     spec = vllm_pair("http://127.0.0.1:9", None, 4)

@@ -24,10 +24,10 @@ import pytest
 from fake_runs import run_events
 from serve import free_port
 
+from app.guard.limits import Limits, check_request
+from app.guard.traces import TraceStore
 from app.race.control import EVICTED, PAUSE_EXPIRED, Control, Controls
 from app.race.interleave import race
-from app.serve.limits import Limits, check_request
-from app.serve.traces import TraceStore
 from app.ui import App, build_demo, launch_options
 from app.view.frames import FRAME_FIELDS
 from dflash_core.errors import GenerationInputError
@@ -263,7 +263,7 @@ def test_uploads_are_bounded_per_request_and_per_visitor(served_replays):
 
 # --- item 7: a race nobody reads ends ---------------------------------------------------------------
 def test_readers_say_a_session_is_gone_only_after_its_stream_closed_for_the_grace():
-    from app.serve.readers import Readers
+    from app.guard.readers import Readers
 
     now = [0.0]
     readers = Readers(grace_s=3.0, clock=lambda: now[0])
@@ -285,7 +285,7 @@ def test_readers_say_a_session_is_gone_only_after_its_stream_closed_for_the_grac
 
 
 def test_a_replay_nobody_reads_ends_and_frees_its_slot():
-    from app.serve.readers import Readers
+    from app.guard.readers import Readers
 
     readers = Readers(grace_s=0.2)
     app = App([], "", None, Limits(replay_concurrency=1))
@@ -418,8 +418,8 @@ def test_pairs_of_one_target_share_its_weights(tiny_dirs, tmp_path, one_thread):
     import shutil
     from dataclasses import replace
 
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
     from dflash_core import run
 
     target_dir, drafter_dir = tiny_dirs

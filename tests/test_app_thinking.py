@@ -12,13 +12,13 @@ import pytest
 from tiny import THINKING_CHATML, build_drafter, build_target
 
 import dflash_core
-from app.serve.models import PairCache
-from app.serve.pairs import PairSpec, cli_pair
+from app.pairs.models import PairCache
+from app.pairs.registry import PairSpec, cli_pair
 from app.serve.replay import load_trace
 from app.ui import App
 from app.view.frames import FRAME_FIELDS
-from dflash_core.chat_template import template_args
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.chat_template import template_args
+from dflash_core.loading.prompting import encode_prompt
 from dflash_core.trace import TraceFieldError, validate_trace
 
 PROMPT = "What is the capital of France?"
@@ -150,7 +150,7 @@ def test_a_template_without_the_switch_hides_the_control_and_refuses_a_setting(t
 
 
 def test_a_vllm_pair_refuses_a_thinking_setting_before_asking_its_servers():
-    from app.serve.pairs import vllm_pair
+    from app.pairs.registry import vllm_pair
 
     spec = vllm_pair("http://127.0.0.1:9/v1", None, 4)  # nothing listens there: the refusal comes first
     app = App([spec], spec.id, PairCache("cpu"))

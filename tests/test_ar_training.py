@@ -9,7 +9,7 @@ import torch
 from test_train import overfit_setup
 
 from dflash_core import DFlashDrafter
-from dflash_core.config import parse_drafter_config
+from dflash_core.models.config import parse_drafter_config
 from dflash_core.training.objective import block_layout, dense_block_mask
 from dflash_core.training.train import main
 

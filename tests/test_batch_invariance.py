@@ -8,7 +8,7 @@ from tiny import build_drafter, build_target
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from dflash_core import DFlashDrafter, Target, run
-from dflash_core.batch_invariant import (
+from dflash_core.speed.batch_invariant import (
     MAX_BLOCK,
     describe,
     is_batch_invariant,
@@ -18,7 +18,7 @@ from dflash_core.batch_invariant import (
     rows_match_alone,
     run_rows_alone,
 )
-from dflash_core.cpu_linear import pack_linears
+from dflash_core.speed.cpu_linear import pack_linears
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_rows_alone_layers_are_named_in_the_status(wide_target_dir):
 
 
 def test_auto_dtype_is_bf16_only_where_it_stays_lossless_and_fast(monkeypatch):
-    from dflash_core import pair
+    from dflash_core.loading import pair
 
     monkeypatch.setattr(pair, "_cpu_flags", lambda: "flags : avx512f avx512_bf16 amx_bf16 amx_tile")
     assert pair.parse_dtype("auto", "cpu") == torch.bfloat16
@@ -170,10 +170,10 @@ def test_auto_dtype_is_bf16_only_where_it_stays_lossless_and_fast(monkeypatch):
 
 
 def test_app_status_names_the_target_numerics(tiny_dirs):
-    from app.serve.models import PairCache
-    from app.serve.pairs import cli_pair
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
     from app.ui import App
-    from dflash_core import pair
+    from dflash_core.loading import pair
 
     for dtype, expected in (("bfloat16", "bfloat16, blocks verified bitwise as one-token steps"), ("float32", "float32;")):
         spec = cli_pair(*map(str, tiny_dirs), dtype=dtype)

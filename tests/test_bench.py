@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dflash_core.bench.__main__ import main
-from dflash_core.cpu_linear import packing_wanted
-from dflash_core.kernels import cpu_rows
+from dflash_core.speed.cpu_linear import packing_wanted
+from dflash_core.speed.kernels import cpu_rows
 
 
 @pytest.fixture(autouse=True)

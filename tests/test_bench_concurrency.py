@@ -10,8 +10,8 @@ import threading
 import pytest
 from fake_vllm import FakeVllm
 
-from dflash_core.vllm_client import served_model, spec_counters
-from dflash_core.vllm_sweep import (
+from dflash_core.vllm.client import served_model, spec_counters
+from dflash_core.vllm.sweep import (
     Bounds,
     Settings,
     SweepError,
@@ -171,7 +171,7 @@ def test_servers_that_are_not_a_pair_are_refused(servers):
 
 
 def test_stops_paying_is_the_level_from_which_dflash_stays_slower():
-    from dflash_core.vllm_sweep import Level, ServerRun
+    from dflash_core.vllm.sweep import Level, ServerRun
 
     def level(n, plain, dflash):
         def run(tok_s):

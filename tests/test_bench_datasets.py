@@ -21,8 +21,8 @@ from dflash_core.bench import datasets as bench_datasets
 from dflash_core.bench import paper_table
 from dflash_core.bench.__main__ import main
 from dflash_core.bench.datasets import SETS, load_samples, seen_in_training
-from dflash_core.chat_template import describe_template, reasoning_args
-from dflash_core.prompting import encode_chat
+from dflash_core.loading.chat_template import describe_template, reasoning_args
+from dflash_core.loading.prompting import encode_chat
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = str(ROOT / "tests" / "fixtures" / "datasets")

@@ -7,14 +7,14 @@ import json
 import pytest
 from tiny import THINKING_CHATML, build_drafter, build_target, build_tokenizer
 
-from app.serve.models import PairCache
-from app.serve.pairs import PairSpec, load_pairs
+from app.pairs.models import PairCache
+from app.pairs.registry import PairSpec, load_pairs
 from app.ui import App
 from dflash_core import DFlashError
 from dflash_core.__main__ import main as cli_main
 from dflash_core.bench.__main__ import main as bench_main
-from dflash_core.chat_template import describe_template, has_thinking_switch, template_args
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.chat_template import describe_template, has_thinking_switch, template_args
+from dflash_core.loading.prompting import encode_prompt
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from dflash_core.__main__ import main
-from dflash_core.pair import default_drafter_dtype, parse_dtype
+from dflash_core.loading.pair import default_drafter_dtype, parse_dtype
 
 
 @pytest.fixture

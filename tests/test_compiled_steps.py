@@ -12,12 +12,13 @@ import torch
 from tiny import build_drafter, build_target
 from torch._inductor.graph import GraphLowering
 
-from dflash_core import DFlashDrafter, SamplingParams, Target, compiled_steps, load_pair, run
+from dflash_core import DFlashDrafter, SamplingParams, Target, load_pair, run
 from dflash_core.__main__ import main as cli_main
 from dflash_core.bench.__main__ import main as bench_main
-from dflash_core.cpu_linear import PackedLinear
 from dflash_core.errors import ConfigError
-from dflash_core.kernels import cpu_rows
+from dflash_core.speed import compiled_steps
+from dflash_core.speed.cpu_linear import PackedLinear
+from dflash_core.speed.kernels import cpu_rows
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""oneDNN-packed linear layers (dflash_core/cpu_linear.py) against `F.linear`.
+"""oneDNN-packed linear layers (dflash_core/speed/cpu_linear.py) against `F.linear`.
 
 Error bound: float32 outputs within 1e-5 relative (+1e-6 absolute) of `F.linear` (the two
 libraries sum in different orders); bfloat16 within 2 bf16 ulps relative. The one-row path choice
@@ -14,9 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_core import cpu_linear
-from dflash_core.kernels import cpu_rows
-from dflash_core.cpu_linear import (
+from dflash_core.speed import cpu_linear
+from dflash_core.speed.cpu_linear import (
     PackedLinear,
     choose_single_row_path,
     pack_linears,
@@ -24,6 +23,7 @@ from dflash_core.cpu_linear import (
     packing_wanted,
     single_row_library,
 )
+from dflash_core.speed.kernels import cpu_rows
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
 

@@ -1,4 +1,4 @@
-"""The CPU rows kernel (dflash_core/kernels/cpu_rows.cpp) and how packed linears take it.
+"""The CPU rows kernel (dflash_core/speed/kernels/cpu_rows.cpp) and how packed linears take it.
 
 Exactness: within 1e-5 relative (+1e-6 absolute) of `F.linear` (the sums run in another order),
 and each row of a block bitwise equal to that row alone, for every block size the kernel takes.
@@ -16,10 +16,10 @@ import torch.nn.functional as F
 import torch.utils.cpp_extension
 from torch import nn
 
-from dflash_core import cpu_linear
-from dflash_core.cpu_linear import PackedLinear, choose_rows_kernel, pack_linears, single_row_library
-from dflash_core.fallbacks import FallbackWarning
-from dflash_core.kernels import cpu_rows
+from dflash_core.speed import cpu_linear
+from dflash_core.speed.cpu_linear import PackedLinear, choose_rows_kernel, pack_linears, single_row_library
+from dflash_core.speed.fallbacks import FallbackWarning
+from dflash_core.speed.kernels import cpu_rows
 
 needs_kernel = pytest.mark.skipif(
     cpu_rows.unsupported_reason() is not None, reason=f"rows kernel: {cpu_rows.unsupported_reason()}"

@@ -13,16 +13,17 @@ from tiny import build_drafter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dflash_core.drafting
-from dflash_core import DFlashDrafter, SamplingParams, Target, fallbacks, load_pair, run
+from dflash_core import DFlashDrafter, SamplingParams, Target, load_pair, run
 from dflash_core.__main__ import main as cli_main
 from dflash_core.bench.__main__ import main as bench_main
-from dflash_core.cuda_graphs import CudaGraphBackend, StepGraphs
 from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.diagnostics.syncs import SyncCounter
-from dflash_core.drafter import DrafterCache, static_slots
 from dflash_core.errors import ConfigError
-from dflash_core.fallbacks import FallbackWarning
+from dflash_core.models.drafter import DrafterCache, static_slots
 from dflash_core.schedule import CostProfile
+from dflash_core.speed import fallbacks
+from dflash_core.speed.cuda_graphs import CudaGraphBackend, StepGraphs
+from dflash_core.speed.fallbacks import FallbackWarning
 
 
 def _tensors(tree) -> list[torch.Tensor]:

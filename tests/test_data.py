@@ -113,7 +113,7 @@ def test_no_natural_evaluation_prompt_is_in_the_training_pool(monkeypatch):
 def test_text_pairs_lay_out_text_the_target_did_not_write_as_chat_turns(tiny_dirs):
     from transformers import AutoTokenizer
 
-    from dflash_core.prompting import encode_prompt
+    from dflash_core.loading.prompting import encode_prompt
     from dflash_core.training import text_data
 
     pairs = text_data.text_pairs(seed=0)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from dflash_core import default_target
-from dflash_core.default_target import DefaultTargetError, _publish
+from dflash_core.loading import default_target
+from dflash_core.loading.default_target import DefaultTargetError, _publish
 
 
 def _converted(path, weights: str):

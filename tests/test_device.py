@@ -2,7 +2,7 @@
 
 import torch
 
-from dflash_core import device
+from dflash_core.speed import device
 
 
 def fake_driver(monkeypatch, tmp_path, text):

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target, build_target
 from transformers import AutoModelForCausalLM
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, run
-from dflash_core.config import DFlash2Options, parse_drafter_config
-from dflash_core.dflash2 import BlockConv, PathSelector
-from dflash_core.errors import CheckpointError, ConfigError
 from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
+from dflash_core.errors import CheckpointError, ConfigError
+from dflash_core.models.config import DFlash2Options, parse_drafter_config
+from dflash_core.models.dflash2 import BlockConv, PathSelector
 from dflash_core.sampling import probabilities
-from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target, build_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALARS = {"input_embedding_scale": 1.25, "output_multiplier": 0.75, "final_logit_softcapping": 6.0}

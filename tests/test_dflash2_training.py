@@ -16,9 +16,9 @@ from test_train import PROMPTS, _prompt_ids, _write_shard, overfit_setup
 from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target, build_target
 
 from dflash_core import DFlashDrafter, Target, run
-from dflash_core.config import parse_drafter_config
-from dflash_core.dflash2 import BlockConv, PathSelector
 from dflash_core.errors import ConfigError
+from dflash_core.models.config import parse_drafter_config
+from dflash_core.models.dflash2 import BlockConv, PathSelector
 from dflash_core.training.drafter_init import to_dflash2
 from dflash_core.training.objective import (
     DrafterTrainer,

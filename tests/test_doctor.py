@@ -22,7 +22,6 @@ from safetensors.torch import load_file, save_file
 from tiny import THINKING_CHATML, build_drafter, build_target
 
 from dflash_core import Target, run
-from dflash_core.chat_template import template_args
 from dflash_core.doctor import DoctorPrompt, DoctorSettings, diagnose
 from dflash_core.doctor.acceptance import Stated, acceptance_check, stated_acceptance
 from dflash_core.doctor.measure import Measurement, clearly_better
@@ -32,8 +31,9 @@ from dflash_core.doctor.server import server_tau_check
 from dflash_core.doctor.template import template_check
 from dflash_core.drafting import Proposal
 from dflash_core.errors import DFlashError
-from dflash_core.pair import load_drafter
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.chat_template import template_args
+from dflash_core.loading.pair import load_drafter
+from dflash_core.loading.prompting import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "zlab-tiny-a"

@@ -10,10 +10,10 @@ import warnings
 import pytest
 import torch
 
-from dflash_core import fallbacks, kernels
-from dflash_core.fallbacks import FallbackWarning, flash_attn_usable, probe_flash_attn
-from dflash_core.kernels import kv_injection, verify
-from dflash_core.target import default_attention
+from dflash_core.models.target import default_attention
+from dflash_core.speed import fallbacks, kernels
+from dflash_core.speed.fallbacks import FallbackWarning, flash_attn_usable, probe_flash_attn
+from dflash_core.speed.kernels import kv_injection, verify
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.diagnostics.syncs import SyncCounter
 from dflash_core.errors import ConfigError, DFlashError
 from dflash_core.events import Block
-from dflash_core.target_cache import FULL, LINEAR, NONE, SLIDING
+from dflash_core.models.target_cache import FULL, LINEAR, NONE, SLIDING
 
 BLOCK = 8
 SCHEDULE = list(range(1, BLOCK + 1))  # cycle c rejects slot c (1-based), then one block is all accepted

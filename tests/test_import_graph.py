@@ -1,6 +1,6 @@
 """The import graph of dflash_core and app, read from the source (nothing is imported): no cycle,
 no engine module importing the app, training, the benchmarks or the diagnostics, and an app that
-imports only the engine (its Space ships without training/ and bench/, see app/serve/space.py)."""
+imports only the engine (its Space ships without training/ and bench/, see app/hosting/space.py)."""
 
 from __future__ import annotations
 
@@ -100,8 +100,42 @@ def test_the_app_imports_only_the_engine():
     assert wrong == []
 
 
+# The engine in layers, each importing only the ones before it: the base (errors, sampling, events);
+# speed and numerics, kernels included; the models and their formats; loading a pair and its prompts;
+# the decoding loop and the trace; then what stands on the engine (its CLI, vLLM, the tools).
+ENGINE_BASE = ("dflash_core.errors", "dflash_core.sampling", "dflash_core.events")
+ENGINE_LAYERS = (ENGINE_BASE, ("dflash_core.speed",), ("dflash_core.models",), ("dflash_core.loading",))
+ENGINE_ABOVE_THE_LOOP = ("dflash_core.__main__", "dflash_core.vllm", "dflash_core.doctor", *TOOLS)
+
+
+def engine_layer(name: str) -> int | None:
+    if not within(name, ("dflash_core",)) or name == "dflash_core":
+        return None
+    for rank, layer in enumerate(ENGINE_LAYERS):
+        if within(name, layer):
+            return rank
+    return len(ENGINE_LAYERS) + within(name, ENGINE_ABOVE_THE_LOOP)  # the loop, or above it
+
+
+def test_the_engine_folders_import_only_the_layers_below_them():
+    g = graph()
+    ranks = {name: engine_layer(name) for name in g if engine_layer(name) is not None}
+    assert set(ranks.values()) == set(range(len(ENGINE_LAYERS) + 2))  # every layer has modules
+    wrong = sorted((a, b) for a, deps in g.items() if a in ranks for b in deps
+                   if b in ranks and ranks[b] > ranks[a])
+    assert wrong == []
+
+
+def test_the_engine_keeps_its_loop_at_the_top_level():
+    top = sorted(name for name, path in modules().items()
+                 if within(name, ("dflash_core",)) and path.parent.name == "dflash_core" and path.name != "__init__.py")
+    assert top == ["dflash_core.__main__", "dflash_core.decoding", "dflash_core.drafting", "dflash_core.errors",
+                   "dflash_core.events", "dflash_core.explain", "dflash_core.lossless", "dflash_core.prompt_lookup",
+                   "dflash_core.sampling", "dflash_core.schedule", "dflash_core.trace", "dflash_core.verify"]
+
+
 # The app's sub-packages in layers: each imports only the ones before it (app/__init__.py).
-APP_LAYERS = ("app.race", "app.view", "app.serve")
+APP_LAYERS = ("app.race", "app.view", "app.guard", "app.pairs", "app.hosting", "app.serve")
 
 
 def test_the_app_packages_import_only_the_layers_below_them():

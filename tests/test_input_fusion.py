@@ -14,10 +14,10 @@ from test_train import assert_flex_equals_dense, overfit_setup
 from tiny import build_fusion_drafter, build_target
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, run
-from dflash_core.config import parse_drafter_config
-from dflash_core.drafting import method_name
 from dflash_core.errors import ConfigError
-from dflash_core.native_format import native_config
+from dflash_core.models.config import parse_drafter_config
+from dflash_core.models.drafter import method_name
+from dflash_core.models.native_format import native_config
 from dflash_core.training.objective import DrafterTrainer, default_gamma, dense_block_mask
 from dflash_core.training.train import main
 

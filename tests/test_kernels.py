@@ -1,4 +1,4 @@
-"""Fused kernels (dflash_core/kernels) against their exact PyTorch references.
+"""Fused kernels (dflash_core/speed/kernels) against their exact PyTorch references.
 
 On a machine without CUDA the Triton kernels run in Triton's interpreter, which `tests/conftest.py`
 turns on before anything imports triton (`test_kernels_compile.py` checks the compiled path). With
@@ -28,10 +28,10 @@ from triton_support import interpreter_skip_reason
 if DEVICE == "cpu" and interpreter_skip_reason():
     pytest.skip(interpreter_skip_reason(), allow_module_level=True)
 
-from dflash_core import kernels  # noqa: E402
-from dflash_core.drafter import DrafterCache
-from dflash_core.kernels.kv_injection import inject_kv_reference, inject_kv_triton
-from dflash_core.kernels.verify import greedy_verify_reference, verify_triton
+from dflash_core.models.drafter import DrafterCache
+from dflash_core.speed import kernels  # noqa: E402
+from dflash_core.speed.kernels.kv_injection import inject_kv_reference, inject_kv_triton
+from dflash_core.speed.kernels.verify import greedy_verify_reference, verify_triton
 
 pytest.importorskip("triton")
 

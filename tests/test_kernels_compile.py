@@ -23,7 +23,7 @@ def compile_for_hopper() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from dflash_core.kernels import kv_injection, verify
+    from dflash_core.speed.kernels import kv_injection, verify
 
     strides = ["sk_b", "sk_n", "sk_h", "sv_b", "sv_n", "sv_h", "sc_b", "sc_n", "ss_b", "ss_n",
                "sck_b", "sck_h", "sck_p", "scv_b", "scv_h", "scv_p"]

@@ -9,8 +9,8 @@ from safetensors.torch import load_file, save_file
 from tiny import build_drafter
 
 from dflash_core import DFlashDrafter, Target, load_pair, run, validate_pair
-from dflash_core.config import default_target_layer_ids, parse_drafter_config
 from dflash_core.errors import CheckpointError, ConfigError, GenerationInputError, PairMismatchError
+from dflash_core.models.config import default_target_layer_ids, parse_drafter_config
 
 
 def test_default_target_layer_ids_match_spec_examples():

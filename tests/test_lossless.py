@@ -9,8 +9,8 @@ import torch
 from app.race.report import race_report
 from app.view.render import summary_html
 from dflash_core import Target, run
+from dflash_core.loading.pair import default_target_dtype, parse_dtype
 from dflash_core.lossless import compare
-from dflash_core.pair import default_target_dtype, parse_dtype
 
 PROMPT = [5, 9, 17, 33]
 

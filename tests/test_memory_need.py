@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from dflash_core.errors import CheckpointError, DoesNotFitError
-from dflash_core.memory_need import MARGIN, PairSize, WeightSize, check_fits, local_weight_size, pair_size
+from dflash_core.loading.memory_need import MARGIN, PairSize, WeightSize, check_fits, local_weight_size, pair_size
 
 GB = 2**30
 

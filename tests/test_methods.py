@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from dflash_core import DFlashDrafter, PromptLookup, Target, run
-from dflash_core.drafting import method_name
-from dflash_core.errors import GenerationInputError
-from dflash_core.prompt_lookup import lookup
-from dflash_core.training.objective import DrafterTrainer, default_gamma
 from test_decoding import random_prompts
 from tiny import build_drafter
+
+from dflash_core import DFlashDrafter, PromptLookup, Target, run
+from dflash_core.errors import GenerationInputError
+from dflash_core.models.drafter import method_name
+from dflash_core.prompt_lookup import lookup
+from dflash_core.training.objective import DrafterTrainer, default_gamma
 
 METHODS = ["dflash", "ar", "lookup"]
 

@@ -17,8 +17,8 @@ from tiny import build_dflash2_drafter, build_drafter, build_target
 
 from dflash_core import DFlashDrafter, Target, load_pair, run
 from dflash_core.errors import ConfigError
-from dflash_core.export_native import export_native, main
-from dflash_core.native_format import from_native_state, released_config, to_native_state
+from dflash_core.loading.export_native import export_native, main
+from dflash_core.models.native_format import from_native_state, released_config, to_native_state
 
 ROOT = Path(__file__).resolve().parents[1]
 transformers = pytest.importorskip("transformers")

@@ -17,8 +17,8 @@ from tiny import build_dflash2_drafter, build_qwen3_target
 
 from dflash_core import DFlashDrafter, Target, run
 from dflash_core.bench.reference_peer import REFERENCE, ReferenceUnavailable, reference_generate
-from dflash_core.pair import fetch_target
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.pair import fetch_target
+from dflash_core.loading.prompting import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "assets" / "drafters"

@@ -23,8 +23,8 @@ import torch
 
 from dflash_core import Target, run
 from dflash_core.bench.vllm_peer import VllmUnavailable, vllm_generate, vllm_venv
-from dflash_core.pair import fetch_target
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.pair import fetch_target
+from dflash_core.loading.prompting import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 # vLLM's "dflash" method serves these architectures; the shipped autoregressive drafter
@@ -133,7 +133,7 @@ def test_the_app_races_a_vllm_server_dflash_against_plain(vllm_servers):
     gradio_client = pytest.importorskip("gradio_client")
     from serve import free_port
 
-    from app.serve.pairs import vllm_pair
+    from app.pairs.registry import vllm_pair
     from app.ui import build_demo
     from app.view.frames import API_FIELDS
 
@@ -176,7 +176,7 @@ def test_the_app_races_a_vllm_server_dflash_against_plain(vllm_servers):
 @pytest.mark.slow
 def test_the_doctor_passes_a_vllm_server_of_the_shipped_pair(vllm_servers, default_target):
     from dflash_core.doctor import DoctorPrompt, DoctorSettings, diagnose
-    from dflash_core.pair import load_drafter
+    from dflash_core.loading.pair import load_drafter
 
     _, target = default_target
     drafter_dir = ROOT / "assets" / "drafters" / "smollm2-135m-instruct-dflash"  # scripts/serve_vllm.sh's, K = 3

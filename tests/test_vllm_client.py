@@ -7,7 +7,7 @@ import queue
 import pytest
 
 from dflash_core.events import Block, Prefill, Summary
-from dflash_core.vllm_client import VllmServerError, _events, served_model
+from dflash_core.vllm.client import VllmServerError, _events, served_model
 
 
 def chunks(*items) -> queue.Queue:

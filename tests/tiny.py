@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from dflash_core.config import parse_drafter_config
-from dflash_core.drafter import DFlashDrafter
+from dflash_core.models.config import parse_drafter_config
+from dflash_core.models.drafter import DFlashDrafter
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 CHATML = (

@@ -15,7 +15,7 @@ CHOICES = [("DFlash, scheduled block (verifies what each cycle's drafts are wort
            ("DFlash2 (one path through each slot's top candidates)", "dflash2"),
            ("input fusion (target features at the input only)", "fusion"),
            ("AR drafter (one pass per draft)", "ar"), ("prompt lookup (no model)", "lookup")]
-# The lanes that race a drafter of their own, which a pair names (`serve/pairs.json`), and what it is.
+# The lanes that race a drafter of their own, which a pair names (`pairs/pairs.json`), and what it is.
 DRAFTER_LANES = {"dflash2": "DFlash2 drafter", "fusion": "input-fusion drafter", "ar": "autoregressive drafter"}
 # The lanes whose cycles "Inside a cycle" lays out: one drafter pass per cycle, a whole block verified.
 CYCLE_LANES = ("dflash", "dflash2", "fusion")

@@ -24,7 +24,7 @@ __all__ = ["LaneReport", "RaceReport", "first_difference", "lane_report", "race_
 class LaneReport:
     """One lane of a race, beside plain decoding; field names are the JSON keys."""
 
-    method: str  # what drafted: dflash, dflash2, ar, lookup or plain (`dflash_core.drafting.method_name`)
+    method: str  # what drafted: dflash, dflash2, ar, lookup or plain (`dflash_core.models.drafter.method_name`)
     tau: float
     speedup: float  # plain seconds per token over this lane's
     tok_s: float

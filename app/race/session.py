@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from dflash_core.chat_template import describe_template
 from dflash_core.events import Summary
+from dflash_core.loading.chat_template import describe_template
 from dflash_core.lossless import Verdict
 from dflash_core.lossless import compare as lossless_check
 from dflash_core.trace import RUNS as LANES
@@ -126,7 +126,7 @@ class RaceSession:
     def result(self) -> RaceResult | None:
         """The race's verdict, report and trace, from its last snapshot; None when it stopped
         before every lane had a token."""
-        from dflash_core.drafting import method_name  # torch only for a live race
+        from dflash_core.models.drafter import method_name  # torch only for a live race
 
         how = "stopped" if self.last.stopped else "running"
         summaries = {name: view.as_summary(how) for name, view in self.last.lanes.items()}

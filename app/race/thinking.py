@@ -2,7 +2,7 @@
 
 A Qwen3-style chat template reads `enable_thinking`: on, the answer opens with a `<think>` section;
 off, with an empty one. A drafter is trained on one of the two (the pair's `chat_template_args` in
-`app/serve/pairs.json`, with their source there) and guesses the other badly: the race stays
+`app/pairs/pairs.json`, with their source there) and guesses the other badly: the race stays
 lossless, but fewer drafts are accepted. The visitor may race either setting; every lane then
 decodes the same prompt ids, so the race stays fair. Templates without the switch (SmolLM2's)
 refuse a forced setting.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflash_core.chat_template import THINKING_CHOICES, has_thinking_switch, template_args
 from dflash_core.errors import GenerationInputError
+from dflash_core.loading.chat_template import THINKING_CHOICES, has_thinking_switch, template_args
 
 DEFAULT = "default"  # the pair's own arguments: what its drafter was trained with, where recorded
 CHOICES = (DEFAULT, *THINKING_CHOICES)

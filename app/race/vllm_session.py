@@ -1,10 +1,10 @@
 """A race of a vLLM server's DFlash against its plain decoding: the app's race and panes, remote lanes.
 
-`python app.py --vllm-url URL [--vllm-plain-url URL2]` adds a pair of kind `vllm` (or app/serve/pairs.json
+`python app.py --vllm-url URL [--vllm-plain-url URL2]` adds a pair of kind `vllm` (or app/pairs/pairs.json
 names one, with `vllm_url` and `vllm_plain_url`): URL serves the target with DFlash speculation,
 URL2 the same target plain (vLLM 0.32.0 sets speculation per server, not per request;
 `scripts/serve_vllm.sh` starts both). `VllmRaceSession` has `RaceSession`'s interface, so the race,
-frames and report are the local ones; its lanes are `dflash_core.vllm_client` streams, which both
+frames and report are the local ones; its lanes are `dflash_core.vllm.client` streams, which both
 decode at once on their servers and are timed by wall clock from here.
 
 What the panes show of a remote engine is what vLLM reports: the tokens, and per verify step how
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from dflash_core.vllm_client import ServedModel, VllmServerError, plain_url_of, served_model, stream
+from dflash_core.vllm.client import ServedModel, VllmServerError, plain_url_of, served_model, stream
 
 from .interleave import Snapshot, race
 from .report import race_report

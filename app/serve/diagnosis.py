@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from ..guard.limits import Limits
+from ..guard.readers import Readers
 from ..view import doctor_panel, texts
 from .failures import failure_message, visitor_error
-from .limits import Limits
 from .loading import PairLoading
-from .readers import Readers
 
 TICK_S = 1.0  # the panel's seconds count moves this often while a step runs
 
@@ -153,7 +153,7 @@ class Diagnosis:
 def run_doctor(pair, spec, ask: Ask, log):
     """(the doctor's `Report` on a loaded pair, the name of the prompt file it decoded); the caller holds the lock."""
     from dflash_core.doctor import DoctorSettings, default_prompts, diagnose
-    from dflash_core.hub import resolve_model_dir
+    from dflash_core.models.hub import resolve_model_dir
 
     # The card (README.md) states the tau to compare with: fetched beside the weights for a Hub drafter.
     drafter_dir = resolve_model_dir(spec.drafter_location(), ("config.json", "model.safetensors"),

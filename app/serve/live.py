@@ -13,18 +13,18 @@ from pathlib import Path
 
 import gradio as gr
 
+from ..guard.callers import is_mcp, session_of, visitor_of
+from ..guard.limits import Limits, check_lanes, check_request
+from ..guard.readers import Readers
+from ..guard.traces import TraceStore
+from ..hosting.space import gpu_errors_as_messages, gpu_task
 from ..race.control import Control, Controls
 from ..race.stopping import StopRequests
 from ..race.thinking import check_thinking, recorded_thinking
 from ..view import texts
 from ..view.frames import ChartPacer, Frame, note_frame, race_frame, released_text
-from .callers import is_mcp, session_of, visitor_of
 from .failures import failure_message, visitor_error
-from .limits import Limits, check_lanes, check_request
 from .loading import PairLoading
-from .readers import Readers
-from .space import gpu_errors_as_messages, gpu_task
-from .traces import TraceStore
 
 STOP_WAIT_S = 30.0  # a race ends within one engine step of Stop; this only bounds a stuck one
 

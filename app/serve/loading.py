@@ -12,13 +12,13 @@ import time
 
 import gradio as gr
 
-from dflash_core.chat_template import describe_template, has_thinking_switch
+from dflash_core.loading.chat_template import describe_template, has_thinking_switch
 
+from ..pairs.registry import PairSpec, availability
 from ..race.lanes import LABELS
 from ..race.thinking import DEFAULT, check_thinking
 from ..view import texts
 from .failures import failure_message
-from .pairs import PairSpec, availability
 from .sessions import race_kinds
 
 PROGRESS_EVERY_S = 0.25  # download progress lines at most this often

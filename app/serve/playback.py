@@ -21,16 +21,16 @@ from pathlib import Path
 
 import gradio as gr
 
+from ..guard.callers import session_of, visitor_of
+from ..guard.limits import Limits
+from ..guard.readers import Readers
+from ..guard.traces import TraceStore
 from ..race.control import Controls
 from ..race.interleave import FRAME_S, race
 from ..view import texts
 from ..view.frames import CHART_EVERY_S, ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
-from .callers import session_of, visitor_of
 from .failures import visitor_error
-from .limits import Limits
-from .readers import Readers
 from .replay import RecordedPieces, ReplayError, load_trace
-from .traces import TraceStore
 
 # Drawing a frame costs about a microsecond per token shown, a chart frame about as much per block:
 # the pacing keeps either under these rates, so a replay's drawing never grows with its length twice.

@@ -1,6 +1,6 @@
 """The serving view's handler: throughput across concurrency on a vLLM pair's two servers, live.
 
-`Serving.sweep` runs the engine's sweep (`dflash_core.vllm_sweep.sweep`) at the levels a
+`Serving.sweep` runs the engine's sweep (`dflash_core.vllm.sweep.sweep`) at the levels a
 visitor picks and yields the figure, the table and a status line after each level. It is bounded
 as a race is, and tighter: wired in the race queue (one at a time with races, `--per-visitor` and
 `--max-queue` apply), at most `MAX_LEVEL` requests at once and `ROUNDS` per client, at most
@@ -10,8 +10,8 @@ reads the page. Where the app has no vLLM pair, the view says how to start one.
 
 from __future__ import annotations
 
-from dflash_core.vllm_client import VllmServerError, plain_url_of
-from dflash_core.vllm_sweep import (
+from dflash_core.vllm.client import VllmServerError, plain_url_of
+from dflash_core.vllm.sweep import (
     Bounds,
     SweepError,
     check_servers,
@@ -21,12 +21,12 @@ from dflash_core.vllm_sweep import (
     sweep,
 )
 
+from ..guard.limits import Limits
+from ..guard.readers import Readers
+from ..pairs.registry import PairSpec
 from ..view import texts
 from ..view.serving import serving_figure, serving_table_html
 from .failures import visitor_error
-from .limits import Limits
-from .pairs import PairSpec
-from .readers import Readers
 
 LEVELS = (1, 2, 4, 8)  # offered; a sweep in the app sends at most MAX_LEVEL requests at once
 MAX_LEVEL = 8

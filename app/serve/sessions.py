@@ -1,6 +1,6 @@
 """One race-session factory per pair kind: how the app prepares, labels and opens the race of a pair.
 
-A pair's `kind` (`app/serve/pairs.json`) picks its factory in `race_kinds`: `LocalRaces` for models
+A pair's `kind` (`app/pairs/pairs.json`) picks its factory in `race_kinds`: `LocalRaces` for models
 that load in this process (`RaceSession`), `VllmRaces` for a pair served by two vLLM servers
 (`VllmRaceSession`). Each factory answers the same five questions, so the handlers hold no branch
 on the kind, and a new kind of pair (another peer engine, a serving view) is one new class here.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ..guard.limits import check_prompt_tokens
 from ..race.lanes import DRAFTER_LANES, LABELS
 from ..race.session import RaceSession
 from ..view import texts
 from ..view.frames import start_frame
 from .failures import failure_message, visitor_error
-from .limits import check_prompt_tokens
 
 
 class LocalRaces:
@@ -58,7 +58,7 @@ class LocalRaces:
         except ValueError as exc:  # the visitor's prompt, said as it is
             raise visitor_error(str(exc)) from None
         from dflash_core.decoding import SEQUENTIAL_DRAFTS  # torch: only once a pair has loaded
-        from dflash_core.drafting import method_name
+        from dflash_core.models.drafter import method_name
 
         method = method_name(pair.drafter)
         if "scheduled" in names and not req.sampling.greedy and method in SEQUENTIAL_DRAFTS:

@@ -1,7 +1,7 @@
 """The serving view's figure and table: throughput and latency against concurrency, DFlash beside plain.
 
 Both take the levels of a concurrency sweep as its JSON gives them (`Level.to_dict()` of
-`dflash_core.vllm_sweep`), so the app's live sweep and a recorded run
+`dflash_core.vllm.sweep`), so the app's live sweep and a recorded run
 (`dev/measurements/concurrency-*.json`) draw the same way. Levels not run (the time budget, a
 stop) are left out of the curves and named in the table.
 """

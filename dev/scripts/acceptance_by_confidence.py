@@ -17,9 +17,9 @@ import argparse
 
 import torch
 
-from dflash_core.default_target import resolve_target
-from dflash_core.drafter import DFlashDrafter
-from dflash_core.target import Target
+from dflash_core.loading.default_target import resolve_target
+from dflash_core.models.drafter import DFlashDrafter
+from dflash_core.models.target import Target
 from dflash_core.training.data import heldout, load_sequences, shard_range
 from dflash_core.training.objective import DrafterTrainer, acceptance_lengths, default_gamma, sample_anchors
 

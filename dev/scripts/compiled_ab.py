@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from dflash_core import Target, load_pair, run
-from dflash_core.cpu_linear import PackedLinear
 from dflash_core.bench.run import DEFAULT_DRAFTER, DEFAULT_TARGET, select_prompts, size_static_caches
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.prompting import encode_prompt
+from dflash_core.speed.cpu_linear import PackedLinear
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from dflash_core import DFlashDrafter, Target
-from dflash_core.pair import fetch_target
+from dflash_core.loading.pair import fetch_target
 from dflash_core.training.data import frequent_tokens, load_sequences
 
 

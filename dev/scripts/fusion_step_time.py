@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from dflash_core.default_target import resolve_target
-from dflash_core.drafter import DFlashDrafter
-from dflash_core.target import Target
+from dflash_core.loading.default_target import resolve_target
+from dflash_core.models.drafter import DFlashDrafter
+from dflash_core.models.target import Target
 from dflash_core.training.data import load_sequences
 from dflash_core.training.drafter_init import build_drafter_config, init_from_target
 from dflash_core.training.objective import DrafterTrainer, sample_anchors

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from dflash_core import Target, load_pair, run
 from dflash_core.bench.run import BUILTIN_PROMPTS
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.prompting import encode_prompt
 
 
 def bare_loop_ms(model, ids: list[int], tokens: int) -> float:

@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from dflash_core import DFlashDrafter, Target
-from dflash_core.default_target import resolve_target
+from dflash_core.loading.default_target import resolve_target
 from dflash_core.training.data import heldout, load_sequences
 from dflash_core.training.drafter_init import to_dflash2
 from dflash_core.training.objective import DrafterTrainer, sample_anchors

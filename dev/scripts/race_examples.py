@@ -21,7 +21,7 @@ from app.serve.examples import EXAMPLES
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:7860/")
-    p.add_argument("--pair", default=None, help="pair id to select first (app/serve/pairs.json); default: the app's")
+    p.add_argument("--pair", default=None, help="pair id to select first (app/pairs/pairs.json); default: the app's")
     p.add_argument("--block-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
     args = p.parse_args()

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from dflash_core import DFlashDrafter
-from dflash_core.config import parse_drafter_config
+from dflash_core.models.config import parse_drafter_config
 
 
 def convert(source: Path, out: Path, rank: int, top_k: int, taps: int, group: int, scale: float, seed: int) -> Path:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from families import FAMILIES, build_family_target  # noqa: E402
 
 from dflash_core import Target  # noqa: E402
-from dflash_core.target_cache import LINEAR  # noqa: E402
+from dflash_core.models.target_cache import LINEAR  # noqa: E402
 
 
 def median_ms(step, iters: int, warmup: int = 3) -> float:

@@ -18,10 +18,10 @@ import collections
 import torch
 
 from dflash_core.bench.run import select_prompts
-from dflash_core.chat_template import template_args
 from dflash_core.decoding import run
-from dflash_core.pair import load_pair
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.chat_template import template_args
+from dflash_core.loading.pair import load_pair
+from dflash_core.loading.prompting import encode_prompt
 
 
 def main() -> None:

@@ -27,8 +27,8 @@ import torch
 import dflash_core.schedule as schedule
 from dflash_core import run
 from dflash_core.bench.run import select_prompts
-from dflash_core.pair import load_pair
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.pair import load_pair
+from dflash_core.loading.prompting import encode_prompt
 
 VERIFY_MS = {1: 70.0, 2: 95.2, 4: 105.8, 8: 123.6, 16: 155.3}
 REST_MS = 3.0

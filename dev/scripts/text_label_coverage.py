@@ -13,8 +13,8 @@ import argparse
 
 import torch
 
-from dflash_core.default_target import resolve_target
-from dflash_core.target import Target
+from dflash_core.loading.default_target import resolve_target
+from dflash_core.models.target import Target
 from dflash_core.training.data import load_sequences
 from dflash_core.training.objective import greedy_path_labels, sample_anchors
 

@@ -1,5 +1,5 @@
 """`python -m dflash_core.bench --peer vllm --concurrency 1,2,4,8,16,32`: vLLM plain against vLLM DFlash
-across concurrency (`dflash_core/vllm_sweep.py`), printed as a markdown table and a JSON line.
+across concurrency (`dflash_core/vllm/sweep.py`), printed as a markdown table and a JSON line.
 
 The servers are given by `--vllm-url` (default: the DFlash server of `scripts/serve_vllm.sh`) and
 `--vllm-plain-url` (default: the next port). The JSON (also written to `--json PATH`) records the
@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..vllm_sweep import (
+from ..vllm.sweep import (
     NATURAL,
     Bounds,
     Level,

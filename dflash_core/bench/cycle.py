@@ -30,13 +30,13 @@ import time
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from .. import kernels
-from ..config import default_target_layer_ids, parse_drafter_config
-from ..cpu_linear import single_row_library
-from ..drafter import DFlashDrafter
+from ..models.config import default_target_layer_ids, parse_drafter_config
+from ..models.drafter import DFlashDrafter
+from ..models.target import Target, default_attention
 from ..sampling import SamplingParams
 from ..schedule import CostProfile, measure_costs
-from ..target import Target, default_attention
+from ..speed import kernels
+from ..speed.cpu_linear import single_row_library
 from .run import add_pair_args, load_pair_of, parse
 
 # Target and drafter shapes of the released Qwen3 DFlash pairs (docs/design.md §3); "tiny" runs on a CPU.
@@ -158,7 +158,7 @@ def time_cycle(target: Target, drafter: DFlashDrafter, context: int, block: int,
         # every step starts from the same cache length (see kernels/cuda_paths.py for why decoding
         # cannot do this yet). Shows how much of t_draft is launch overhead.
         try:
-            from ..kernels.cuda_paths import capture_graph
+            from ..speed.kernels.cuda_paths import capture_graph
 
             def step_from_base():
                 draft_step()

@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from ..config import default_target_layer_ids
-from ..default_target import DEFAULT_TARGET, resolve_target
-from ..drafter import DFlashDrafter
-from ..target import Target
+from ..loading.default_target import DEFAULT_TARGET, resolve_target
+from ..models.config import default_target_layer_ids
+from ..models.drafter import DFlashDrafter
+from ..models.target import Target
 from ..training.drafter_init import build_drafter_config
 from ..training.objective import DrafterTrainer, default_gamma, sample_anchors
 from .run import add_threads_arg, parse

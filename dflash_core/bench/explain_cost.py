@@ -23,7 +23,7 @@ import time
 import torch
 
 from ..decoding import run
-from ..prompting import encode_prompt
+from ..loading.prompting import encode_prompt
 from ..sampling import SamplingParams
 from .run import add_pair_args, add_prompt_args, load_pair_of, load_prompts, parse
 

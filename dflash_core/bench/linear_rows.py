@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from ..default_target import DEFAULT_TARGET, resolve_target
-from ..kernels import cpu_rows
+from ..loading.default_target import DEFAULT_TARGET, resolve_target
+from ..speed.kernels import cpu_rows
 from .run import parse
 
 PACK_HINTS = (None, 1, 4, 16)  # the batch_size oneDNN is told to lay the weight out for

@@ -19,14 +19,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+
 import torch
 
-from ..chat_template import describe_template, reasoning_args
 from ..decoding import run
+from ..loading.chat_template import describe_template, reasoning_args
+from ..loading.pair import load_lane_drafter
+from ..loading.prompting import encode_prompt
 from ..lossless import compare as lossless_check
-from ..pair import load_lane_drafter
 from ..prompt_lookup import PromptLookup
-from ..prompting import encode_prompt
 
 METHODS = ("plain", "dflash", "dflash2", "fusion", "ar", "lookup")
 LABELS = {"plain": "plain", "dflash": "DFlash", "dflash2": "DFlash2", "fusion": "input fusion", "ar": "AR drafter",

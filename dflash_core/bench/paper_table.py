@@ -29,11 +29,11 @@ import sys
 
 import torch
 
-from ..chat_template import describe_template, reasoning_args
 from ..decoding import run
 from ..errors import DatasetError, GenerationInputError
+from ..loading.chat_template import describe_template, reasoning_args
+from ..loading.prompting import encode_chat
 from ..lossless import compare as lossless_check
-from ..prompting import encode_chat
 from .datasets import load_samples, seen_in_training
 
 VERDICTS = ("identical", "near_tie", "diverged")

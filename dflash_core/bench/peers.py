@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..pair import fetch_target
+from ..loading.pair import fetch_target
 from .reference_peer import REFERENCE, reference_generate
 from .transformers_peer import transformers_rows
 from .vllm_peer import VLLM, vllm_generate

@@ -16,11 +16,11 @@ import time
 import torch
 from torch import nn
 
-from ..batch_invariant import MAX_BLOCK, cancelling_rows, make_batch_invariant, rows_alone_layers
-from ..cpu_linear import pack_linears
-from ..default_target import DEFAULT_TARGET, resolve_target
-from ..pair import DTYPES
-from ..target import Target
+from ..loading.default_target import DEFAULT_TARGET, resolve_target
+from ..loading.pair import DTYPES
+from ..models.target import Target
+from ..speed.batch_invariant import MAX_BLOCK, cancelling_rows, make_batch_invariant, rows_alone_layers
+from ..speed.cpu_linear import pack_linears
 
 SHAPES = [(576, 576), (576, 1536), (1536, 576), (576, 49152)] + [(k, 576) for k in (512, 768, 1024, 1056, 1152, 2048)]
 

@@ -37,16 +37,16 @@ from pathlib import Path
 
 import torch
 
-from ..batch_invariant import describe, is_batch_invariant, rows_alone_layers
-from ..chat_template import describe_template, reasoning_args
-from ..cpu_linear import single_row_library
 from ..decoding import run
-from ..default_target import DEFAULT_TARGET
+from ..loading.chat_template import describe_template, reasoning_args
+from ..loading.default_target import DEFAULT_TARGET
+from ..loading.pair import DTYPES, load_drafter, load_pair
+from ..loading.prompting import encode_prompt
 from ..lossless import compare as lossless_check
-from ..pair import DTYPES, load_drafter, load_pair
-from ..prompting import encode_prompt
 from ..schedule import AUTO
-from ..vllm_sweep import SweepError
+from ..speed.batch_invariant import describe, is_batch_invariant, rows_alone_layers
+from ..speed.cpu_linear import single_row_library
+from ..vllm.sweep import SweepError
 from . import SUBCOMMANDS
 from .concurrency import add_sweep_args
 from .datasets import parse_datasets
@@ -385,7 +385,7 @@ def print_table(result: dict) -> None:
 
 def concurrency_mode(parser: argparse.ArgumentParser, args) -> int:
     """`--peer vllm --concurrency LIST`: the throughput sweep against two vLLM servers (`concurrency.py`)."""
-    from ..vllm_client import VllmServerError
+    from ..vllm.client import VllmServerError
     from .concurrency import run_cli
 
     if args.peer != ["vllm"] or args.methods or args.dataset or args.versus:

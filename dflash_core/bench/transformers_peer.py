@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from ..export_native import export_native
-from ..pair import parse_dtype
+from ..loading.export_native import export_native
+from ..loading.pair import parse_dtype
 
 
 class CycleSizes(BaseStreamer):

@@ -12,7 +12,7 @@ Everything the oracle needs per cycle is on the device before decoding starts (t
 corruption mask per cycle); the decoding loop tells it the slot-0 position, known on the host
 (`before_draft`), so the oracle adds no host sync. It picks the proposal there, outside the draft
 step, into a buffer the step reads: the step stays the same launches every cycle, so it can be
-replayed from a CUDA graph (`dflash_core/cuda_graphs.py`).
+replayed from a CUDA graph (`dflash_core/speed/cuda_graphs.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import itertools
 import torch
 from torch import nn
 
-from ..drafter import DFlashDrafter, DrafterCache
+from ..models.drafter import DFlashDrafter, DrafterCache
 
 CONFIDENT = 30.0  # logit of the proposed token (0 elsewhere): a point mass after softmax
 

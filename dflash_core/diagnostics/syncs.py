@@ -112,7 +112,7 @@ def host_reads_per_cycle(target, drafting: bool = True) -> tuple[int, str]:
     (`batch_invariant._causal_prefix`); a host read costs nothing on CPU and that path never runs
     on CUDA, so the one-sync rule it would break is a CUDA rule.
     """
-    from ..batch_invariant import is_batch_invariant
+    from ..speed.batch_invariant import is_batch_invariant
 
     if drafting and is_batch_invariant(target.model):
         return 1 + target.num_layers, "cpu batch-invariant: the accepted count and one mask check per layer"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from ..chat_template import THINKING_CHOICES
 from ..errors import DFlashError
-from ..hub import resolve_model_dir
-from ..pair import DTYPES, default_drafter_dtype, load_drafter, load_pair, parse_dtype
+from ..loading.chat_template import THINKING_CHOICES
+from ..loading.pair import DTYPES, default_drafter_dtype, load_drafter, load_pair, parse_dtype
+from ..models.hub import resolve_model_dir
 from .diagnose import DoctorSettings, default_prompts, diagnose
 
 FAILED = 3

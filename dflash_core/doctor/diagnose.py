@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen3Config
 
-from ..chat_template import describe_template, has_thinking_switch, template_args
-from ..drafter import DFlashDrafter
 from ..errors import DFlashError
+from ..loading.chat_template import describe_template, has_thinking_switch, template_args
+from ..loading.pair import load_drafter
+from ..loading.prompting import encode_prompt
 from ..lossless import compare
-from ..pair import load_drafter
-from ..prompting import encode_prompt
+from ..models.drafter import DFlashDrafter
 from . import acceptance, numerics, server, template, wiring
 from .measure import DoctorPrompt, Measurement, measure, prompt_set_path, read_prompts, variant
 from .quantization import quantization_grid, quantized_tensors
@@ -253,7 +253,7 @@ def _shift(model, depth: int, base: Measurement, tau_of, log) -> Check:
 
 def _server(target, drafter, prompts, encoded, args: dict, base: Measurement, settings: DoctorSettings, stop,
             log) -> list[Check]:
-    from ..vllm_client import complete, served_model
+    from ..vllm.client import complete, served_model
 
     texts = [(p, ids) for p, ids in zip(prompts, encoded) if p.text is not None]
     if not texts:

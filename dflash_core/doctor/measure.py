@@ -15,8 +15,8 @@ from pathlib import Path
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ..decoding import run
-from ..drafter import DFlashDrafter
 from ..errors import GenerationInputError
+from ..models.drafter import DFlashDrafter
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
 # Two taus differ "clearly" when the better one is at least this much higher and keeps at least

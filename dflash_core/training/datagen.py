@@ -141,7 +141,7 @@ def load_target(model_dir: str | None, dtype: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if model_dir is None:
-        from ..default_target import DEFAULT_TARGET, resolve_target
+        from ..loading.default_target import DEFAULT_TARGET, resolve_target
 
         model_dir = resolve_target(DEFAULT_TARGET)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -246,7 +246,7 @@ def run(out: Path, max_new_tokens: int = 256, batch_size: int = 32, shard_size: 
     import torch
     from tqdm import tqdm
 
-    from ..prompting import encode_prompt
+    from ..loading.prompting import encode_prompt
     from .prompts import missing_sources
 
     missing = missing_sources()
@@ -311,7 +311,7 @@ def bench(batch_sizes: list[int], dtypes: list[str], n_prompts: int, max_new_tok
     """Measure generated tokens/s per (dtype, batch size) on held-out prompts."""
     import torch
 
-    from ..prompting import encode_prompt
+    from ..loading.prompting import encode_prompt
     from .prompts import load_prompts
 
     if threads:

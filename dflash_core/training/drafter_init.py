@@ -13,10 +13,10 @@ import math
 
 import torch
 
-from ..config import DFLASH2, DFLASH_AR, drafter_config_dict, parse_drafter_config
-from ..drafter import DFlashDrafter
 from ..errors import ConfigError
-from ..target import Target
+from ..models.config import DFLASH2, DFLASH_AR, drafter_config_dict, parse_drafter_config
+from ..models.drafter import DFlashDrafter
+from ..models.target import Target
 
 
 def pick_mask_token_id(tokenizer, vocab_size: int, seen: set[int]) -> tuple[int, str]:

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from ..bench.run import PROMPT_SETS, load_prompts
-from ..default_target import DEFAULT_TARGET, resolve_target
-from ..drafter import DFlashDrafter
-from ..prompting import encode_prompt
-from ..target import Target
+from ..loading.default_target import DEFAULT_TARGET, resolve_target
+from ..loading.prompting import encode_prompt
+from ..models.drafter import DFlashDrafter
+from ..models.target import Target
 from .datagen import _eos_pad, generate_batch
 from .objective import DrafterTrainer, default_gamma, evaluate
 from .train import choose_amp

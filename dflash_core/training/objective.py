@@ -34,9 +34,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..dflash2 import PathScores, PathSelector
-from ..target import Target
-
+from ..models.dflash2 import PathScores, PathSelector
+from ..models.target import Target
 
 # ------------------------------------------------------------------------------------ recipe
 

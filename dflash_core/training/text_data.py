@@ -98,7 +98,7 @@ def text_pairs(seed: int = 0) -> list[tuple[str, str, str]]:
 
 def encode_pair(tok, user: str, assistant: str, eos_id: int) -> tuple[list[int], int]:
     """(ids, prompt length): the user turn through the chat template, then the text and the end of turn."""
-    from ..prompting import encode_prompt
+    from ..loading.prompting import encode_prompt
 
     prompt = encode_prompt(tok, user)
     return prompt + tok.encode(assistant, add_special_tokens=False) + [eos_id], len(prompt)
@@ -107,7 +107,7 @@ def encode_pair(tok, user: str, assistant: str, eos_id: int) -> tuple[list[int],
 def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
-    from ..default_target import resolve_target
+    from ..loading.default_target import resolve_target
     from .datagen import _eos_pad, _write_shard
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

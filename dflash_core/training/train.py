@@ -74,12 +74,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..config import default_target_layer_ids, parse_drafter_config
-from ..default_target import resolve_target
-from ..drafter import DFlashDrafter
 from ..errors import ConfigError, DFlashError
-from ..pair import has_fast_bf16
-from ..target import Target
+from ..loading.default_target import resolve_target
+from ..loading.pair import has_fast_bf16
+from ..models.config import default_target_layer_ids, parse_drafter_config
+from ..models.drafter import DFlashDrafter
+from ..models.target import Target
 from .data import frequent_tokens, heldout, load_sequences, shard_range
 from .drafter_init import (
     add_feature_layers,

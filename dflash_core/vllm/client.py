@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from .errors import DFlashError
-from .events import Block, Prefill, Summary
+from ..errors import DFlashError
+from ..events import Block, Prefill, Summary
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 300.0  # a CPU server's first request can sit behind its warm-up

@@ -14,8 +14,8 @@ This module only translates configs and state dicts; `export_native.py` writes a
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .config import DFLASH
-from .errors import ConfigError
 
 NATIVE_MODEL_TYPE = "muse_glimmer_assistant"
 NATIVE_ARCHITECTURE = "MuseGlimmerAssistantModel"

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from ..errors import DFlashError
+from ...errors import DFlashError
 
 MODES = ("auto", "triton", "torch")
 

@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError, DoesNotFitError
-from .hub import looks_like_path
+from ..errors import CheckpointError, DoesNotFitError
+from ..models.hub import looks_like_path
 
 # Room beyond the weights for the KV caches, activations and the allocator's slack, as a share of
 # the weights (the race keeps two caches of a few thousand positions; a 4B-35B target's caches and

@@ -40,8 +40,8 @@ import torch
 import torch._dynamo
 import torch._inductor.config
 
+from ..errors import ConfigError
 from .cpu_linear import traced_as_linear
-from .errors import ConfigError
 
 # A run compiles one verify shape per block size (1 to 16 with the block schedule), per target
 # wrapper, plus the draft step; past dynamo's default of 8 per function, new shapes would run eagerly.

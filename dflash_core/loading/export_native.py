@@ -1,4 +1,4 @@
-"""`python -m dflash_core.export_native SRC OUT [--target T]`: a drafter as a checkpoint transformers
+"""`python -m dflash_core.loading.export_native SRC OUT [--target T]`: a drafter as a checkpoint transformers
 runs natively (no remote code).
 
 SRC is any drafter this engine loads (one of this project's, a released z-lab DFlash checkpoint, or
@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .drafter import DFlashDrafter
-from .errors import ConfigError, DFlashError
-from .hub import resolve_model_dir
-from .native_format import NATIVE_ARCHITECTURE, native_config, to_native_state
+from ..errors import ConfigError, DFlashError
+from ..models.drafter import DFlashDrafter
+from ..models.hub import resolve_model_dir
+from ..models.native_format import NATIVE_ARCHITECTURE, native_config, to_native_state
 from .pair import load_pair, parse_dtype, validate_pair
 
 
@@ -85,7 +85,7 @@ def export_native(src, out, target=None, dtype=None) -> DFlashDrafter:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash_core.export_native", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dflash_core.loading.export_native", description=__doc__.splitlines()[0])
     parser.add_argument("src", help="drafter directory or Hub id (this project's, a released DFlash one, or native)")
     parser.add_argument("out", help="directory to write the native checkpoint to")
     parser.add_argument("--target", help="check the drafter against this target first (path, Hub id or default:smollm2)")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 # What a causal LM target needs from its repository: config, weights, tokenizer, chat template.
 TARGET_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken")

@@ -4,9 +4,9 @@ Qwen3's chat template thinks by default (`enable_thinking` true): the answer ope
 `<think>` section. The released z-lab Qwen3 DFlash drafters were trained on non-thinking chat, so
 with thinking on acceptance collapses (users of the reference report about 25% instead of 60%)
 and the output fills with thinking text. A pair therefore carries the template arguments its
-drafter was trained with (`app/serve/pairs.json`), and the CLI and the benchmark take `--thinking on|off`;
+drafter was trained with (`app/pairs/pairs.json`), and the CLI and the benchmark take `--thinking on|off`;
 without either, thinking is off wherever the template has the switch, as the first released DFlash
-drafters (Qwen3, Llama-3.1) were trained that way; the Qwen3.5/3.6 pairs in `app/serve/pairs.json` turn it
+drafters (Qwen3, Llama-3.1) were trained that way; the Qwen3.5/3.6 pairs in `app/pairs/pairs.json` turn it
 on, as z-lab's README runs those drafters. Templates without the switch (SmolLM2's ChatML) get no
 arguments. Templates that take a reasoning level instead (`reasoning_effort`, `reasoning_strength`)
 get it from the benchmark's `--thinking LEVEL` (`reasoning_args`).
@@ -14,7 +14,7 @@ get it from the benchmark's `--thinking LEVEL` (`reasoning_args`).
 
 from __future__ import annotations
 
-from .errors import GenerationInputError
+from ..errors import GenerationInputError
 
 THINKING_CHOICES = ("on", "off")
 # What the released DFlash drafters were trained with (non-thinking chat).

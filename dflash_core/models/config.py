@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 from transformers import Qwen3Config
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 DFLASH_KEYS = ("block_size", "mask_token_id", "target_layer_ids")
 DFLASH = "DFlashDraftModel"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from .cpu_linear import pack_linears
+from ..errors import ConfigError, PairMismatchError
+from ..models.drafter import DFlashDrafter, method_name
+from ..models.hub import TARGET_PATTERNS, looks_like_path, resolve_model_dir
+from ..models.target import Target, wants_batch_invariance
+from ..speed.cpu_linear import pack_linears
 from .default_target import resolve_target
-from .drafter import DFlashDrafter
-from .errors import ConfigError, PairMismatchError
-from .hub import TARGET_PATTERNS, looks_like_path, resolve_model_dir
-from .target import Target, wants_batch_invariance
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -67,7 +67,7 @@ def validate_pair(target: Target, drafter: DFlashDrafter, block_size: int | None
         )
 
 
-# The kinds (`drafting.method_name`) a method's own drafter may be: the bench's `--methods` and the
+# The kinds (`method_name`) a method's own drafter may be: the bench's `--methods` and the
 # app's lanes of the same names. A DFlash drafter in the fusion lane would race KV injection under
 # input fusion's name, so each method takes only its own kind.
 LANE_KINDS = {"dflash2": ("dflash2",), "fusion": ("fusion",), "ar": ("ar",)}
@@ -79,8 +79,6 @@ def load_lane_drafter(target: Target, method: str, drafter, dtype: torch.dtype, 
     """The drafter of `method` (a key of `LANE_KINDS`) for `target`, loaded as `load_drafter` does;
     a drafter of another kind, or one that does not fit the target, is a PairMismatchError naming
     the method and the folder."""
-    from .drafting import method_name
-
     what = f"the {KIND_NAMES[method]} drafter {drafter}"
     try:
         model = load_drafter(target, drafter, dtype, block_size, progress)
@@ -161,7 +159,7 @@ def load_pair(
     `static_cache`, `cuda_graphs` and `compiled`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
     """
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        from .device import cuda_mismatch
+        from ..speed.device import cuda_mismatch
 
         raise ConfigError(cuda_mismatch() or f"device {device!r} was asked for, but torch sees no CUDA GPU here")
     dtype = parse_dtype(dtype, device)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .sampling import SamplingParams, probabilities, sample
+from ..sampling import SamplingParams, probabilities, sample
 
 
 class BlockConv(nn.Module):

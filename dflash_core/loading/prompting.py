@@ -6,8 +6,8 @@ once it decodes cleanly.
 
 from __future__ import annotations
 
+from ..errors import GenerationInputError
 from .chat_template import template_args as drafter_template_args
-from .errors import GenerationInputError
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = True, template_args: dict | None = None) -> list[int]:

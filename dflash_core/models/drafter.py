@@ -25,14 +25,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from . import kernels, native_format
+from ..errors import CheckpointError
+from ..sampling import SamplingParams, probabilities, sample
+from ..speed import kernels
+from ..speed.cpu_linear import pack_linears
+from ..speed.kernels.cuda_paths import drafter_attention
+from . import native_format
 from .config import drafter_config_dict, parse_drafter_config
-from .cpu_linear import pack_linears
 from .dflash2 import BlockConv, PathScores, PathSelector
-from .errors import CheckpointError
 from .hub import resolve_model_dir
-from .kernels.cuda_paths import drafter_attention
-from .sampling import SamplingParams, probabilities, sample
 
 
 class DrafterCache:
@@ -529,3 +530,17 @@ def _from_file_state(state: dict, config, directory: Path) -> tuple[dict, torch.
             f"engine reads one only as the rows of a draft vocabulary ({config.draft_vocab_size} x {config.hidden_size})"
         )
     return state, head_copy
+
+
+def method_name(drafter) -> str:
+    """"plain", "dflash", "dflash2", "ar", "fusion" (DFlash's input-fusion ablation), or a drafter's
+    own `method` (e.g. "lookup")."""
+    if drafter is None:
+        return "plain"
+    if hasattr(drafter, "session"):
+        return drafter.method
+    if getattr(drafter, "autoregressive", False):
+        return "ar"
+    if getattr(drafter, "input_fusion", False):
+        return "fusion"
+    return "dflash2" if getattr(drafter, "dflash2", None) is not None else "dflash"

@@ -30,10 +30,9 @@ from contextvars import ContextVar
 
 import torch
 import transformers
-from transformers import DynamicCache, StaticCache
-from transformers import cache_utils
+from transformers import DynamicCache, StaticCache, cache_utils
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 FULL, SLIDING, LINEAR, NONE = "full attention", "sliding-window attention", "gated delta-net", "no cache"
 # The functions a gated delta-net layer calls for its recurrence, looked up in its modeling module.

@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
-from .errors import DFlashError
-from .vllm_client import ServedModel, VllmServerError, complete, plain_url_of, served_model, spec_counters
+from ..errors import DFlashError
+from .client import ServedModel, VllmServerError, complete, plain_url_of, served_model, spec_counters
 
-NATURAL = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "natural.jsonl"
+NATURAL = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "natural.jsonl"
 
 
 class SweepError(DFlashError):

@@ -27,10 +27,10 @@ class PairSpec:
     dtype: str = "float32"
     train_hint: str = ""
     # apply_chat_template arguments the drafter was trained with, e.g. {"enable_thinking": false}
-    # for the Qwen3 drafters (dflash_core/chat_template.py); None: the engine's default.
+    # for the Qwen3 drafters (dflash_core/loading/chat_template.py); None: the engine's default.
     chat_template_args: dict | None = None
     # GPU memory the pair needs, about: the parameter counts in the models' names at bf16 plus the
-    # drafter, with `dflash_core.memory_need.MARGIN`. Loading measures it from the Hub first.
+    # drafter, with `dflash_core.loading.memory_need.MARGIN`. Loading measures it from the Hub first.
     memory_gb: float | None = None
     source: str = ""  # where the Hub ids and the template arguments come from
     # "vllm": raced on two vLLM servers (app/race/vllm_session.py), DFlash at vllm_url and plain at

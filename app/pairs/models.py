@@ -14,18 +14,25 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
-from dflash_core.batch_invariant import describe
-from dflash_core.chat_template import describe_template, template_args
-from dflash_core.default_target import DEFAULT_TARGET, DefaultTargetError, resolve_target
-from dflash_core.hub import resolve_model_dir
-from dflash_core.memory_need import MARGIN, PairSize, check_fits, pair_size
-from dflash_core.pair import ModelPair, default_drafter_dtype, fetch_target, load_drafter, load_lane_drafter, parse_dtype
-from dflash_core.prompting import encode_prompt
+from dflash_core.loading.chat_template import describe_template, template_args
+from dflash_core.loading.default_target import DEFAULT_TARGET, DefaultTargetError, resolve_target
+from dflash_core.loading.memory_need import MARGIN, PairSize, check_fits, pair_size
+from dflash_core.loading.pair import (
+    ModelPair,
+    default_drafter_dtype,
+    fetch_target,
+    load_drafter,
+    load_lane_drafter,
+    parse_dtype,
+)
+from dflash_core.loading.prompting import encode_prompt
+from dflash_core.models.hub import resolve_model_dir
+from dflash_core.speed.batch_invariant import describe
 from dflash_core.trace import RUNS as LANES
 
 from ..race.lanes import DRAFTER_LANES
 from ..race.thinking import Thinking, race_thinking
-from .pairs import PairSpec, availability
+from .registry import PairSpec, availability
 
 
 class PairUnavailable(DFlashError):
@@ -40,7 +47,7 @@ class LoadedPair:
     drafter: DFlashDrafter
     load_s: float
     template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
-    size: PairSize | None = None  # its weights and what they need (dflash_core/memory_need.py)
+    size: PairSize | None = None  # its weights and what they need (dflash_core/loading/memory_need.py)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by the race using the caches
     # {lane: its drafter} for the lanes that race a drafter of their own (`race.lanes.DRAFTER_LANES`):
     # those the pair names and whose folders are there.
@@ -201,7 +208,7 @@ class PairCache:
         return spec.id in self._pairs
 
     def get(self, spec: PairSpec, progress=None) -> LoadedPair:
-        """The loaded pair; `progress` sees Hub downloads (`dflash_core.hub.DownloadProgress`)."""
+        """The loaded pair; `progress` sees Hub downloads (`dflash_core.models.hub.DownloadProgress`)."""
         # A loaded pair is returned without the lock: ZeroGPU forks its GPU worker from whatever
         # thread calls first, and a lock held by another thread at the fork stays held in the child.
         loaded = self._pairs.get(spec.id)
