@@ -100,7 +100,7 @@ def main(argv=None) -> None:
     if threads:
         torch.set_num_threads(threads)
     print(f"DFlash Studio: {torch.get_num_threads()} torch CPU threads", flush=True)
-    from dflash_core.speed.device import cuda_mismatch
+    from dflash_core.loading import cuda_mismatch
 
     if problem := cuda_mismatch():
         print(f"DFlash Studio: {problem}", flush=True)

@@ -9,9 +9,11 @@ Typical use::
 
 The names below are imported on first use, so that importing a light submodule (`events`,
 `errors`, the trace validator) does not load torch and transformers: the app's replay mode
-serves a recorded run without either.
+serves a recorded run without either. `dflash_core.loading` exports what loading a pair takes
+the same way.
 """
 
+import sys
 from importlib import import_module
 
 _EXPORTS = {
@@ -21,11 +23,14 @@ _EXPORTS = {
     "ModelPair": "loading.pair",
     "Prefill": "events",
     "PromptLookup": "prompt_lookup",
+    "SEQUENTIAL_DRAFTS": "decoding",
     "SamplingParams": "sampling",
     "Summary": "events",
     "Target": "models.target",
     "generate": "decoding",
     "load_pair": "loading.pair",
+    "method_name": "models.drafter",
+    "resolve_model_dir": "models.hub",
     "run": "decoding",
     "validate_pair": "loading.pair",
 }
@@ -33,13 +38,21 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dflash_core' has no attribute {name!r}")
-    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+def lazy_exports(package: str, exports: dict[str, str]):
+    """A package's `__getattr__` and `__dir__` that import each name of `exports` (name: the module,
+    relative to `package`, that defines it) on first use."""
+
+    def __getattr__(name: str):
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(f".{exports[name]}", package), name)
+        setattr(sys.modules[package], name, value)  # later look-ups skip this function
+        return value
+
+    def __dir__():
+        return sorted([*vars(sys.modules[package]), *exports])
+
+    return __getattr__, __dir__
 
 
-def __dir__():
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

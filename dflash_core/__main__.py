@@ -19,8 +19,9 @@ from .doctor import cli as doctor_cli
 from .errors import DFlashError
 from .events import Block, Prefill, Summary
 from .loading.chat_template import THINKING_CHOICES, describe_template, template_args
-from .loading.pair import DTYPES, load_pair
-from .loading.prompting import IncrementalDecoder, encode_prompt
+from .loading.cli import add_pair_args, add_threads_arg, apply_args
+from .loading.pair import load_pair
+from .loading.prompting import IncrementalDecoder
 from .sampling import SamplingParams
 from .schedule import AUTO, CostProfile
 from .trace import build_trace, lane_of, settings_of, write_trace
@@ -47,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dflash_core", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="decode one prompt with DFlash (or plainly with --plain)")
-    gen.add_argument("--target", required=True, help="target model directory or Hub id (default:smollm2 for the offline default)")
-    gen.add_argument("--drafter", help="DFlash drafter directory or Hub id")
+    add_pair_args(gen, target=None, dtype="auto", steps=True)
+    add_threads_arg(gen)
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="user message; goes through the target's chat template when it has one")
     prompt.add_argument("--prompt-ids", type=parse_ids, help="prompt token ids, comma-separated (no tokenizer needed)")
@@ -63,19 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int)
-    gen.add_argument("--dtype", choices=[*DTYPES, "auto"], default="auto",
-                     help="the target's dtype; auto: bfloat16 on CUDA and on AMX CPUs, else float32")
-    gen.add_argument("--drafter-dtype", choices=list(DTYPES), help="default: bfloat16 where the hardware runs it natively, else --dtype")
-    gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     gen.add_argument("--plain", action="store_true", help="plain decoding with the target alone")
-    gen.add_argument("--static-cache", action="store_true",
-                     help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
-    gen.add_argument("--cuda-graphs", action="store_true",
-                     help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only, "
-                     "elsewhere they run eagerly with one warning)")
-    gen.add_argument("--compile", action="store_true",
-                     help="run the draft and verify steps through torch.compile (implies --static-cache; each shape "
-                     "compiles on first use, then inductor's disk cache serves later runs)")
     gen.add_argument("--no-chat-template", action="store_true", help="tokenize --prompt as raw text")
     gen.add_argument(
         "--thinking", choices=THINKING_CHOICES,
@@ -93,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = apply_args(parser, parser.parse_args(argv))
     if args.command == "doctor":
         return doctor_cli.main(args)
     if not args.plain and not args.drafter:
@@ -107,7 +97,7 @@ def main(argv=None) -> int:
             dtype=args.dtype,
             drafter_dtype=args.drafter_dtype,
             block_size=None if args.block_size == AUTO else args.block_size,
-            static_cache=args.static_cache or args.compile,
+            static_cache=args.static_cache,
             cuda_graphs=args.cuda_graphs,
             compiled=args.compile,
         )
@@ -117,11 +107,10 @@ def main(argv=None) -> int:
         else:
             chat = not args.no_chat_template
             chat_args = template_args(tokenizer, args.thinking) if chat and tokenizer is not None else {}
-            prompt_ids = encode_prompt(tokenizer, args.prompt, chat=chat, template_args=chat_args)
+            prompt_ids = pair.encode(args.prompt, template_args=chat_args, chat=chat)
             if not args.quiet:
                 print(f"[prompt: {describe_template(tokenizer, chat_args, chat)}]", file=sys.stderr)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-        stop_ids = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else []
         events = generate(
             pair.target,
             prompt_ids,
@@ -129,7 +118,7 @@ def main(argv=None) -> int:
             max_new_tokens=args.max_new_tokens,
             block_size=args.block_size,
             sampling=sampling,
-            stop_ids=stop_ids,
+            stop_ids=pair.stop_ids,
             explain=args.explain,
             costs=CostProfile.load(args.cost_profile) if args.cost_profile else None,
         )

@@ -12,7 +12,6 @@ import torch
 
 from .errors import GenerationInputError
 
-
 # Dividing scores by a smaller temperature can overflow float32 (a logit of 1e3 / 1e-36 > 3.4e38) and
 # leave NaN probabilities; at 1e-3 sampling already takes the top token unless another scores within
 # about 0.01 of it (exp(-0.01 / 1e-3) = 5e-5).

@@ -83,3 +83,19 @@ def test_errors_exit_nonzero_with_a_message(cli, golden_dir, args, message):
     done = cli("--target", golden_dir / "target", *args)
     assert done.returncode != 0
     assert message in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "--plain", "--prompt-ids", "1,2", "--threads", "0"], "--threads must be at least 1, got 0"),
+        (["generate", "--plain", "--prompt-ids", "1,2", "--cuda-graphs"], "--cuda-graphs needs --static-cache"),
+        (["generate", "--plain", "--prompt-ids", "1,2", "--compile", "--static-cache", "--cuda-graphs"], "choose one"),
+        (["doctor", "--drafter", "{drafter}", "--threads", "-1"], "--threads must be at least 1, got -1"),
+    ],
+)
+def test_the_shared_options_are_checked_before_a_model_loads(golden_dir, capsys, args, message):
+    args = [a.replace("{drafter}", str(golden_dir / "drafter")) for a in args]
+    with pytest.raises(SystemExit) as exited:
+        main([args[0], "--target", str(golden_dir / "target"), *args[1:]])
+    assert exited.value.code == 2 and message in capsys.readouterr().err

@@ -100,6 +100,32 @@ def test_the_app_imports_only_the_engine():
     assert wrong == []
 
 
+# The engine as the app sees it: the public API, the events and the trace it renders and records,
+# the lossless verdict, the errors' words, loading a pair, the doctor, and vLLM as a peer.
+APP_ENGINE_SURFACE = ("dflash_core", "dflash_core.events", "dflash_core.trace", "dflash_core.lossless",
+                      "dflash_core.errors", "dflash_core.loading", "dflash_core.doctor", "dflash_core.vllm")
+
+
+def engine_modules_imported_by(source: str, package: str) -> set[str]:
+    """The dflash_core modules (packages included) that `source` names in its imports, lazy ones too."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {name for name in names if within(name, ("dflash_core",))}
+
+
+def test_the_app_reaches_the_engine_through_its_surface():
+    sources = {name: path.read_text() for name, path in modules().items() if within(name, ("app",))}
+    sources["app.py"] = (ROOT / "app.py").read_text()
+    used = {name: engine_modules_imported_by(text, name) for name, text in sources.items()}
+    outside = sorted((name, mod) for name, mods in used.items() for mod in mods if mod not in APP_ENGINE_SURFACE)
+    assert outside == []
+    assert len(APP_ENGINE_SURFACE) <= 8 and set().union(*used.values()) == set(APP_ENGINE_SURFACE)
+
+
 # The engine in layers, each importing only the ones before it: the base (errors, sampling, events);
 # speed and numerics, kernels included; the models and their formats; loading a pair and its prompts;
 # the decoding loop and the trace; then what stands on the engine (its CLI, vLLM, the tools).

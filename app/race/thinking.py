@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflash_core.errors import GenerationInputError
-from dflash_core.loading.chat_template import THINKING_CHOICES, has_thinking_switch, template_args
+from dflash_core.loading import THINKING_CHOICES, has_thinking_switch, template_args
 
 DEFAULT = "default"  # the pair's own arguments: what its drafter was trained with, where recorded
 CHOICES = (DEFAULT, *THINKING_CHOICES)

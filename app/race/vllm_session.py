@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from dflash_core.vllm.client import ServedModel, VllmServerError, plain_url_of, served_model, stream
+from dflash_core.vllm import ServedModel, VllmServerError, plain_url_of, served_model, stream
 
 from .interleave import Snapshot, race
 from .report import race_report

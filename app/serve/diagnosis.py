@@ -152,8 +152,8 @@ class Diagnosis:
 
 def run_doctor(pair, spec, ask: Ask, log):
     """(the doctor's `Report` on a loaded pair, the name of the prompt file it decoded); the caller holds the lock."""
+    from dflash_core import resolve_model_dir
     from dflash_core.doctor import DoctorSettings, default_prompts, diagnose
-    from dflash_core.models.hub import resolve_model_dir
 
     # The card (README.md) states the tau to compare with: fetched beside the weights for a Hub drafter.
     drafter_dir = resolve_model_dir(spec.drafter_location(), ("config.json", "model.safetensors"),

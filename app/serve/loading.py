@@ -12,7 +12,7 @@ import time
 
 import gradio as gr
 
-from dflash_core.loading.chat_template import describe_template, has_thinking_switch
+from dflash_core.loading import describe_template, has_thinking_switch
 
 from ..pairs.registry import PairSpec, availability
 from ..race.lanes import LABELS

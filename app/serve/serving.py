@@ -10,13 +10,14 @@ reads the page. Where the app has no vLLM pair, the view says how to start one.
 
 from __future__ import annotations
 
-from dflash_core.vllm.client import VllmServerError, plain_url_of
-from dflash_core.vllm.sweep import (
+from dflash_core.vllm import (
     Bounds,
     SweepError,
+    VllmServerError,
     check_servers,
     check_settings,
     natural_prompts,
+    plain_url_of,
     stops_paying,
     sweep,
 )

@@ -57,8 +57,10 @@ class LocalRaces:
             check_prompt_tokens(len(prompt_ids), limits, pair.context_length)
         except ValueError as exc:  # the visitor's prompt, said as it is
             raise visitor_error(str(exc)) from None
-        from dflash_core.decoding import SEQUENTIAL_DRAFTS  # torch: only once a pair has loaded
-        from dflash_core.models.drafter import method_name
+        from dflash_core import (
+            SEQUENTIAL_DRAFTS,  # torch: only once a pair has loaded
+            method_name,
+        )
 
         method = method_name(pair.drafter)
         if "scheduled" in names and not req.sampling.greedy and method in SEQUENTIAL_DRAFTS:

@@ -21,13 +21,14 @@ import time
 
 import torch
 
-from ..loading.default_target import DEFAULT_TARGET, resolve_target
+from ..loading.cli import add_target_arg, add_threads_arg
+from ..loading.default_target import resolve_target
 from ..models.config import default_target_layer_ids
 from ..models.drafter import DFlashDrafter
 from ..models.target import Target
 from ..training.drafter_init import build_drafter_config
 from ..training.objective import DrafterTrainer, default_gamma, sample_anchors
-from .run import add_threads_arg, parse
+from .run import parse
 
 
 def timed(fn, repeat: int) -> float:
@@ -132,7 +133,7 @@ def inference(target, args):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_core.bench drafter-costs", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=DEFAULT_TARGET)
+    add_target_arg(p)
     p.add_argument("--context", type=int, default=200)
     p.add_argument("--train-len", type=int, default=320)
     p.add_argument("--anchors", type=int, default=32)

@@ -23,9 +23,10 @@ import time
 import torch
 
 from ..decoding import run
+from ..loading.cli import load_pair_of
 from ..loading.prompting import encode_prompt
 from ..sampling import SamplingParams
-from .run import add_pair_args, add_prompt_args, load_pair_of, load_prompts, parse
+from .run import add_pair_args, add_prompt_args, load_prompts, parse
 
 SAMPLINGS = {"greedy": SamplingParams(), "T=0.7": SamplingParams(temperature=0.7, seed=0)}
 
@@ -100,11 +101,10 @@ def explain_costs(args) -> dict:
     """`explain_overhead` for the loaded pair at its first block size."""
     pair = load_pair_of(args)
     tokenizer = pair.tokenizer
-    eos = tokenizer.eos_token_id if tokenizer is not None else None
     prompts = load_prompts(args.prompts, args.num_prompts)
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
     block_size = (args.block_sizes or [pair.drafter.block_size])[0]
-    common = dict(max_new_tokens=args.max_new_tokens, stop_ids=[eos] if eos is not None else [], block_size=block_size)
+    common = dict(max_new_tokens=args.max_new_tokens, stop_ids=pair.stop_ids, block_size=block_size)
     run(pair.target, encoded[0][:8], pair.drafter, explain=args.top_k, **common)  # warm up outside the clock
     result = explain_overhead(pair.target, pair.drafter, encoded, k=args.top_k, **common)
     result.update(target=str(args.target), drafter=str(args.drafter), dtype=args.dtype, block_size=block_size,

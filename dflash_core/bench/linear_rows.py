@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from ..loading.default_target import DEFAULT_TARGET, resolve_target
+from ..loading.cli import add_target_arg, add_threads_arg
+from ..loading.default_target import resolve_target
 from ..speed.kernels import cpu_rows
 from .run import parse
 
@@ -44,8 +45,8 @@ def packed_path(weights: list[torch.Tensor], hint: int | None):
 @torch.inference_mode()
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_core.bench linear-rows", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_target_arg(p)
+    add_threads_arg(p, default=1)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="row counts to time")
     args = parse(p, argv)

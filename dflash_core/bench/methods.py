@@ -39,7 +39,6 @@ DEFAULT_DRAFTERS = {
     "fusion": "assets/drafters/smollm2-135m-instruct-fusion",
     "ar": "assets/drafters/smollm2-135m-instruct-ar",
 }
-DEFAULT_AR_DRAFTER = DEFAULT_DRAFTERS["ar"]
 
 
 def parse_methods(text: str) -> list[str]:
@@ -101,8 +100,7 @@ def benchmark_methods(args, pair, prompts: list[dict]) -> dict:
             drafters[method] = load_lane_drafter(target, method, drafter_arg(args, method), pair.drafter.dtype,
                                                  block_size)
     methods = args.methods
-    eos = tokenizer.eos_token_id if tokenizer is not None else None
-    stop_ids = [eos] if eos is not None else []
+    stop_ids = pair.stop_ids
     chat_args = reasoning_args(tokenizer, args.thinking) if tokenizer is not None else {}
     encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]
 

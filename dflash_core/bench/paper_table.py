@@ -104,7 +104,7 @@ def benchmark_datasets(args, pair, loaded: dict) -> dict:
                                    "prompts are chat turns")
     chat_args = reasoning_args(tokenizer, args.thinking)
     block_size = args.block_sizes[0] if args.block_sizes else pair.drafter.block_size
-    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stop_ids = pair.stop_ids
     warm = encode_chat(tokenizer, [{"role": "user", "content": "Hi"}], chat_args)
     run(pair.target, warm, max_new_tokens=8, stop_ids=stop_ids)  # kernels and allocator, outside the clock
     run(pair.target, warm, pair.drafter, max_new_tokens=8, block_size=block_size, stop_ids=stop_ids)

@@ -38,9 +38,10 @@ from pathlib import Path
 import torch
 
 from ..decoding import run
+from ..loading import cli
 from ..loading.chat_template import describe_template, reasoning_args
-from ..loading.default_target import DEFAULT_TARGET
-from ..loading.pair import DTYPES, load_drafter, load_pair
+from ..loading.cli import load_pair_of
+from ..loading.pair import load_drafter
 from ..loading.prompting import encode_prompt
 from ..lossless import compare as lossless_check
 from ..schedule import AUTO
@@ -95,23 +96,12 @@ def select_prompts(prompts_path: str | None, prompt_set: str, limit: int) -> lis
 
 
 def add_pair_args(parser: argparse.ArgumentParser) -> None:
-    """The options that choose and load the pair, and the CPU threads (every subcommand with a pair)."""
-    parser.add_argument("--target", default=DEFAULT_TARGET)
-    parser.add_argument("--drafter", default=DEFAULT_DRAFTER)
-    parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="the target's dtype")
-    parser.add_argument("--drafter-dtype", choices=list(DTYPES),
-                        help="default: bfloat16 where the hardware runs it natively, else --dtype")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--static-cache", action="store_true",
-                        help="keep the target's KV cache in a preallocated StaticCache (default: DynamicCache)")
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="replay the draft and verify steps from CUDA graphs (needs --static-cache; CUDA only)")
-    parser.add_argument("--compile", action="store_true",
-                        help="run the draft and verify steps through torch.compile (implies --static-cache; the "
-                        "first run of each shape compiles, minutes on a small CPU, then inductor's disk cache serves)")
+    """The shared pair, step and thread options (`loading/cli.py`), with the shipped drafter as the
+    default, and the block sizes to race."""
+    cli.add_pair_args(parser, drafter=DEFAULT_DRAFTER, steps=True)
     parser.add_argument("--block-sizes", type=parse_block_sizes, metavar="LIST",
                         help="comma-separated block sizes; the benchmark's races also take auto (the block schedule)")
-    add_threads_arg(parser)
+    cli.add_threads_arg(parser)
 
 
 def parse_block_sizes(text: str) -> list[int | str]:
@@ -119,11 +109,6 @@ def parse_block_sizes(text: str) -> list[int | str]:
         return [x if x == AUTO else int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--block-sizes must be whole numbers or {AUTO}, comma-separated, got {text!r}") from None
-
-
-def add_threads_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int,
-                        help="torch CPU threads (default: torch's, all cores); match the app's to compare")
 
 
 def add_prompt_args(parser: argparse.ArgumentParser) -> None:
@@ -139,23 +124,7 @@ def parse(parser: argparse.ArgumentParser, argv, auto: bool = False) -> argparse
     args = parser.parse_args(argv)
     if not auto and AUTO in (getattr(args, "block_sizes", None) or ()):
         parser.error(f"--block-sizes {AUTO} is for the benchmark's DFlash races; give whole numbers here")
-    if getattr(args, "threads", None) is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if getattr(args, "cuda_graphs", False) and not args.static_cache:
-        parser.error("--cuda-graphs needs --static-cache: a graph replays fixed cache addresses and offsets")
-    if getattr(args, "compile", False):
-        if args.cuda_graphs:
-            parser.error("--compile and --cuda-graphs each run the same steps their own way: choose one")
-        args.static_cache = True
-    return args
-
-
-def load_pair_of(args, **options):
-    """The pair `add_pair_args`'s options name, loaded."""
-    return load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                     static_cache=args.static_cache, cuda_graphs=args.cuda_graphs, compiled=args.compile, **options)
+    return cli.apply_args(parser, args)
 
 
 BATCH_INVARIANT = {"on": True, "off": False, "auto": None}  # --batch-invariant -> load_pair's batch_invariant
@@ -165,8 +134,8 @@ def benchmark(args) -> dict:
     pair = load_pair_of(args, batch_invariant=BATCH_INVARIANT[args.batch_invariant])
     target, drafter, tokenizer = pair.target, pair.drafter, pair.tokenizer
     block_sizes = args.block_sizes or [drafter.block_size]
-    eos = tokenizer.eos_token_id if tokenizer is not None else None
-    stop_ids = [eos] if eos is not None else []
+    stop_ids = pair.stop_ids
+    eos = stop_ids[0] if stop_ids else None  # what the peers take
     prompts = select_prompts(args.prompts, args.prompt_set, args.num_prompts)
     chat_args = reasoning_args(tokenizer, args.thinking) if tokenizer is not None else {}
     encoded = [encode_prompt(tokenizer, p["prompt"], template_args=chat_args) for p in prompts]

@@ -12,11 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from ..errors import DFlashError
 from ..loading.chat_template import THINKING_CHOICES
-from ..loading.pair import DTYPES, default_drafter_dtype, load_drafter, load_pair, parse_dtype
+from ..loading.cli import add_pair_args, add_threads_arg
+from ..loading.pair import default_drafter_dtype, load_drafter, load_pair, parse_dtype
 from ..models.hub import resolve_model_dir
 from .diagnose import DoctorSettings, default_prompts, diagnose
 
@@ -33,9 +32,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     """The `doctor` subcommand, on the CLI's subparsers."""
     doc = commands.add_parser("doctor", help="say why a pair accepts as much as it does (one line per check)",
                               description=__doc__.splitlines()[0])
-    doc.add_argument("--target", required=True,
-                     help="target model directory or Hub id (default:smollm2 for the offline default)")
-    doc.add_argument("--drafter", required=True, help="DFlash drafter directory or Hub id")
+    add_pair_args(doc, target=None, drafter=True)
+    add_threads_arg(doc)
     doc.add_argument("--server", help="a vLLM server serving this pair, e.g. http://127.0.0.1:8765")
     doc.add_argument("--server-model", help="the served model's name (default: the server's only model)")
     doc.add_argument("--prompts", help="JSON lines with \"prompt\" (text) or \"prompt_ids\" (default: the set the "
@@ -45,21 +43,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
     doc.add_argument("--block-size", type=int, help="tokens per cycle (default: the drafter's trained size)")
     doc.add_argument("--thinking", choices=THINKING_CHOICES,
                      help="the thinking setting the pair is used with (default: off where the template has the switch)")
-    doc.add_argument("--dtype", choices=[*DTYPES, "auto"], default="float32", help="the target's dtype")
-    doc.add_argument("--drafter-dtype", choices=list(DTYPES),
-                     help="default: bfloat16 where the hardware runs it natively, else --dtype")
-    doc.add_argument("--device", default="cpu")
-    doc.add_argument("--threads", type=int, help="torch CPU threads")
     doc.add_argument("--json", help="write the report (dflash-doctor/1) here")
     return doc
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.threads is not None:
-        if args.threads < 1:
-            print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
-            return 1
-        torch.set_num_threads(args.threads)
     if args.num_prompts < 1 or args.max_new_tokens < 1:
         print("error: --num-prompts and --max-new-tokens must be at least 1", file=sys.stderr)
         return 1

@@ -19,7 +19,7 @@ from transformers import Qwen3Config
 
 from ..errors import DFlashError
 from ..loading.chat_template import describe_template, has_thinking_switch, template_args
-from ..loading.pair import load_drafter
+from ..loading.pair import load_drafter, stop_ids_of
 from ..loading.prompting import encode_prompt
 from ..lossless import compare
 from ..models.drafter import DFlashDrafter
@@ -86,8 +86,7 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
     chat = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
     args = template_args(tokenizer, settings.thinking, settings.trained_template) if chat else {}
     encoded = [_encode(tokenizer, p, args) for p in prompts]
-    eos = getattr(tokenizer, "eos_token_id", None)
-    stop = [eos] if eos is not None else []
+    stop = stop_ids_of(tokenizer)
     pair = {"target": target_name, "drafter": str(drafter_dir),
             "target_dtype": _name(target.dtype), "drafter_dtype": _name(getattr(drafter, "dtype", None)),
             "block_size": settings.block_size or (None if drafter is None else drafter.block_size),

@@ -14,8 +14,11 @@ from ..errors import ConfigError, PairMismatchError
 from ..models.drafter import DFlashDrafter, method_name
 from ..models.hub import TARGET_PATTERNS, looks_like_path, resolve_model_dir
 from ..models.target import Target, wants_batch_invariance
+from ..speed.batch_invariant import describe as describe_numerics
 from ..speed.cpu_linear import pack_linears
+from .chat_template import template_args as chat_template_args
 from .default_target import resolve_target
+from .prompting import encode_prompt
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -100,14 +103,51 @@ def fetch_target(target, progress=None) -> str:
     return str(resolve_model_dir(name, ("config.json",), TARGET_PATTERNS, progress))
 
 
+def stop_ids_of(tokenizer) -> list[int]:
+    """The ids that end a generation: the tokenizer's end-of-sequence token, where it has one."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [] if eos is None else [int(eos)]
+
+
 @dataclass
 class ModelPair:
+    """A target and its drafter (None: plain decoding), with the facts every caller needs of them."""
+
     target: Target
     drafter: DFlashDrafter | None
 
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return stop_ids_of(self.tokenizer)
+
+    @property
+    def context_length(self) -> int | None:
+        """Positions the target can attend to (None when its config does not say)."""
+        return getattr(self.target.model.config, "max_position_embeddings", None)
+
+    @property
+    def numerics(self) -> str:
+        """The target's dtype, and how its blocks stay lossless, in words."""
+        dtype = str(self.target.dtype).removeprefix("torch.")
+        how = describe_numerics(self.target.model)
+        return f"{dtype}, {how}" if how else dtype
+
+    @property
+    def trained_block_size(self) -> int | None:
+        return None if self.drafter is None else self.drafter.block_size
+
+    def encode(self, prompt: str, thinking: str | None = None, *, template_args: dict | None = None,
+               chat: bool = True) -> list[int]:
+        """Prompt ids through the target's chat template, with `template_args` where given, else with
+        thinking as `thinking` asks ("on", "off"; None: as the released drafters were trained);
+        without `chat`, the raw text."""
+        if template_args is None and chat and getattr(self.tokenizer, "chat_template", None):
+            template_args = chat_template_args(self.tokenizer, thinking)
+        return encode_prompt(self.tokenizer, prompt, chat=chat, template_args=template_args)
 
 
 def _cpu_flags() -> str:

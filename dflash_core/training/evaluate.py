@@ -15,11 +15,11 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..bench.run import PROMPT_SETS, load_prompts
-from ..loading.default_target import DEFAULT_TARGET, resolve_target
+from ..loading.cli import add_target_arg, add_threads_arg, apply_args
+from ..loading.default_target import resolve_target
 from ..loading.prompting import encode_prompt
 from ..models.drafter import DFlashDrafter
 from ..models.target import Target
@@ -49,16 +49,14 @@ def responses(target: Target, name: str, num: int, max_new_tokens: int, cache_di
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m dflash_core.training.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("drafters", nargs="+", metavar="DRAFTER")
-    p.add_argument("--target", default=DEFAULT_TARGET)
+    add_target_arg(p)
     p.add_argument("--sets", default="natural,generated")
     p.add_argument("--num-prompts", type=int, default=58)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--block-size", type=int, default=None, help="default: each drafter's trained size")
     p.add_argument("--cache-dir", type=Path, default=Path("runs"))
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's, all cores)")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    add_threads_arg(p)
+    args = apply_args(p, p.parse_args(argv))
     target = Target.from_pretrained(resolve_target(args.target))
     data = {name: responses(target, name, args.num_prompts, args.max_new_tokens, args.cache_dir)
             for name in args.sets.split(",")}

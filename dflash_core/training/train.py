@@ -75,8 +75,9 @@ import torch
 from tqdm import tqdm
 
 from ..errors import ConfigError, DFlashError
+from ..loading.cli import add_target_arg, add_threads_arg, apply_args
 from ..loading.default_target import resolve_target
-from ..loading.pair import has_fast_bf16
+from ..loading.pair import has_fast_bf16, stop_ids_of
 from ..models.config import default_target_layer_ids, parse_drafter_config
 from ..models.drafter import DFlashDrafter
 from ..models.target import Target
@@ -133,7 +134,7 @@ def choose_amp(name: str, device: torch.device):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m dflash_core.training.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True, help="target dir or Hub id, or default:smollm2")
+    add_target_arg(p, default=None)
     p.add_argument("--data", required=True, help="directory of datagen shards")
     p.add_argument("--shards", type=shard_range, default=None, metavar="START:STOP[:STEP][,...]",
                    help="use only these shards, by position in name order (e.g. 40: for a warm "
@@ -207,10 +208,10 @@ def parse_args(argv=None):
                    help="keep target features of up to this many GB of sequences in memory across epochs (0: off)")
     p.add_argument("--target-dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default=None)
-    p.add_argument("--threads", type=int, default=None)
+    add_threads_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
+    args = apply_args(p, p.parse_args(argv))
     if args.soft_labels and not 0 < args.soft_weight <= 1:
         p.error(f"--soft-weight must be in (0, 1], got {args.soft_weight}")
     if not args.walk_weight > 0:
@@ -281,8 +282,7 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
     vocab = None
     if resume_state is None and args.draft_vocab:
         config.draft_vocab_size = args.draft_vocab
-        eos = [t for t in (getattr(target.tokenizer, "eos_token_id", None),) if t is not None]
-        vocab = frequent_tokens(train, args.draft_vocab, target.vocab_size, always=eos)
+        vocab = frequent_tokens(train, args.draft_vocab, target.vocab_size, always=stop_ids_of(target.tokenizer))
         covered = sum(int(torch.isin(s[0][s[1]:], vocab).sum()) for s in train)
         total = sum(len(s[0]) - s[1] for s in train)
         log(f"draft vocabulary: {args.draft_vocab} ids cover {covered / total:.2%} of train response tokens")
@@ -441,8 +441,6 @@ def train_step(trainer, model, batch, args, anchor_gen, world: int, text_keys=fr
 def main(argv=None) -> dict:
     # --- arguments, devices, seeds ---------------------------------------------------------------
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     dist = setup_distributed(args)
     out_dir = Path(args.out)
     ckpt_dir = out_dir / CHECKPOINT_DIR
