@@ -24,7 +24,7 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
 - speed: bf16 plain decoding against DFlash with the oracle at tau 4, 6.5 and 8 (speedup, speedup
   over tau, per-cycle draft/verify/bookkeeping from the engine's CUDA-event timings, host syncs per
   cycle, peak memory), the three-way lossless verdict of each run, and `bench.cycle.time_cycle`'s
-  split of one cycle against one plain step with the targets of issue 4 (the static cache's run:
+  split of one cycle against one plain step with its cost targets (the static cache's run:
   not for a hybrid);
 - cuda_graphs: the speed part's plain and oracle runs on the static KV cache with CUDA graphs off
   and on (`dflash_core/speed/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs

@@ -1,4 +1,4 @@
-"""The "Why this tau?" panel (issue 57): the doctor's report rendered as text, never as markup; the
+"""The "Why this tau?" panel: the doctor's report rendered as text, never as markup; the
 handler's run on the tiny pair, bounded and in the race queue; a vLLM pair and a replay-only app
 refused with their messages."""
 

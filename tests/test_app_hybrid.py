@@ -1,9 +1,9 @@
-"""Issue 34's case through the app: a tiny random Qwen3.5 target (three gated delta-net layers, then
+"""A hybrid target through the app: a tiny random Qwen3.5 target (three gated delta-net layers, then
 full attention) with a released-format drafter, raced over HTTP through `compare` with gradio_client.
 
 The drafter may propose only one token (a draft vocabulary of one), a token the target itself
 emits, so some cycles accept a draft and reject the next: the target's recurrent, convolution and
-attention states all roll back inside the app's race, which crashed there before issue 34.
+attention states all roll back inside the app's race, which crashed there before they did.
 """
 
 from __future__ import annotations

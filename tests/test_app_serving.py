@@ -1,4 +1,4 @@
-"""The serving view (issue 55 item 3): the concurrency sweep on a vLLM pair's servers (fakes in this
+"""The serving view: the concurrency sweep on a vLLM pair's servers (fakes in this
 process), drawn after each level; its bounds and their messages; in the race queue; the how-to where
 the app has no vLLM pair."""
 

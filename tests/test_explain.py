@@ -176,7 +176,7 @@ def test_exact_ties_list_the_decided_token_first():
 @pytest.mark.parametrize("drafter_dtype", [torch.float32, torch.bfloat16])
 def test_greedy_explanations_name_the_decided_tokens_first(golden_dir, golden_pair, golden_expected, drafter_dtype):
     """Every golden case, every block: the listed top-1s are the drafts, the accepted tokens and the bonus
-    (bf16 drafts tie often: the case issue 33 found on an AMX CPU)."""
+    (bf16 drafts tie often, as they did on an AMX CPU)."""
     target, _ = golden_pair
     drafter = DFlashDrafter.from_pretrained(golden_dir / "drafter", dtype=drafter_dtype)
     for case in golden_expected["prompts"]:

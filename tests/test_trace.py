@@ -165,7 +165,7 @@ FAULTS = {
                       "trace.runs.dflash.blocks[1].verify_s is -0.5"),
     "negative split": (lambda t: broken(t, lambda x: d_block(x)["explain"]["time"].update(other_s=-1e-3)),
                        tr.TraceTimingError, "explain.time.other_s is -0.001"),
-    # Issue 59: each of these reached the replay unchecked and failed there with no message at all.
+    # Each of these once reached the replay unchecked and failed there with no message at all.
     "no mask_id": (lambda t: broken(t, lambda x: d_block(x)["explain"].pop("mask_id")), tr.TraceFieldError,
                    "missing field trace.runs.dflash.blocks[0].explain.mask_id"),
     "no positions": (lambda t: broken(t, lambda x: d_block(x)["explain"].update(positions=[])), tr.TraceFieldError,
@@ -197,7 +197,7 @@ def test_every_fault_has_its_own_error_and_message(race_trace, fault):
 
 
 def test_token_texts_and_pieces_are_bounded_each_and_in_all(race_trace):
-    """Issue 59: a token's text is drawn in every pane, strip, hover box and cycle view that shows
+    """A token's text is drawn in every pane, strip, hover box and cycle view that shows
     it, so a few long texts made every frame of a replay huge; now each text and the sum are bounded."""
     most = tr.MAX_TOKEN_CHARS
     token = str(race_trace["runs"]["plain"]["output_ids"][0])

@@ -28,7 +28,7 @@ from dflash_core.loading.prompting import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 # vLLM's "dflash" method serves these architectures; the shipped autoregressive drafter
-# (`DFlashARDraftModel`, issue 36's ablation) is this engine's own and vLLM refuses it by name.
+# (`DFlashARDraftModel`, the autoregressive ablation) is this engine's own and vLLM refuses it by name.
 VLLM_ARCHITECTURES = {"DFlashDraftModel", "DFlash2DraftModel"}
 SHIPPED = {
     path.parent.name: json.loads(path.read_text())["architectures"][0]
