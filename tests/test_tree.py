@@ -16,7 +16,7 @@ import pytest
 import torch
 from families import FAMILIES, build_family_target
 from test_sampling import CHI_SQUARE_RUNS, chi_square_ok, exact_joint, tiny_vocab_pair  # noqa: F401 (a fixture)
-from tiny import build_drafter
+from tiny import build_drafter, build_target
 from transformers import DynamicCache
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, run
@@ -88,6 +88,31 @@ def test_ancestor_mask_and_walk():
     assert walk(tree, [12, 0, 0, 0, 0]) == ([0], 12)
 
 
+def path_to(tree, node: int) -> list[int]:
+    """The tokens from the root to `node`, both included."""
+    tokens = []
+    while node != -1:
+        tokens.append(tree.tokens[node])
+        node = tree.parents[node]
+    return tokens[::-1]
+
+
+@pytest.mark.parametrize("static_cache", [False, True])
+def test_every_node_row_is_the_row_plain_decoding_computes_after_its_path(tiny_dirs, static_cache):
+    """The ancestor mask and the depth positions: each node's scores in the one tree forward equal a
+    plain forward's over the prompt and that node's path, whatever its siblings and cousins hold."""
+    target = Target.from_pretrained(tiny_dirs[0], static_cache=static_cache)
+    prompt = [5, 6, 7, 8, 9]
+    tree = grow(4, [[10, 11, 12], [20, 21, 22], [30, 31, 32]], [[-0.1, -0.5, -0.9]] * 3, 16)
+    assert max(tree.depths) == 3 and tree.parents.count(0) == 3  # branching at every depth
+    target.reset(64)
+    target.forward(torch.tensor([prompt]), last_logits_only=True)
+    logits, _ = target.forward_tree(torch.tensor([tree.tokens]), torch.tensor(tree.depths), ancestor_mask(tree, "cpu"))
+    for node in range(len(tree)):
+        expected = target.model(input_ids=torch.tensor([prompt + path_to(tree, node)])).logits[0, -1]
+        torch.testing.assert_close(logits[node], expected, rtol=0, atol=1e-4)
+
+
 # --- greedy: token-identical to plain decoding ----------------------------------------------------
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_golden_pair_trees_decode_as_plain(golden_pair, golden_expected, budget):
@@ -146,15 +171,32 @@ def test_the_cache_keeps_exactly_the_walked_path(tmp_path, static_cache):
 
 
 # --- sampling: exact ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def context_pair(tmp_path_factory):
+    """A 4-token target whose attention carries the context (values x4, queries x2): a row computed
+    after the wrong tokens (a broken mask, keys left in the wrong slots) then often has another top-3,
+    and emits tokens the exact distribution never does."""
+    root = tmp_path_factory.mktemp("tree-vocab4")
+    target_dir = build_target(root / "target", vocab_size=4, logit_scale=1.0, hidden=16, num_layers=2, seed=3)
+    target = Target.from_pretrained(target_dir)
+    with torch.no_grad():
+        for layer in target.layers:
+            layer.self_attn.v_proj.weight.mul_(4.0)
+            layer.self_attn.q_proj.weight.mul_(2.0)
+    drafter_dir = build_drafter(root / "drafter", target_dir, num_layers=1, block_size=4, seed=4)
+    return target, DFlashDrafter.from_pretrained(drafter_dir)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("budget", [4, 8])
-def test_sampled_trees_follow_the_exact_target_distribution(tiny_vocab_pair, budget):  # noqa: F811
-    target, drafter = tiny_vocab_pair(None)
+def test_sampled_trees_follow_the_exact_target_distribution(context_pair, budget):
+    target, drafter = context_pair
     prompt, length = [1, 2, 0], 3
     exact = exact_joint(target, prompt, length, SamplingParams(temperature=1.3, top_k=3)).flatten()
     counts, accepted, siblings = torch.zeros_like(exact), 0, 0
     for seed in range(CHI_SQUARE_RUNS):
-        out = run(target, prompt, drafter, max_new_tokens=length, block_size=4, tree_budget=budget,
+        # Blocks of 3: a cycle keeps at most 3 tokens, so most runs take a second cycle on the kept path.
+        out = run(target, prompt, drafter, max_new_tokens=length, block_size=3, tree_budget=budget,
                   sampling=SamplingParams(1.3, top_k=3, seed=seed))
         a, b, c = out.output_ids
         counts[a * 16 + b * 4 + c] += 1
