@@ -16,7 +16,7 @@ import pytest
 import torch
 from families import FAMILIES, build_family_target
 from test_sampling import CHI_SQUARE_RUNS, chi_square_ok, exact_joint, tiny_vocab_pair  # noqa: F401 (a fixture)
-from tiny import build_drafter, build_target
+from tiny import build_dflash2_drafter, build_drafter, build_qwen3_target, build_target
 from transformers import DynamicCache
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, run
@@ -233,6 +233,13 @@ def test_settings_a_tree_does_not_combine_with_are_refused(golden_pair, tiny_voc
     vocab_target, ar = tiny_vocab_pair(None, "ar")
     with pytest.raises(GenerationInputError, match="ar drafting has no form of"):
         run(vocab_target, [1, 2, 3], ar, max_new_tokens=4, tree_budget=4)
+
+
+def test_dflash2_is_refused(tmp_path):
+    target_dir = build_qwen3_target(tmp_path / "target", vocab_size=12)
+    drafter = DFlashDrafter.from_pretrained(build_dflash2_drafter(tmp_path / "drafter", target_dir))
+    with pytest.raises(GenerationInputError, match="dflash2 drafting has no form of .* DFlash2 conditions each slot"):
+        run(Target.from_pretrained(target_dir), [1, 2, 3], drafter, max_new_tokens=4, tree_budget=4)
 
 
 # --- the trace ---------------------------------------------------------------------------------
