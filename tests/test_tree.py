@@ -188,18 +188,19 @@ def context_pair(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("budget", [4, 8])
-def test_sampled_trees_follow_the_exact_target_distribution(context_pair, budget):
+@pytest.mark.parametrize("budget,block_size,length", [(4, 2, 4), (8, 3, 3)])
+def test_sampled_trees_follow_the_exact_target_distribution(context_pair, budget, block_size, length):
+    """Blocks of 2 make every token a child of the root (siblings only): a cycle keeps at most 2
+    tokens, so the 4th token comes from a cycle after the walk's path was moved into place. Blocks
+    of 3 grow two levels."""
     target, drafter = context_pair
-    prompt, length = [1, 2, 0], 3
+    prompt = [1, 2, 0]
     exact = exact_joint(target, prompt, length, SamplingParams(temperature=1.3, top_k=3)).flatten()
     counts, accepted, siblings = torch.zeros_like(exact), 0, 0
     for seed in range(CHI_SQUARE_RUNS):
-        # Blocks of 3: a cycle keeps at most 3 tokens, so most runs take a second cycle on the kept path.
-        out = run(target, prompt, drafter, max_new_tokens=length, block_size=3, tree_budget=budget,
+        out = run(target, prompt, drafter, max_new_tokens=length, block_size=block_size, tree_budget=budget,
                   sampling=SamplingParams(1.3, top_k=3, seed=seed))
-        a, b, c = out.output_ids
-        counts[a * 16 + b * 4 + c] += 1
+        counts[sum(t * 4 ** i for i, t in enumerate(reversed(out.output_ids)))] += 1
         accepted += sum(blk.accepted for blk in out.blocks)
         siblings += took_a_sibling(out)
     assert accepted > CHI_SQUARE_RUNS // 5, "drafts were rarely accepted: the test would not exercise the walk"
