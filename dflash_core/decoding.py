@@ -273,7 +273,6 @@ class _Decoding:
         return Cycle(position, tuple(draft_ids), accepted, bonus, draft_s, verify_s, explanation, proposal.passes,
                      block_ids.shape[1])
 
-
     def tree_cycle(self) -> Cycle:
         """Draft once, grow a tree from each slot's top-k, verify all its nodes in one forward, walk
         it with the target's own tokens, and keep the walked path in both caches (`tree.py`)."""

@@ -13,6 +13,8 @@ back in its own way (`TargetCache.crop`):
   by `crop`); before it, `RecurrentStates` keeps them and copies the accepted one back;
 - attention sinks (gpt-oss) are weights, not state, and KV-sharing layers (gemma4) cache nothing.
 A target forward still runs once per cycle: accepted tokens never go through the target again.
+After a verified draft tree (`tree.py`) a full-attention cache keeps the walked path instead of a
+prefix: `TargetCache.keep` moves its rows' keys and values into place.
 
 The rollback runs just before the next forward, so several crops after one forward (as benchmarks
 do) still go back exactly; on a target with more than full attention it can reach back to the
