@@ -3,8 +3,9 @@
 One forward with a KV cache that also returns the outputs of chosen decoder layers (the drafter's
 features), the target's embedding and LM head (shared with the drafter), cache rollback after
 partial acceptance, and a draft tree's forward under an ancestor mask (`forward_tree`, `keep_path`).
-Works for decoder-only `AutoModelForCausalLM` models whose layers `target_cache.py` can roll back: full attention (Llama, Qwen3, Qwen3-MoE), sliding windows and
-attention sinks (gpt-oss, gemma4), gated delta-net hybrids (Qwen3.5, Qwen3.5-MoE, Qwen3-Next).
+Works for decoder-only `AutoModelForCausalLM` models whose layers `target_cache.py` can roll back:
+full attention (Llama, Qwen3, Qwen3-MoE), sliding windows and attention sinks (gpt-oss, gemma4),
+gated delta-net hybrids (Qwen3.5, Qwen3.5-MoE, Qwen3-Next).
 """
 
 from __future__ import annotations
