@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--cost-profile", metavar="JSON",
                      help="with --block-size auto: the verify cost per length (`bench cycle --cost-profile` writes "
                      "one); default: measured at the start, a few dozen verifies")
+    gen.add_argument("--tree-budget", type=int, default=0, metavar="B",
+                     help="verify a tree of B drafts grown from the drafter's per-slot top-k in one target forward "
+                     "(docs/design.md, tree verification); 0: the drafter's chain")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -121,6 +124,7 @@ def main(argv=None) -> int:
             stop_ids=pair.stop_ids,
             explain=args.explain,
             costs=CostProfile.load(args.cost_profile) if args.cost_profile else None,
+            tree_budget=0 if args.plain else args.tree_budget,
         )
         text = IncrementalDecoder(tokenizer) if tokenizer is not None and not args.quiet else None
         for event in events:
@@ -140,6 +144,8 @@ def main(argv=None) -> int:
         block = summary.block_size
         if summary.block_schedule == AUTO:
             block = f"auto (mean {summary.mean_verify_len:.2f} of {block})"
+        if summary.tree_budget:
+            block = f"{block} tree={summary.tree_budget}"
         mode = f"dflash block={block} target {target_dtype} drafter {str(pair.drafter.dtype).removeprefix('torch.')}"
     print(
         f"[{mode}] {len(summary.output_ids)} tokens in {summary.total_s:.2f}s "

@@ -9,11 +9,13 @@ autoregressive drafter's γ passes, or prompt lookup's copy; the verify and the 
 for all. Without a drafter, or with block size 1, each cycle verifies just the last token, which
 is exactly plain autoregressive decoding. With `block_size="auto"` a block schedule (`schedule.py`)
 sets how many drafts each cycle drafts, and cuts the draft to the prefix worth its verify cost
-before the verify.
+before the verify. With `tree_budget=B` a cycle verifies a tree of B drafts grown from the DFlash
+pass's per-slot top-k instead of its chain (`tree.py`, `_Decoding.tree_cycle`).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,12 +25,13 @@ import torch
 
 from .drafting import Drafter, Proposal, RunSettings, open_session
 from .errors import GenerationInputError
-from .events import Block, CycleExplanation, CycleTimes, Prefill, StopReason, Summary
+from .events import Block, CycleExplanation, CycleTimes, Prefill, StopReason, Summary, TreeCycle
 from .explain import explain_cycle
 from .models.drafter import DFlashDrafter, method_name
 from .models.target import Target
 from .sampling import SamplingParams, make_generator, probabilities, sample
 from .schedule import AUTO, BlockSchedule, CostProfile, measured_costs
+from .tree import ancestor_mask, grow, walk
 from .verify import accept
 
 DraftMode = Literal["sample", "argmax"]
@@ -99,6 +102,36 @@ def _check_schedule(drafter, sampling: SamplingParams, draft_mode: str) -> None:
         )
 
 
+# Drafters that draft every slot in one pass, whose per-slot top-k a tree grows from.
+TREE_METHODS = ("dflash", "fusion")
+
+
+def _check_tree(target: Target, drafter, tree_budget, block_size: int, scheduled: bool, explain: int) -> None:
+    """A tree budget, and a run that can verify trees, or a GenerationInputError saying why not."""
+    if isinstance(tree_budget, bool) or not isinstance(tree_budget, int) or tree_budget < 0:
+        raise GenerationInputError(f"tree_budget must be 0 (the chain) or a number of draft nodes >= 1, got {tree_budget!r}")
+    if not tree_budget:
+        return
+    method = method_name(drafter)
+    if method not in TREE_METHODS:
+        raise GenerationInputError(
+            f"tree_budget={tree_budget} grows a tree from one pass's per-slot top-k, which {method} drafting has no "
+            f"form of (trees need one of {TREE_METHODS}; DFlash2 conditions each slot on the one chosen before it)"
+        )
+    if block_size < 2:
+        raise GenerationInputError(f"tree_budget={tree_budget} needs a block of at least 2 slots, got block_size {block_size}")
+    if scheduled:
+        raise GenerationInputError(
+            f'tree_budget={tree_budget} and block_size="auto" both choose what a cycle verifies: use one of them'
+        )
+    if explain:
+        raise GenerationInputError(
+            f"explain={explain} describes a chain's slots; a tree cycle's record is its Block.tree: use explain=0"
+        )
+    if (refusal := target.tree_refusal()) is not None:
+        raise GenerationInputError(refusal)
+
+
 def check_inputs(target: Target, prompt_ids, max_new_tokens: int, block_size: int) -> None:
     if len(prompt_ids) == 0:
         raise GenerationInputError("the prompt is empty: give at least one token")
@@ -128,7 +161,8 @@ class Cycle:
     verify_s: float
     explanation: CycleExplanation | None
     draft_passes: int
-    verify_len: int  # tokens verified: slot 0 and the first verify_len - 1 of draft_ids
+    verify_len: int  # tokens verified: slot 0 and the first verify_len - 1 of draft_ids (a tree: its nodes)
+    tree: TreeCycle | None = None
 
     @property
     def committed(self) -> list[int]:
@@ -142,8 +176,9 @@ class _Decoding:
 
     def __init__(self, target: Target, drafter, capacity: int, block_size: int,
                  sampling: SamplingParams, draft_mode: DraftMode, explain: int, scheduled: bool,
-                 costs: CostProfile | None):
+                 costs: CostProfile | None, tree_budget: int = 0):
         self.target, self.block_size, self.sampling, self.explain = target, block_size, sampling, explain
+        self.tree_budget = tree_budget
         self.drafter = drafter if drafter is not None and block_size > 1 else None
         self.device = target.device
         self.generator = make_generator(sampling, self.device)
@@ -155,7 +190,7 @@ class _Decoding:
                 target=target, block_size=block_size, sampling=sampling, generator=self.generator,
                 sample_drafts=not sampling.greedy and draft_mode != "argmax", capacity=capacity,
                 graphs=target.graphs,  # the verify step replays inside target.forward; the draft step in the session
-                confidence=scheduled,
+                confidence=scheduled, tree_width=tree_budget,
             ))
         target.tap_layers(self.session.target_layer_ids if self.session is not None else ())
         if scheduled:
@@ -192,6 +227,8 @@ class _Decoding:
 
     def cycle(self) -> Cycle:
         """Draft, verify, accept, and advance the caches to the accepted prefix and the bonus."""
+        if self.tree_budget and self.session is not None:
+            return self.tree_cycle()
         # One host sync per cycle (the `.tolist()` below): everything before it is queued on the
         # device from host-known shapes, and the timings are read from marks once it has passed.
         t0 = time.perf_counter()
@@ -236,6 +273,37 @@ class _Decoding:
         return Cycle(position, tuple(draft_ids), accepted, bonus, draft_s, verify_s, explanation, proposal.passes,
                      block_ids.shape[1])
 
+    def tree_cycle(self) -> Cycle:
+        """Draft once, grow a tree from each slot's top-k, verify all its nodes in one forward, walk
+        it with the target's own tokens, and keep the walked path in both caches (`tree.py`)."""
+        device, t0 = self.device, _clock(self.device)
+        proposal = self.draft(None)
+        top_ids, top_logq = proposal.candidates
+        root, top_ids, top_logq = int(self.bonus_ids[0]), top_ids.tolist(), top_logq.tolist()  # the host grows it
+        t1 = _clock(device)
+        tree = grow(root, top_ids, top_logq, self.tree_budget)
+        mask, depths = ancestor_mask(tree, device), torch.tensor(tree.depths, device=device)
+        t2 = _clock(device)
+        logits, features = self.target.forward_tree(torch.tensor([tree.tokens], device=device), depths, mask)
+        if self.sampling.greedy:
+            choices = logits.argmax(dim=-1)
+        else:  # one independent draw per node: the walk reads each one at most once
+            choices = sample(probabilities(logits, self.sampling), self.generator)
+        choices = choices.tolist()
+        t3 = _clock(device)
+        path, bonus = walk(tree, choices)
+        position, drafts = self.start, [tree.tokens[node] for node in path[1:]]
+        self.target.keep_path(position, path)
+        self.start += len(path)
+        self.bonus_ids = torch.tensor([bonus], device=device)
+        rows = torch.tensor(path, device=device)
+        self.session.advance(len(drafts), [*drafts, bonus], None if features is None else features.index_select(1, rows))
+        record = TreeCycle(tokens=tree.tokens, parents=tree.parents, depths=tree.depths,
+                           probs=tuple(math.exp(q) for q in tree.logq), targets=tuple(choices), path=tuple(path),
+                           host_s=(t2 - t1) + (_clock(device) - t3))
+        return Cycle(position, tuple(drafts), len(drafts), bonus, t1 - t0, t3 - t2, None, proposal.passes, len(tree),
+                     record)
+
 
 @torch.inference_mode()
 def generate(
@@ -250,6 +318,7 @@ def generate(
     draft_mode: DraftMode = "sample",
     explain: int = 0,
     costs: CostProfile | None = None,
+    tree_budget: int = 0,
 ) -> Iterator[Prefill | Block | Summary]:
     """Decode after `prompt_ids`, yielding `Prefill`, one `Block` per cycle, then `Summary`.
 
@@ -267,6 +336,9 @@ def generate(
     match). Greedy decoding always drafts the argmax. Both are exact.
     explain: 0 = off; k > 0 puts in every `Block.explain` what the cycle saw and decided, with top-k
     lists of size k (`explain.py`), from the cycle's own tensors. Outputs are the same either way.
+    tree_budget: 0 = verify the drafter's chain; B > 0 = verify a tree of B drafts grown best-first
+    from the one DFlash pass's per-slot top-k, at most block_size - 1 deep (`tree.py`); each Block
+    then carries its `tree`. Lossless at greedy and exact when sampling, like the chain.
     """
     scheduled = block_size == AUTO
     block_size = _block_size(drafter, block_size)
@@ -276,11 +348,13 @@ def generate(
         _check_schedule(drafter, sampling, draft_mode)
     if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
         raise GenerationInputError(f"explain must be 0 (off) or a top-k size >= 1, got {explain!r}")
+    _check_tree(target, drafter, tree_budget, block_size, scheduled, explain)
     prompt_ids = [int(t) for t in prompt_ids]
-    check_inputs(target, prompt_ids, max_new_tokens, block_size)
+    room = max(block_size, tree_budget + 1)  # the last verify's rows: a block, or a tree's nodes
+    check_inputs(target, prompt_ids, max_new_tokens, room)
     stop_ids = frozenset(int(t) for t in stop_ids)
-    decoding = _Decoding(target, drafter, len(prompt_ids) + max_new_tokens + block_size, block_size, sampling,
-                         draft_mode, explain, scheduled, costs)
+    decoding = _Decoding(target, drafter, len(prompt_ids) + max_new_tokens + room, block_size, sampling,
+                         draft_mode, explain, scheduled, costs, tree_budget)
     prefill = decoding.prefill(prompt_ids)
     # Compute time only: a consumer may hold this generator suspended (the app interleaves two
     # runs), and that wait must not count against either side.
@@ -316,6 +390,7 @@ def generate(
             draft_passes=cycle.draft_passes,
             verify_len=cycle.verify_len,
             explain=cycle.explanation,
+            tree=cycle.tree,
         )
         blocks.append(event)
         yield event
@@ -327,6 +402,7 @@ def generate(
         stop_reason=stop_reason,
         method=method_name(decoding.drafter),
         block_schedule=AUTO if decoding.schedule is not None else "fixed",
+        tree_budget=tree_budget if decoding.drafter is not None else 0,
         prefill=prefill,
         blocks=tuple(blocks),
         total_s=compute_s,

@@ -41,6 +41,7 @@ class RunSettings:
     capacity: int  # positions the run may reach
     graphs: object | None  # the target's `StepGraphs`, when its verify replays from CUDA graphs
     confidence: bool = False  # proposals carry the drafter's confidence per draft (a block schedule reads it)
+    tree_width: int = 0  # proposals carry each slot's top-k of this size (tree verification, `tree.py`)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class Proposal:
     passes: int  # drafter forward passes this proposal took
     view: DraftView | None = None  # filled when the run explains its cycles
     confidence: torch.Tensor | None = None  # [n] when the run asks: `schedule.draft_confidence`
+    # When the run grows trees: each slot's top-k target ids [n, k] and their log-probabilities [n, k]
+    # under the drafter, best first, from the same pass as `ids`.
+    candidates: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class DraftSession(Protocol):
@@ -142,6 +146,15 @@ class _InjectedContext:
         run = self.run
         return draft_confidence(self.drafter, logits, probs, run.sampling, run.target.vocab_size) if run.confidence else None
 
+    def candidates(self, logits) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each slot's top-k (target ids, log-probabilities) where the run grows trees, else None."""
+        width = self.run.tree_width
+        if not width:
+            return None
+        logq = torch.log_softmax(logits.float(), dim=-1)
+        top = torch.topk(logq, min(width, logq.shape[-1]), dim=-1)
+        return self.drafter.to_target_ids(top.indices), top.values
+
     def view(self, logits, probs, ids) -> DraftView:
         drafter, run = self.drafter, self.run
 
@@ -200,7 +213,8 @@ class DFlashDrafting(_InjectedContext):
                 logits = self.step(bonus_ids, context, positions)
             cache.commit(injected)
         ids, probs = self.choose(logits)
-        return Proposal(ids, probs, 1, self.view(logits, probs, ids) if explain else None, self.confidence(logits, probs))
+        return Proposal(ids, probs, 1, self.view(logits, probs, ids) if explain else None, self.confidence(logits, probs),
+                        self.candidates(logits))
 
 
 class ARDrafting(_InjectedContext):

@@ -78,6 +78,37 @@ class SelectorPath:
 
 
 @dataclass(frozen=True)
+class TreeCycle:
+    """One tree-verified cycle (`tree.py`): the tree the drafter's top-k grew, and the target's walk.
+
+    Node 0 is the root (slot 0, the previous bonus token); every other node is a draft whose parent
+    has a smaller number. `targets[i]` is the target's own token after node i's path (its argmax, or
+    its sample): the walk follows it while it is a child, and the last walked node's is the bonus.
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]  # -1 for the root
+    depths: tuple[int, ...]
+    probs: tuple[float, ...]  # the drafter's probability of each node's token at its slot (1.0 at the root)
+    targets: tuple[int, ...]
+    path: tuple[int, ...]  # the nodes walked, from the root: its drafts are the block's accepted drafts
+    host_s: float  # host seconds spent growing the tree and walking it
+
+    @property
+    def bonus_id(self) -> int:
+        return self.targets[self.path[-1]]
+
+    def to_dict(self) -> dict:
+        return _lists(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TreeCycle:
+        ints = ("tokens", "parents", "depths", "targets", "path")
+        return cls(**{name: tuple(int(x) for x in data[name]) for name in ints},
+                   probs=tuple(float(p) for p in data["probs"]), host_s=float(data["host_s"]))
+
+
+@dataclass(frozen=True)
 class CycleExplanation:
     """What one cycle saw and decided. Plain decoding has no drafter: mask_id is None, draft_topk
     and decision.slots are empty. path: the selector's walk when a DFlash2 drafter drafted, else None."""
@@ -173,6 +204,9 @@ class Block:
     verify_len: int | None = None
     # What the cycle saw and decided, when decoding ran with `explain=k`; else None.
     explain: CycleExplanation | None = field(default=None, repr=False, compare=False, hash=False)
+    # The cycle's draft tree and the target's walk through it, when the run verified trees; then
+    # draft_ids are the walked path's drafts (all accepted) and verify_len counts every node.
+    tree: TreeCycle | None = field(default=None, repr=False)
 
     @property
     def acceptance_length(self) -> int:
@@ -197,6 +231,7 @@ class Summary:
     # "fixed": every cycle verified its whole draft; "auto": a block schedule chose each cycle's
     # verified length (`Block.verify_len`), block_size being the longest.
     block_schedule: str = "fixed"
+    tree_budget: int = 0  # drafts per tree when the run verified trees (`tree.py`); 0: chains
 
     @property
     def acceptance_lengths(self) -> list[int]:
@@ -276,6 +311,7 @@ class Summary:
             "block_schedule": self.block_schedule,
             "prefill": asdict(self.prefill),
             "blocks": [_block_trace(b) for b in self.blocks],
+            **({"tree_budget": self.tree_budget} if self.tree_budget else {}),
             **self.metrics(),
         }
 
@@ -286,7 +322,9 @@ def _block_trace(block: Block) -> dict:
     out["draft_ids"], out["committed_ids"] = list(block.draft_ids), list(block.committed_ids)
     if block.explain is not None:
         out["explain"] = block.explain.to_dict()
+    if block.tree is not None:
+        out["tree"] = block.tree.to_dict()
     return out
 
 
-BLOCK_FIELDS = [f.name for f in fields(Block) if f.name != "explain"]
+BLOCK_FIELDS = [f.name for f in fields(Block) if f.name not in ("explain", "tree")]

@@ -16,7 +16,10 @@ file without importing or executing anything from it; `trace_csv` flattens per-b
                and plain; each run names its `method` (dflash, dflash2, fusion, ar, lookup or plain)
                and its `block_schedule` (fixed or auto), each block its `verify_len` (files from
                before the block schedule have neither: every block verified its whole draft); a
-               DFlash2 block's explanation adds "path", its selector's walk (`events.SelectorPath`)
+               DFlash2 block's explanation adds "path", its selector's walk (`events.SelectorPath`); a
+               run that verified draft trees names its "tree_budget", and each of its blocks holds its
+               "tree" (`events.TreeCycle`: nodes, parents, depths, draft probabilities, the target's
+               token at every node, the walked path, host seconds); its draft_ids are the walked drafts
     report     the race report when a race ran, else absent
     tokens     {str(id): text} for every id in the runs, so a replay needs no tokenizer
 """
@@ -168,6 +171,10 @@ def _block_ids(block: dict):
         if info.get("path") is not None:
             for row in info["path"]["candidates"]:
                 yield from row
+    tree = block.get("tree")
+    if tree:
+        yield from tree["tokens"]
+        yield from tree["targets"]
 
 
 def lane_of(method: str) -> str:
@@ -229,6 +236,8 @@ def build_trace(
         for block in side["blocks"]:
             if "explain" in block:
                 block["explain"] = _rounded(block["explain"], digits)
+            if "tree" in block:
+                block["tree"]["probs"] = [round(p, digits) for p in block["tree"]["probs"]]
         sides[name] = side
     trace = {
         "schema": SCHEMA,
@@ -287,6 +296,7 @@ MAX_LAYERS = 1024  # target layers injected into the drafter: released drafters 
 # Candidates per slot of a DFlash2 selector's walk: a replay's cycle view draws a few of them, and
 # a longer row only costs the file's bytes; released configs keep well under this.
 MAX_TOP_K = 1024
+MAX_TREE_NODES = 4096  # nodes of one verified draft tree, the root included: budgets are tens
 STOP_REASONS = ("running", "stopped", "max_new_tokens", "stop_token")
 _TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
@@ -491,6 +501,30 @@ def _run(run: dict, where: str) -> None:
             _int(block, "verify_len", at, low=1)
         if block.get("explain") is not None:
             _explain(_field(block, "explain", dict, at), f"{at}.explain")
+        if block.get("tree") is not None:
+            _tree(_field(block, "tree", dict, at), f"{at}.tree")
+    if run.get("tree_budget") is not None:
+        _int(run, "tree_budget", where, high=MAX_TREE_NODES)
+
+
+def _tree(tree: dict, where: str) -> None:
+    """A verified draft tree's fields: one entry per node in each list, a path of node numbers."""
+    nodes = _ints(tree, "tokens", where)
+    if not 1 <= len(nodes) <= MAX_TREE_NODES:
+        raise TraceFieldError(f"{where}.tokens holds {len(nodes)} nodes; a tree has 1 to {MAX_TREE_NODES}")
+    parents = _field(tree, "parents", list, where)
+    if not parents or parents[0] != -1:
+        raise TraceFieldError(f"{where}.parents must start with -1, the root's")
+    _ints({"parents": parents[1:]}, "parents", where)
+    for name in ("depths", "targets", "path"):
+        _ints(tree, name, where)
+    probs = _field(tree, "probs", list, where)
+    if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1 for p in probs):
+        raise TraceFieldError(f"{where}.probs must hold probabilities in 0..1")
+    for name in ("parents", "depths", "probs", "targets"):
+        if len(tree[name]) != len(nodes):
+            raise TraceFieldError(f"{where}.{name} holds {len(tree[name])} entries for {len(nodes)} nodes")
+    _seconds(tree, "host_s", where)
 
 
 def _settings(settings: dict) -> None:
@@ -526,6 +560,7 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
     if not 1 <= size <= high:
         raise TraceFieldError(f"{where}.block_size is {_show(size)}; it must be from 1 to {high}")
     lookup = run.get("method") == "lookup"  # a cycle drafts what the context's match offers, maybe nothing
+    trees = bool(run.get("tree_budget"))  # a cycle's draft_ids are its walked path: up to size - 1
     scheduled = run.get("block_schedule") == "auto"  # a cycle drafts the length its schedule set, 0 when paused
     blocks = run["blocks"]
     output = [run["prefill"]["token_id"]]
@@ -535,11 +570,13 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         drafts = len(block["draft_ids"])
         if block["index"] != i:
             raise TraceFieldError(f"{at}.index is {_show(block['index'])}; blocks are numbered from 0 in order")
-        if drafts != size - 1 and not (lookup and drafts < size) and not ((lookup or scheduled) and drafts < size):
-            most = f"up to {size - 1}" if lookup or scheduled else f"{size - 1}"
+        if drafts != size - 1 and not ((lookup or scheduled or trees) and drafts < size):
+            most = f"up to {size - 1}" if lookup or scheduled or trees else f"{size - 1}"
             raise TraceFieldError(f"{at}.draft_ids holds {drafts} drafts; block_size {size} drafts {most}")
         verified = drafts if block.get("verify_len") is None else block["verify_len"] - 1
-        if verified > drafts:
+        if block.get("tree") is not None or trees:
+            _consistent_tree(block, at, size, trees)
+        elif verified > drafts:
             raise TraceFieldError(f"{at}.verify_len is {_show(block['verify_len'])}; a block of {drafts} drafts verifies at most {drafts + 1} tokens")
         if not 0 <= block["accepted"] <= verified:
             raise TraceFieldError(f"{at}.accepted is {_show(block['accepted'])}; a block of {verified} verified drafts accepts 0 to {verified}")
@@ -568,6 +605,28 @@ def _consistent_run(run: dict, where: str, prompt_len: int, plain: bool) -> None
         raise TraceFieldError(f"{where}.output_ids must be the prefill token, then every block's committed_ids")
     if run["acceptance_lengths"] != [b["accepted"] + 1 for b in blocks]:
         raise TraceFieldError(f"{where}.acceptance_lengths must be each block's accepted + 1")
+
+
+def _consistent_tree(block: dict, where: str, size: int, trees: bool) -> None:
+    """A tree block agrees with itself: each node's parent comes before it, one depth up, at most
+    size - 1 deep; the path walks down from the root; its drafts are the block's accepted drafts,
+    and the target's token at its last node is the bonus."""
+    tree = block.get("tree")
+    if tree is None or not trees:
+        raise TraceFieldError(f"{where}: a run with a tree_budget has a tree in every block, and only such a run")
+    parents, depths, path, nodes = tree["parents"], tree["depths"], tree["path"], len(tree["tokens"])
+    if depths[0] != 0 or any(not (0 <= parents[i] < i and depths[i] == depths[parents[i]] + 1 <= size - 1)
+                             for i in range(1, nodes)):
+        raise TraceFieldError(f"{where}.tree: every node's parent must come before it, one depth up, and no node may "
+                              f"be deeper than {size - 1}")
+    if not path or path[0] != 0 or any(not (0 <= b < nodes and parents[b] == a) for a, b in zip(path, path[1:])):
+        raise TraceFieldError(f"{where}.tree.path must walk from the root (node 0) to a child at each step")
+    if block["draft_ids"] != [tree["tokens"][n] for n in path[1:]] or block["accepted"] != len(path) - 1:
+        raise TraceFieldError(f"{where}.draft_ids and accepted must be the tree path's drafts, all accepted")
+    if block["bonus_id"] != tree["targets"][path[-1]]:
+        raise TraceFieldError(f"{where}.bonus_id must be the target's token at the path's last node")
+    if block.get("verify_len") != nodes:
+        raise TraceFieldError(f"{where}.verify_len is {_show(block.get('verify_len'))}; the tree verified {nodes} nodes")
 
 
 def _consistent_explain(info: dict, where: str, size: int, position: int, drafts: int, drafted: list) -> None:

@@ -68,6 +68,21 @@ def test_text_prompt_through_chat_template_and_plain_mode(cli, tiny_dirs, tmp_pa
     assert outputs[0] == outputs[1]
 
 
+def test_tree_budget_decodes_as_plain_and_traces_the_trees(cli, golden_dir, golden_expected, tmp_path):
+    prompt_ids = ",".join(map(str, golden_expected["prompts"][0]["prompt_ids"]))
+    runs, lines = {}, {}
+    for side, extra in (("dflash", ["--drafter", golden_dir / "drafter", "--tree-budget", 8]), ("plain", ["--plain"])):
+        trace_path = tmp_path / f"{side}.json"
+        done = cli("--target", golden_dir / "target", *extra, "--prompt-ids", prompt_ids, "--max-new-tokens", 24,
+                   "--dtype", "float32", "--trace-json", trace_path)
+        assert done.returncode == 0, done.stderr
+        runs[side], lines[side] = json.loads(trace_path.read_text())["runs"][side], done.stdout.splitlines()[-1]
+    assert lines["dflash"].startswith("[dflash block=8 tree=8 target float32")
+    assert runs["dflash"]["output_ids"] == runs["plain"]["output_ids"]
+    assert runs["dflash"]["tree_budget"] == 8
+    assert all(len(b["tree"]["tokens"]) == 9 and b["verify_len"] == 9 for b in runs["dflash"]["blocks"])
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from dflash_core.events import Block, CycleExplanation, Prefill, Summary
+from dflash_core.events import Block, CycleExplanation, Prefill, Summary, TreeCycle
 from dflash_core.lossless import Verdict
 from dflash_core.trace import RUNS, TraceError, validate_trace
 
@@ -158,6 +158,8 @@ def _summary(run: dict, lane: str) -> Summary:
         values["committed_ids"] = tuple(int(t) for t in raw["committed_ids"])
         if raw.get("explain") is not None:
             values["explain"] = CycleExplanation.from_dict(raw["explain"])
+        if raw.get("tree") is not None:
+            values["tree"] = TreeCycle.from_dict(raw["tree"])
         blocks.append(Block(**values))
     return Summary(
         output_ids=tuple(int(t) for t in run["output_ids"]),
@@ -169,6 +171,7 @@ def _summary(run: dict, lane: str) -> Summary:
         total_s=float(run["total_s"]),
         method=str(run.get("method") or lane),  # traces before dflash-trace/2 name no method
         block_schedule=run.get("block_schedule", "fixed"),  # traces before the block schedule name none
+        tree_budget=int(run.get("tree_budget", 0)),
     )
 
 

@@ -16,6 +16,8 @@ training prompt sources) or both; tau, speedup and identical are reported per se
 input fusion, the autoregressive drafter with the same KV injection, prompt lookup) against plain
 decoding on the same prompts (`methods.py`).
 
+`--tree-budget 2,4,8,16,32` races tree verification at those budgets beside the chain (`trees.py`).
+
 `--peer transformers|reference|vllm` (repeatable) also runs the field's engines plain and DFlash on the
 same prompt ids, dtype and threads, and prints one table beside this engine's rows (`peers.py`).
 
@@ -54,6 +56,7 @@ from .datasets import parse_datasets
 from .methods import DEFAULT_DRAFTERS, METHODS, benchmark_methods, parse_methods, print_methods_table
 from .peers import PEERS, VENVS, peer_rows, print_peer_table, ratios
 from .transformers_peer import timed_hf_generate
+from .trees import benchmark_trees, parse_budgets, print_trees_table
 from .venv_peer import PeerUnavailable
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
@@ -426,6 +429,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-unavailable", action="store_true",
                         help="with --dataset: leave out (and name) a dataset that cannot be loaded instead of stopping; "
                         "exit 3 when none can")
+    parser.add_argument("--tree-budget", type=parse_budgets, metavar="LIST",
+                        help="race tree verification at these node budgets (e.g. 2,4,8,16,32) beside the chain and "
+                        "plain decoding instead, with tau, cycle costs in plain steps and the break-even tau (trees.py)")
     add_sweep_args(parser)
     args = parse(parser, argv, auto=True)
     if args.concurrency is not None:
@@ -447,6 +453,15 @@ def main(argv=None) -> int:
         print_dataset_table(result)
         print(json.dumps(result))
         return 1 if any(r["lossless"]["diverged"] for r in result["datasets"].values()) else 0
+    if args.tree_budget:
+        if args.methods or args.versus or args.peer or args.dataset or args.block_sizes:
+            parser.error("--tree-budget races trees against the chain at the drafter's block: without --methods, "
+                         "--versus, --peer, --dataset or --block-sizes")
+        pair = load_pair_of(args, batch_invariant=BATCH_INVARIANT[args.batch_invariant])
+        result = benchmark_trees(args, pair, select_prompts(args.prompts, args.prompt_set, args.num_prompts))
+        print_trees_table(result)
+        print(json.dumps(result))
+        return 0
     if args.methods:
         if args.versus or args.peer or (args.block_sizes and len(args.block_sizes) > 1):
             parser.error("--methods races one block size of its own rows: without --versus, --peer or several --block-sizes")

@@ -1,10 +1,11 @@
 """Target adapter: what speculative decoding needs from any Hugging Face causal LM.
 
 One forward with a KV cache that also returns the outputs of chosen decoder layers (the drafter's
-features), the target's embedding and LM head (shared with the drafter), and cache rollback after
-partial acceptance. Works for decoder-only `AutoModelForCausalLM` models whose layers
-`target_cache.py` can roll back: full attention (Llama, Qwen3, Qwen3-MoE), sliding windows and
-attention sinks (gpt-oss, gemma4), gated delta-net hybrids (Qwen3.5, Qwen3.5-MoE, Qwen3-Next).
+features), the target's embedding and LM head (shared with the drafter), cache rollback after
+partial acceptance, and a draft tree's forward under an ancestor mask (`forward_tree`, `keep_path`).
+Works for decoder-only `AutoModelForCausalLM` models whose layers `target_cache.py` can roll back:
+full attention (Llama, Qwen3, Qwen3-MoE), sliding windows and attention sinks (gpt-oss, gemma4),
+gated delta-net hybrids (Qwen3.5, Qwen3.5-MoE, Qwen3-Next).
 """
 
 from __future__ import annotations
@@ -236,10 +237,11 @@ class Target:
                 return self.graphs(("verify", self._capacity, self.feature_layers), self._step, ids, positions)
             return self._step(ids, positions, last_logits_only)
 
-    def _step(self, ids: torch.Tensor, positions: torch.Tensor, last_logits_only: bool = False):
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor, last_logits_only: bool = False, mask=None):
         """The forward itself: a function of the two tensors (and the cache), capturable as a graph."""
         # The prefill keeps transformers' mask: on an empty cache SDPA then runs its causal kernel.
-        mask = self._causal_mask(positions) if self._own_mask and not last_logits_only else None
+        if mask is None and self._own_mask and not last_logits_only:
+            mask = self._causal_mask(positions)
         if self.graphs is not None:
             # Writes land at the positions given, however often the step runs (capture warms it up).
             for layer in self.cache.layers:
@@ -262,15 +264,53 @@ class Target:
         self._taps.clear()
         return out.logits[0], features
 
+    def tree_refusal(self) -> str | None:
+        """Why this target cannot verify a draft tree, or None when it can."""
+        if not self.kv.exact_anywhere:
+            return (f"tree verification needs full attention in every layer, and {self.kv.describe()} A sliding "
+                    "window would cut a node's ancestors by slot rather than by depth, and a recurrent state "
+                    "would run the tree's branches into one another")
+        if self.graphs is not None:
+            return "tree verification runs eagerly: turn off CUDA graphs and compiled steps for it"
+        return None
+
+    @torch.inference_mode()
+    def forward_tree(self, ids: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor):
+        """Run a draft tree's nodes `ids` ([1, n], the root first) after the cached positions, each
+        at the position of its depth (`depths` [n]) and seeing the context and its own ancestors
+        only (`ancestors` [n, n] bool, `tree.ancestor_mask`); return (logits [n, V], features).
+
+        The mask goes to the model as a 4D mask, which transformers' mask functions pass through as
+        is. Every node's keys and values are cached in node order; `keep_path` keeps a path's.
+        """
+        if (refusal := self.tree_refusal()) is not None:
+            raise ConfigError(refusal)
+        start, n = self.kv.length, ids.shape[1]
+        positions = (start + depths)[None]
+        width = self._capacity if self.static_cache else start + n
+        allowed = torch.zeros(n, width, dtype=torch.bool, device=ids.device)
+        allowed[:, :start] = True
+        allowed[:, start:start + n] = ancestors
+        with self.kv.forward(n):
+            return self._step(ids, positions, mask=self._mask_for(allowed))
+
+    def keep_path(self, start: int, rows: list[int]) -> None:
+        """After `forward_tree` from `start`: keep the cached rows `rows` (increasing, the root's 0
+        first) as positions `start`, `start + 1`, ...; drop the others."""
+        self.kv.keep(start, rows)
+
+    def _mask_for(self, allowed: torch.Tensor) -> torch.Tensor:
+        """[1, 1, n, keys] from a boolean [n, keys] mask, in the form the attention takes."""
+        if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
+            return torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill_(
+                ~allowed, torch.finfo(self.dtype).min
+            )[None, None]
+        return allowed[None, None]
+
     def _causal_mask(self, positions: torch.Tensor) -> torch.Tensor:
         """[1, 1, n, capacity]: each query sees the cache slots up to its own position.
 
         transformers builds the same mask for a static cache, but first tests the cache length on
         the host (`q_offset == 0`): a second host sync per cycle, and one a graph capture cannot take.
         """
-        allowed = torch.arange(self._capacity, device=positions.device)[None, :] <= positions[0, :, None]
-        if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
-            return torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill_(
-                ~allowed, torch.finfo(self.dtype).min
-            )[None, None]
-        return allowed[None, None]
+        return self._mask_for(torch.arange(self._capacity, device=positions.device)[None, :] <= positions[0, :, None])

@@ -13,6 +13,8 @@ back in its own way (`TargetCache.crop`):
   by `crop`); before it, `RecurrentStates` keeps them and copies the accepted one back;
 - attention sinks (gpt-oss) are weights, not state, and KV-sharing layers (gemma4) cache nothing.
 A target forward still runs once per cycle: accepted tokens never go through the target again.
+After a verified draft tree (`tree.py`) a full-attention cache keeps the walked path instead of a
+prefix: `TargetCache.keep` moves its rows' keys and values into place.
 
 The rollback runs just before the next forward, so several crops after one forward (as benchmarks
 do) still go back exactly; on a target with more than full attention it can reach back to the
@@ -282,6 +284,31 @@ class TargetCache:
                 f"{self._start if self._recorded else self._held}"
             )
         self.length = length
+
+    def describe(self) -> str:
+        """The architecture and the kinds of its layers, as a sentence."""
+        return f"{architecture(self.model)} has {', '.join(sorted(set(self.kinds)))} layers."
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        """Keep the last forward's rows `rows` (offsets from `start`, increasing, 0 first) as positions
+        `start`, `start + 1`, ...: a verified tree's accepted path, moved into place in every layer.
+
+        Only where every cached layer is full attention: a row's keys and values are then its own,
+        whatever rows sit beside it, and moving them is exact.
+        """
+        if not self.exact_anywhere:
+            raise ConfigError(f"only full-attention caches can keep a tree's path: {self.describe()}")
+        if start != self._start or not rows or rows[0] != 0 or start + rows[-1] >= self._held:
+            raise ValueError(f"rows {rows} from {start} are not rows of the last forward ({self._start} to {self._held})")
+        moved = [r for i, r in enumerate(rows) if r != i]
+        if moved:
+            source = torch.tensor([start + r for r in rows], device=self.model.device)
+            for layer in self.cache.layers:
+                if getattr(layer, "keys", None) is None or not layer.keys.numel():
+                    continue  # a layer that caches nothing (KV sharing)
+                for held in (layer.keys, layer.values):
+                    held[:, :, start:start + len(rows)] = held.index_select(2, source)
+        self.crop(start + len(rows))
 
     def _roll_back(self) -> None:
         extra = self._held - self.length
