@@ -72,7 +72,9 @@ class DataConfig(_Table):
         "transformers", description="regeneration: transformers' generate in this process, vLLM's offline batch "
                                     "engine (its own venv), or an OpenAI-compatible server (`server`)")
     server: str | None = Field(None, description="regeneration with engine = \"server\": its URL, e.g. http://localhost:8000")
-    batch_size: int = Field(32, gt=0, description="regeneration: prompts per batch (transformers), or per request round")
+    batch_size: int = Field(32, gt=0, description="regeneration: prompts per batch (transformers, vLLM), or requests "
+                                                  "in flight (server)")
+    data_parallel_size: int = Field(1, gt=0, description="regeneration with vLLM: engine replicas, one per GPU")
     shard_size: int = Field(512, gt=0, description="regeneration: answers per shard file")
 
 
