@@ -289,17 +289,17 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
             seen = set(torch.cat([s[0] for s in seqs]).unique().tolist())
             mask_id, why = pick_mask_token_id(target.tokenizer, target.vocab_size, seen)
         name = target.tokenizer.convert_ids_to_tokens(mask_id) if target.tokenizer is not None else "?"
-        pad = getattr(target.tokenizer, "pad_token_id", None)
-        if mask_id == pad:
-            # Padded batches would read as masked slots, and the engines that pad would draft from them.
-            raise ConfigError(f"mask token id {mask_id} ({name!r}) is the target's pad token; choose another "
-                              "--mask-token-id")
         log(f"mask token id {mask_id} ({name!r}, {why})")
         if not layer_ids:
             layer_ids = default_target_layer_ids(target.num_layers, layers)
         config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids,
                                       autoregressive=args.drafter_kind == "ar")
         config.context_fusion = args.context_fusion or "kv"
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    if pad is not None and config.mask_token_id == pad:
+        # Padded batches would read as masked slots: engines that pad would draft from their padding.
+        raise ConfigError(f"mask token id {pad} is the target's pad token ({target.tokenizer.pad_token!r}); "
+                          "choose another (--mask-token-id, drafter.mask_token_id)")
     dflash2 = resume_state is None and (args.dflash2 or config.dflash2 is not None)
     if dflash2 and args.draft_vocab:
         raise ConfigError(f"a DFlash2 drafter proposes from the whole vocabulary: --draft-vocab {args.draft_vocab} "
