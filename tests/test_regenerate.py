@@ -182,8 +182,8 @@ def test_vllm_answers_are_this_engines_greedy(tmp_path, one_thread):
 
     target_dir = resolve_target("default:smollm2")
     config = _config(tmp_path, target_dir, engine="vllm", dataset=str(FIXTURES / "prompts"), max_new_tokens=12,
-                     batch_size=4, shard_size=8)
-    regenerate(config, eager=True)
+                     batch_size=4, shard_size=8, eager=True)
+    regenerate(config)
     target = Target.from_pretrained(target_dir)
     prompts, _ = load_chat_prompts(str(FIXTURES / "prompts"))
     assert _shards(tmp_path / "data") == _greedy(target, prompts)

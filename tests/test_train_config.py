@@ -19,6 +19,7 @@ from dflash_core import DFlashDrafter, Target, run
 from dflash_core.errors import ConfigError
 from dflash_core.training.__main__ import main as training_main
 from dflash_core.training.config import load_config, parse_override, schema_text, train_argv
+from dflash_core.training.data import shard_range
 from dflash_core.training.objective import DrafterTrainer, dpace_weights, slot_weights
 from dflash_core.training.train import parse_args
 
@@ -116,6 +117,7 @@ def test_the_offline_config_is_the_shipped_drafters_command():
                                                              "output.dir=runs/drafter-v10"])
     got = vars(parse_args(train_argv(config)))
     expected["init_from"] = "assets/drafters/smollm2-135m-instruct-dflash"  # v9 is in git history only
+    expected["shards"] = shard_range("132:147")  # the card's "132:" before shards 147-149 were added
     assert {k: v for k, v in got.items() if got[k] != expected[k]} == {}
 
 
@@ -170,7 +172,7 @@ def test_mask_token_may_not_be_the_pad_token(tiny_dirs, tmp_path, one_thread):
     pad = target.tokenizer.pad_token_id
     config = _write(tmp_path, MINIMAL.format(data=data, out=tmp_path / "out")
                     + f'[target]\nmodel = "{target_dir}"\n[drafter]\nmask_token_id = {pad}\nlayers = 1\n')
-    with pytest.raises(ConfigError, match=f"mask token id {pad} .* is the target's pad token"):
+    with pytest.raises(ConfigError, match=f"mask token id {pad} is the target's pad token"):
         training_main(["run", str(config), "optimization.max_steps=1"])
 
 

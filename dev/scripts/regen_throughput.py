@@ -51,6 +51,7 @@ engine = "{engine}"
 max_new_tokens = {args.max_new_tokens}
 batch_size = {args.batch_size}
 shard_size = 512
+eager = {str(args.eager).lower()}
 [optimization]
 threads = {args.threads}
 [output]
@@ -67,6 +68,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/regen-compare"))
     p.add_argument("--write-dataset", type=int, default=0, metavar="N")
+    p.add_argument("--eager", action="store_true", help="vLLM without torch.compile (starts in a fraction of the time)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.write_dataset:
@@ -97,7 +99,8 @@ def main(argv=None) -> None:
         same = sum(got.get(key) == ids for key, ids in reference.items())
         results[engine]["identical_to_engine_greedy"] = f"{same}/{len(reference)}"
     results["settings"] = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                           "batch_size": args.batch_size, "threads": args.threads, "dtype": "float32"}
+                           "batch_size": args.batch_size, "threads": args.threads, "dtype": "float32",
+                           "vllm_eager": args.eager}
     (args.out / "compare.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 

@@ -43,10 +43,12 @@ class _Table(BaseModel):
 
 
 class TargetConfig(_Table):
-    model: str = Field("default:smollm2", description="target directory, Hub id, or default:smollm2 (the offline pair's)")
+    model: str = Field(
+        "default:smollm2", description="target directory, Hub id, or default:smollm2 (the offline pair's)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="the frozen target's weights")
     layer_ids: list[int] | None = Field(
-        None, description="0-based target layers the drafter reads (default: spread over the target, docs/design.md §2)")
+        None, description="0-based target layers the drafter reads (default: spread over the target, "
+                          "docs/design.md §2)")
     chat_template_kwargs: dict[str, bool | str | int] = Field(
         default_factory=dict,
         description="regeneration only: the chat template's arguments, e.g. {enable_thinking = false} for Qwen3 "
@@ -54,14 +56,19 @@ class TargetConfig(_Table):
 
 
 class DataConfig(_Table):
-    path: str = Field(description="folder of shards (the datagen format): the training data, and where `regenerate` writes")
-    shards: str | None = Field(None, description="START:STOP[:STEP][,...]: only these shards, by position in name order")
-    text_path: str | None = Field(None, description="also train on shards of text the target did not write (`text_data`)")
+    path: str = Field(
+        description="folder of shards (the datagen format): the training data, and where `regenerate` writes")
+    shards: str | None = Field(
+        None, description="START:STOP[:STEP][,...]: only these shards, by position in name order")
+    text_path: str | None = Field(
+        None, description="also train on shards of text the target did not write (`text_data`)")
     text_shards: str | None = Field(None, description="START:STOP[:STEP][,...] of text_path")
     max_len: int = Field(1024, gt=1, description="tokens per sequence (prompt + response), longer ones cut")
-    heldout_frac: float = Field(0.05, ge=0, lt=1, description="share of sequences held out for evaluation, by hash of their id")
+    heldout_frac: float = Field(
+        0.05, ge=0, lt=1, description="share of sequences held out for evaluation, by hash of their id")
     # Regeneration (`python -m dflash_core.training regenerate CONFIG`).
-    dataset: str | None = Field(None, description="regeneration: Hub dataset id, or a local folder or file in the Hub layout")
+    dataset: str | None = Field(
+        None, description="regeneration: Hub dataset id, or a local folder or file in the Hub layout")
     preset: Literal["sharegpt", "ultrachat", "prompt"] | None = Field(
         None, description="regeneration: the dataset's format (sharegpt: `conversations`; ultrachat: `messages`; "
                           "prompt: a `prompt` column); default: the column the dataset has")
@@ -71,10 +78,13 @@ class DataConfig(_Table):
     engine: Literal["transformers", "vllm", "server"] = Field(
         "transformers", description="regeneration: transformers' generate in this process, vLLM's offline batch "
                                     "engine (its own venv), or an OpenAI-compatible server (`server`)")
-    server: str | None = Field(None, description="regeneration with engine = \"server\": its URL, e.g. http://localhost:8000")
+    server: str | None = Field(
+        None, description="regeneration with engine = \"server\": its URL, e.g. http://localhost:8000")
     batch_size: int = Field(32, gt=0, description="regeneration: prompts per batch (transformers, vLLM), or requests "
                                                   "in flight (server)")
     data_parallel_size: int = Field(1, gt=0, description="regeneration with vLLM: engine replicas, one per GPU")
+    eager: bool = Field(False, description="regeneration with vLLM: enforce_eager, no torch.compile or CUDA graphs "
+                                           "(starts in a fraction of the time, generates slower)")
     shard_size: int = Field(512, gt=0, description="regeneration: answers per shard file")
 
 
@@ -87,8 +97,10 @@ class DrafterConfig(_Table):
                                             "released-format drafter folder to warm-start from")
     layers: int | None = Field(None, gt=0, description="drafter layers (default 3; a warm start grows to this many)")
     block_size: int | None = Field(None, ge=2, description="tokens per block (default 16; a warm start keeps its own)")
-    draft_vocab: int = Field(0, ge=0, description="propose only the N most frequent response tokens (0: the whole vocabulary)")
-    mask_token_id: int | None = Field(None, ge=0, description="the mask token (default: an unused special token, never the pad token)")
+    draft_vocab: int = Field(
+        0, ge=0, description="propose only the N most frequent response tokens (0: the whole vocabulary)")
+    mask_token_id: int | None = Field(
+        None, ge=0, description="the mask token (default: an unused special token, never the pad token)")
     context_fusion: Literal["kv", "input"] | None = Field(
         None, description="kv: the target's features in every layer's keys and values (DFlash); input: once, as rows "
                           "of the drafter's sequence (the ablation)")
@@ -99,7 +111,8 @@ class DrafterConfig(_Table):
 
 
 class ObjectiveConfig(_Table):
-    anchors_per_seq: int = Field(32, gt=0, description="random anchors per sequence (every response position when it has fewer)")
+    anchors_per_seq: int = Field(
+        32, gt=0, description="random anchors per sequence (every response position when it has fewer)")
     slot_weighting: Literal["decay", "dpace"] = Field(
         "decay", description="decay: slot k weighs exp(-(k-1)/gamma); dpace: D-PACE's weights from the drafter's "
                              "own confidence (docs/training.md)")
@@ -113,15 +126,18 @@ class ObjectiveConfig(_Table):
 
 class OptimizationConfig(_Table):
     epochs: float = Field(6, gt=0, description="passes over the training data")
-    max_steps: int | None = Field(None, gt=0, description="optimizer steps (instead of epochs; the schedule spans them)")
-    time_budget_min: float | None = Field(None, gt=0, description="minutes of training; the cosine schedule follows the clock")
+    max_steps: int | None = Field(
+        None, gt=0, description="optimizer steps (instead of epochs; the schedule spans them)")
+    time_budget_min: float | None = Field(
+        None, gt=0, description="minutes of training; the cosine schedule follows the clock")
     lr: float = Field(6e-4, gt=0, description="peak learning rate (AdamW, betas 0.9/0.95)")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="the cosine's floor, as a share of lr")
     warmup: float = Field(0.04, ge=0, lt=1, description="share of the run spent warming up linearly")
     weight_decay: float = Field(0.0, ge=0)
     clip: float = Field(1.0, gt=0, description="gradient norm clip")
     grad_accum: int = Field(4, gt=0, description="sequences per optimizer step on each rank")
-    batch_tokens: int | None = Field(None, gt=0, description="block tokens per optimizer step over all ranks (sets grad_accum)")
+    batch_tokens: int | None = Field(
+        None, gt=0, description="block tokens per optimizer step over all ranks (sets grad_accum)")
     amp: Literal["auto", "none", "bf16", "fp16"] = Field(
         "auto", description="autocast: auto is bf16 where the hardware runs it natively (CUDA, AMX/AVX512-BF16)")
     strategy: Literal["ddp", "fsdp"] = Field(
@@ -136,7 +152,8 @@ class OptimizationConfig(_Table):
 class EvaluationConfig(_Table):
     every: int = Field(100, gt=0, description="optimizer steps between evaluations on the held-out sequences")
     seqs: int = Field(64, gt=0, description="held-out sequences per evaluation")
-    patience: int = Field(5, gt=0, description="evaluations without a better tau before stopping (from the schedule's midpoint)")
+    patience: int = Field(
+        5, gt=0, description="evaluations without a better tau before stopping (from the schedule's midpoint)")
 
 
 class OutputConfig(_Table):
@@ -160,11 +177,14 @@ class TrainConfig(_Table):
     def _consistent(self):
         d = self.drafter
         if d.kind == "dflash2" and d.draft_vocab:
-            raise ValueError(f"drafter.draft_vocab = {d.draft_vocab}: a DFlash2 drafter proposes from the whole vocabulary")
+            raise ValueError(f"drafter.draft_vocab = {d.draft_vocab}: a DFlash2 drafter proposes from the whole "
+                             "vocabulary")
         if d.context_fusion == "input" and d.kind not in (None, "dflash"):
-            raise ValueError(f"drafter.context_fusion = \"input\" is implemented for kind \"dflash\" only, not {d.kind!r}")
+            raise ValueError(f"drafter.context_fusion = \"input\" is implemented for kind \"dflash\" only, "
+                             f"not {d.kind!r}")
         if self.optimization.strategy == "fsdp" and d.kind == "dflash2":
-            raise ValueError("optimization.strategy = \"fsdp\" shards first-release drafters; a dflash2 drafter trains with ddp")
+            raise ValueError("optimization.strategy = \"fsdp\" shards first-release drafters; a dflash2 drafter "
+                             "trains with ddp")
         if self.data.engine == "server" and self.data.dataset and not self.data.server:
             raise ValueError("data.engine = \"server\" needs data.server, the server's URL")
         return self
@@ -256,7 +276,8 @@ def check_paths(config: TrainConfig, source: str) -> None:
             problems.append(f"data.{key} = {value!r}: no shard-*.npz files there")
     init = config.drafter.init
     if init not in ("target", "random") and not (Path(init) / "config.json").is_file():
-        problems.append(f"drafter.init = {init!r}: neither \"target\", \"random\" nor a drafter folder (no config.json there)")
+        problems.append(f"drafter.init = {init!r}: neither \"target\", \"random\" nor a drafter folder "
+                        "(no config.json there)")
     if problems:
         raise ConfigError("\n".join(f"{source}: {p}" for p in problems))
 

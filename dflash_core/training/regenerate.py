@@ -223,7 +223,7 @@ def server_answers(url: str, prompts: list[list[int]], max_new_tokens: int, conc
 # ------------------------------------------------------------------------------------ the step
 
 
-def regenerate(config, source: str = "config", *, eager: bool = False) -> dict:
+def regenerate(config, source: str = "config") -> dict:
     """Answer `config.data.dataset`'s prompts with the target into shards in `config.data.path`;
     returns what ran: prompts answered, answer tokens, seconds, tokens/s."""
     from tqdm import tqdm
@@ -264,13 +264,15 @@ def regenerate(config, source: str = "config", *, eager: bool = False) -> dict:
         answers = transformers_answers(model_dir, config.target.dtype, ids, d.max_new_tokens, d.batch_size)
     elif d.engine == "vllm":
         answers = vllm_answers(model_dir, config.target.dtype, ids, d.max_new_tokens, d.batch_size,
-                               config.optimization.threads, eager=eager,
+                               config.optimization.threads, eager=d.eager,
                                max_model_len=d.max_len + d.max_new_tokens,
                                data_parallel_size=d.data_parallel_size)
     else:
         answers = server_answers(d.server, ids, d.max_new_tokens, d.batch_size, tok)
 
     pending, tokens, t0 = [], 0, time.perf_counter()
+    first = None  # (time, tokens) when the first batch was in: the engine's start-up is behind it
+    answered = 0
     bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True, mininterval=5)
 
     def flush():
@@ -282,7 +284,9 @@ def regenerate(config, source: str = "config", *, eager: bool = False) -> dict:
     for i, answer in answers:
         answer, finished = end_of_answer(list(answer), eos_ids)
         pending.append({"pid": todo[i].id, "ids": ids[i] + answer, "plen": len(ids[i]), "finished": finished})
-        tokens += len(answer)
+        tokens, answered = tokens + len(answer), answered + 1
+        if answered == min(d.batch_size, len(todo)):
+            first = (time.perf_counter(), tokens)
         bar.update(1)
         bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}")
         if len(pending) >= d.shard_size:
@@ -292,5 +296,9 @@ def regenerate(config, source: str = "config", *, eager: bool = False) -> dict:
     bar.close()
     seconds = time.perf_counter() - t0
     summary = {"prompts": len(todo), "tokens": tokens, "seconds": round(seconds, 1), "tok_per_s": tokens / seconds}
+    # Answers come a batch at a time: past the first batch, the engine's rate without its start-up.
+    steady_s = time.perf_counter() - first[0]
+    summary["first_batch_s"] = round(first[0] - t0, 1)
+    summary["tok_per_s_after_first_batch"] = (tokens - first[1]) / steady_s if answered > d.batch_size else None
     print(f"[regenerate] {json.dumps(summary)}", file=sys.stderr, flush=True)
     return summary
