@@ -33,8 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="CPU only: bind vLLM's OpenMP threads to cores 0..N-1")
     p.add_argument("--kv-cache-gib", type=int, default=1, help="CPU only: VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--data-parallel-size", type=int, default=1, help="GPUs: one engine replica per GPU")
-    p.add_argument("--eager", action="store_true", help="enforce_eager: skip torch.compile (starts sooner, runs slower)")
+    p.add_argument("--eager", action="store_true",
+                   help="enforce_eager: skip torch.compile (starts sooner, runs slower)")
     return p.parse_args(argv)
 
 
@@ -50,10 +50,13 @@ def main(argv=None) -> int:
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
+    import torch
+
     # On CPU gpu_memory_utilization is the share of RAM vLLM may reserve: small, the machines are shared.
-    extra = {"data_parallel_size": args.data_parallel_size} if args.data_parallel_size > 1 else {}
-    llm = LLM(model=args.target, dtype=args.dtype, max_model_len=args.max_model_len, gpu_memory_utilization=0.3,
-              max_num_seqs=args.batch_size, enforce_eager=args.eager, seed=0, **extra)
+    # A GPU given to this job keeps vLLM's usual share for the KV cache.
+    memory = 0.9 if torch.cuda.is_available() else 0.3
+    llm = LLM(model=args.target, dtype=args.dtype, max_model_len=args.max_model_len, gpu_memory_utilization=memory,
+              max_num_seqs=args.batch_size, enforce_eager=args.eager, seed=0)
     print(f"[vllm_regenerate] engine ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     with open(args.out, "a") as out:

@@ -270,10 +270,9 @@ def check_paths(config: TrainConfig, source: str) -> None:
                 shard_range(value)
             except Exception as exc:  # argparse's type error words the format
                 problems.append(f"data.{key} = {value!r}: {exc}")
-    for key in ("path", "text_path"):
-        value = getattr(config.data, key)
-        if value is not None and key == "text_path" and not any(Path(value).glob("shard-*.npz")):
-            problems.append(f"data.{key} = {value!r}: no shard-*.npz files there")
+    text = config.data.text_path
+    if text is not None and not any(Path(text).glob("shard-*.npz")):
+        problems.append(f"data.text_path = {text!r}: no shard-*.npz files there")
     init = config.drafter.init
     if init not in ("target", "random") and not (Path(init) / "config.json").is_file():
         problems.append(f"drafter.init = {init!r}: neither \"target\", \"random\" nor a drafter folder "

@@ -80,7 +80,8 @@ def detect_preset(columns, dataset: str) -> str:
     for preset, column in PRESETS.items():
         if column in columns:
             return preset
-    raise DatasetError(f"{dataset}: no column of a known format ({', '.join(f'{c} ({p})' for p, c in PRESETS.items())});"
+    known = ", ".join(f"{c} ({p})" for p, c in PRESETS.items())
+    raise DatasetError(f"{dataset}: no column of a known format ({known});"
                        f" it has {', '.join(columns)}")
 
 
@@ -88,7 +89,8 @@ def _open(dataset: str, split: str):
     try:
         from datasets import load_dataset
     except ImportError:
-        raise DatasetError("chat datasets load through Hugging Face datasets: pip install -r requirements-train.txt") from None
+        raise DatasetError("chat datasets load through Hugging Face datasets: "
+                           "pip install -r requirements-train.txt") from None
     path = Path(dataset)
     try:
         if path.is_file():
@@ -152,43 +154,61 @@ def transformers_answers(model_dir: str, dtype: str, prompts: list[list[int]], m
 
 def vllm_answers(model_dir: str, dtype: str, prompts: list[list[int]], max_new_tokens: int, batch_size: int,
                  threads: int | None = None, eager: bool = False, workdir: str | None = None,
-                 max_model_len: int = 4096, data_parallel_size: int = 1) -> Iterator[tuple[int, list[int]]]:
-    """(index, answer ids) per prompt from vLLM's offline engine, run in its venv, as its batches end."""
+                 max_model_len: int = 4096, replicas: int = 1) -> Iterator[tuple[int, list[int]]]:
+    """(index, answer ids) per prompt from vLLM's offline engine, run in its venv, as its batches end.
+
+    `replicas` > 1: data parallelism, one engine per GPU (`CUDA_VISIBLE_DEVICES`), each answering every
+    replicas-th prompt."""
     from ..bench.venv_peer import log_tail
     from ..bench.vllm_peer import subprocess_env, vllm_python
 
     with tempfile.TemporaryDirectory(prefix="dflash-regenerate-", dir=workdir) as tmp:
-        prompts_file, out, log = Path(tmp, "prompts.json"), Path(tmp, "answers.jsonl"), Path(tmp, "vllm.log")
-        prompts_file.write_text(json.dumps(prompts))
-        out.touch()
-        cmd = [str(vllm_python()), str(VLLM_SCRIPT), "--target", str(model_dir), "--prompts", str(prompts_file),
-               "--out", str(out), "--max-tokens", str(max_new_tokens), "--dtype", dtype, "--batch-size",
-               str(batch_size), "--max-model-len", str(max_model_len), "--data-parallel-size", str(data_parallel_size)]
-        if threads:
-            cmd += ["--threads", str(threads)]
-        if eager:
-            cmd.append("--eager")
-        with open(log, "w") as log_file, open(out) as answers:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=subprocess_env(threads))
-            try:
-                while True:
-                    line = answers.readline()
-                    if line.endswith("\n"):
+        runs = []  # (process, its answers file, its log, the global index of each of its prompts, command)
+        try:
+            for r in range(replicas):
+                mine = list(range(r, len(prompts), replicas))
+                prompts_file, out, log = (Path(tmp, f"{name}-{r}{ext}") for name, ext in
+                                          (("prompts", ".json"), ("answers", ".jsonl"), ("vllm", ".log")))
+                prompts_file.write_text(json.dumps([prompts[i] for i in mine]))
+                out.touch()
+                cmd = [str(vllm_python()), str(VLLM_SCRIPT), "--target", str(model_dir), "--prompts",
+                       str(prompts_file), "--out", str(out), "--max-tokens", str(max_new_tokens), "--dtype", dtype,
+                       "--batch-size", str(batch_size), "--max-model-len", str(max_model_len)]
+                if threads:
+                    cmd += ["--threads", str(threads)]
+                if eager:
+                    cmd.append("--eager")
+                env = subprocess_env(threads)
+                if replicas > 1:
+                    env["CUDA_VISIBLE_DEVICES"] = str(r)
+                with open(log, "w") as log_file:
+                    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+                runs.append((proc, open(out), log, mine, cmd))
+            live, partial = list(range(replicas)), [""] * replicas  # a line still being written waits whole
+            while live:
+                idle = True
+                for r in list(live):
+                    proc, answers, _, mine, _ = runs[r]
+                    exited = proc.poll() is not None
+                    *lines, partial[r] = (partial[r] + answers.read()).split("\n")
+                    for line in lines:
                         row = json.loads(line)
-                        yield row["i"], row["token_ids"]
-                    elif proc.poll() is not None:
-                        rest = answers.read()
-                        for row in map(json.loads, filter(None, rest.splitlines())):
-                            yield row["i"], row["token_ids"]
-                        break
-                    else:
-                        time.sleep(0.5)
-            finally:
+                        idle = False
+                        yield mine[row["i"]], row["token_ids"]
+                    if exited:
+                        live.remove(r)
+                if idle:
+                    time.sleep(0.5)
+        finally:
+            for proc, answers, *_ in runs:
                 if proc.poll() is None:
                     proc.terminate()
                     proc.wait()
-        if proc.returncode != 0:
-            raise DatasetError(f"vLLM failed (exit {proc.returncode}): {' '.join(cmd)}\n{log_tail(log.read_text())}")
+                answers.close()
+        for proc, _, log, _, cmd in runs:
+            if proc.returncode != 0:
+                raise DatasetError(f"vLLM failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+                                   f"{log_tail(log.read_text())}")
 
 
 def server_answers(url: str, prompts: list[list[int]], max_new_tokens: int, concurrency: int,
@@ -266,7 +286,7 @@ def regenerate(config, source: str = "config") -> dict:
         answers = vllm_answers(model_dir, config.target.dtype, ids, d.max_new_tokens, d.batch_size,
                                config.optimization.threads, eager=d.eager,
                                max_model_len=d.max_len + d.max_new_tokens,
-                               data_parallel_size=d.data_parallel_size)
+                               replicas=d.data_parallel_size)
     else:
         answers = server_answers(d.server, ids, d.max_new_tokens, d.batch_size, tok)
 
