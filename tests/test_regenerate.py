@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -187,3 +188,34 @@ def test_vllm_answers_are_this_engines_greedy(tmp_path, one_thread):
     target = Target.from_pretrained(target_dir)
     prompts, _ = load_chat_prompts(str(FIXTURES / "prompts"))
     assert _shards(tmp_path / "data") == _greedy(target, prompts)
+
+
+FAKE_VLLM_SCRIPT = '''
+import argparse, json, os, sys, time
+p = argparse.ArgumentParser()
+for flag in ("--target", "--prompts", "--out", "--max-tokens", "--dtype", "--batch-size", "--max-model-len", "--threads"):
+    p.add_argument(flag)
+p.add_argument("--eager", action="store_true")
+a = p.parse_args()
+prompts = json.load(open(a.prompts))
+with open(a.out, "a") as out:
+    for i, ids in enumerate(prompts):
+        # The answer names the prompt and the device; each line comes in two writes, as a slow writer's would.
+        line = json.dumps({"i": i, "token_ids": [ids[0], int(os.environ["CUDA_VISIBLE_DEVICES"])]}) + "\\n"
+        out.write(line[:5]); out.flush(); time.sleep(0.01); out.write(line[5:]); out.flush()
+'''
+
+
+def test_vllm_replicas_each_answer_their_share(tmp_path, monkeypatch):
+    """Data parallelism: one engine per GPU answers every N-th prompt; the answers come back under
+    their prompts' indices, whole lines only."""
+    from dflash_core.bench import vllm_peer
+    from dflash_core.training import regenerate as module
+
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_VLLM_SCRIPT)
+    monkeypatch.setattr(module, "VLLM_SCRIPT", script)
+    monkeypatch.setattr(vllm_peer, "vllm_python", lambda: Path(sys.executable))
+    prompts = [[100 + i, 1, 2] for i in range(7)]
+    answers = dict(module.vllm_answers("target", "float32", prompts, 4, 2, replicas=3))
+    assert answers == {i: [100 + i, i % 3] for i in range(7)}
