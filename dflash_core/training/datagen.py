@@ -6,7 +6,7 @@ chat template. Output is a directory of small compressed shards that are
 committed to git::
 
     shard-00012.npz
-        tokens       uint16[N]   prompt+response ids of all samples, concatenated
+        tokens       uint16[N]   prompt+response ids of all samples, concatenated (uint32 for a vocabulary over 65,536)
         offsets      int64[n+1]  sample i is tokens[offsets[i]:offsets[i+1]]
         prompt_lens  int32[n]    the first prompt_lens[i] ids are the prompt
         prompt_ids   str[n]      stable ids from dflash_core.training.prompts
@@ -86,13 +86,13 @@ def _write_shard(path: Path, samples: list[dict], meta: dict) -> None:
     offsets = np.zeros(len(samples) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(lens)
     tokens = np.concatenate([np.asarray(s["ids"], dtype=np.int64) for s in samples])
-    # uint16 halves the size; guard in case a bigger-vocab target is used later.
-    assert tokens.max() < 2 ** 16, "vocab too large for uint16 shards"
+    # uint16 halves the size where the vocabulary fits (SmolLM2's 49k); Qwen3's 151k needs uint32.
+    width = np.uint16 if tokens.max() < 2 ** 16 else np.uint32
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as fh:
         np.savez_compressed(
             fh,
-            tokens=tokens.astype(np.uint16),
+            tokens=tokens.astype(width),
             offsets=offsets,
             prompt_lens=np.asarray([s["plen"] for s in samples], dtype=np.int32),
             prompt_ids=np.asarray([s["pid"] for s in samples], dtype=np.str_),

@@ -5,7 +5,8 @@ features of the tapped layers. Each anchor inside the response makes a block
 `[token at anchor, mask x (B-1)]` at positions `anchor .. anchor+B-1`; all blocks of a sequence go
 through the drafter in one forward, under a block-sparse mask that reproduces inference exactly: a
 block sees the context strictly before its anchor and its own block (both directions), nothing
-else. The loss is the position-weighted cross-entropy of slots 1..B-1 against the target's greedy
+else. The loss is the position-weighted cross-entropy of slots 1..B-1 (the weights decay with the
+slot, `slot_weights`, or follow the drafter's own confidence, `dpace_weights`) against the target's greedy
 token and, optionally, its top-k next-token distribution; for text the target did not write, the
 greedy tokens come from the same forward, as far as the text follows them (`greedy_path_labels`).
 Evaluation turns the same forward into acceptance lengths: teacher-forced tau, and tau along the blocks greedy decoding would run.
@@ -55,6 +56,28 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
     """w_k = exp(-(k-1)/gamma) for slots k = 1..B-1: early slots matter most for acceptance."""
     k = torch.arange(1, block_size, dtype=torch.float32)
     return torch.exp(-(k - 1) / gamma)
+
+
+DPACE_ALPHA = 0.5  # the confidence smoothing of D-PACE's paper and of the trainers that ship it
+
+
+def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float = DPACE_ALPHA) -> torch.Tensor:
+    """D-PACE's slot weights [nA, B-1] from the drafter's own cross-entropy `ce` at each slot.
+
+    D-PACE (Dynamic Position-Aware Cross-Entropy, arXiv:2605.18810, Eq. 7-8): the drafter's
+    confidence in the label, q_i = exp(-ce_i), is smoothed to q~_i = (1 - alpha) q_i + alpha, and
+    slot j weighs w_j = sum_{m >= j} prod_{i <= m} q~_i over the valid slots m: the chance that the
+    block reaches slot m times what accepting it is worth, so each slot weighs its share of the
+    expected acceptance length under the drafter as it is now. Invalid slots have q~ = 1 and no
+    weight of their own. The weights carry no gradient.
+    """
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"D-PACE alpha must be in (0, 1], got {alpha}")
+    with torch.no_grad():
+        mask = valid.to(ce.dtype)
+        smoothed = torch.where(valid, (1 - alpha) * torch.exp(-ce) + alpha, torch.ones_like(ce))
+        prefix = smoothed.cumprod(dim=-1) * mask
+        return prefix.flip(-1).cumsum(-1).flip(-1) * mask
 
 
 def anchor_count(seq_len: int, prompt_len: int) -> int:
@@ -262,7 +285,8 @@ class DrafterTrainer:
     """The training forward shared by the optimisation loop, evaluation and the tests."""
 
     def __init__(self, target: Target, drafter, block_size: int, gamma: float, amp_dtype=None, feature_cache_bytes: int = 0,
-                 soft_top_k: int = 0, soft_weight: float = 0.0, selector_weight: float = 1.0):
+                 soft_top_k: int = 0, soft_weight: float = 0.0, selector_weight: float = 1.0,
+                 slot_weighting: str = "decay", dpace_alpha: float = DPACE_ALPHA):
         self.target = target
         self.drafter = drafter  # possibly DDP-wrapped
         core = drafter.module if hasattr(drafter, "module") else drafter
@@ -270,6 +294,10 @@ class DrafterTrainer:
         self.block_size = block_size
         self.mask_token_id = core.mask_token_id
         self.weights = slot_weights(block_size, gamma).to(target.device)
+        # "decay": the fixed exp(-(k-1)/gamma); "dpace": weights from the drafter's own confidence.
+        if slot_weighting not in ("decay", "dpace"):
+            raise ValueError(f"slot weighting must be 'decay' or 'dpace', got {slot_weighting!r}")
+        self.slot_weighting, self.dpace_alpha = slot_weighting, dpace_alpha
         self.features = FeatureExtractor(target, core.target_layer_ids)
         self.amp_dtype = amp_dtype
         self.device = target.device
@@ -391,7 +419,10 @@ class DrafterTrainer:
             labels = torch.where(valid, self.label_index[labels.clamp(min=0)], labels)
         logp = logits.log_softmax(-1)
         hard = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
-        w = self.weights[None, :].expand_as(labels) * (labels >= 0)
+        if self.slot_weighting == "dpace":
+            w = dpace_weights(hard, labels >= 0, self.dpace_alpha)
+        else:
+            w = self.weights[None, :].expand_as(labels) * (labels >= 0)
         if walk_weight != 1.0:
             # Decoding only meets the anchors right after a bonus token, and they are the harder ones
             # (a block starts after a rejection); uniform anchors spend the loss on states it never sees.

@@ -28,10 +28,17 @@ it natively (CUDA, AMX or AVX512-BF16 CPUs) and fp32 elsewhere. The frozen targe
 large share of each step on a CPU, hence many anchors per sequence and the in-memory feature
 cache; `--draft-vocab N` cuts the LM head, the rest of the cost, to the N most frequent tokens.
 
-Several GPUs (DDP; each rank takes every WORLD_SIZE-th sequence, all ranks equally many, and rank 0
-evaluates and saves; tested with two CPU processes over gloo)::
+Several GPUs (`--strategy ddp`, or `fsdp`: FSDP2 `fully_shard` on each drafter layer, the frozen target
+replicated): a step takes `--grad-accum` sequences on each rank, consecutive in the epoch's global
+order, and each sequence's anchors come from its place in that order, so N ranks compute what one
+process with N times the accumulation computes (tested with two CPU processes over gloo). Rank 0
+logs and saves; under FSDP every rank runs the evaluation and the saves, which gather the weights::
 
     torchrun --nproc_per_node 8 -m dflash_core.training.train --target Qwen/Qwen3-8B --data DATA --out OUT ...
+
+`python -m dflash_core.training run CONFIG` runs this from a config file (`config.py`).
+`--slot-weighting dpace` weighs the block's slots by D-PACE (`objective.dpace_weights`) instead of
+the fixed decay.
 
 `--drafter-kind ar` trains the autoregressive drafter with the same KV injection instead (the same
 layers, causal inside the block, one token per pass at inference; `objective.py`), on the same data
@@ -90,7 +97,7 @@ from .drafter_init import (
     pick_mask_token_id,
     to_dflash2,
 )
-from .objective import DrafterTrainer, default_gamma, evaluate, is_every_anchor, sample_anchors
+from .objective import DPACE_ALPHA, DrafterTrainer, default_gamma, evaluate, is_every_anchor, sample_anchors
 
 CHECKPOINT_DIR = "checkpoint"
 LOG_FILE = "train_log.jsonl"
@@ -107,20 +114,28 @@ def lr_at(progress: float, warmup: float, base_lr: float, min_ratio: float = 0.0
     return base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def _rng_state(gen: torch.Generator) -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(), "anchors": gen.get_state()}
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def _set_rng_state(state: dict, gen: torch.Generator) -> None:
+def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    gen.set_state(state["anchors"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def anchor_generator(seed: int, epoch: int, position: int) -> torch.Generator:
+    """The random source of the anchors of the sequence at `position` of epoch `epoch`'s order.
+
+    Tied to the sequence's place in the global order, not to a stream: any number of ranks, and a
+    resumed run, draw the same anchors for it as one uninterrupted process does.
+    """
+    return torch.Generator().manual_seed(hash((seed, epoch, position)) & (2**63 - 1))
 
 
 def choose_amp(name: str, device: torch.device):
@@ -150,6 +165,10 @@ def parse_args(argv=None):
                    help="drafter layers (default 3; with --init-from: grow the warm drafter to this many)")
     p.add_argument("--block-size", type=int, default=None, help="default 16 (with --init-from: the warm drafter's)")
     p.add_argument("--gamma", type=float, default=None, help="loss decay (default by block size, docs/design.md §5)")
+    p.add_argument("--slot-weighting", choices=["decay", "dpace"], default="decay",
+                   help="decay: slot k weighs exp(-(k-1)/gamma); dpace: D-PACE's weights from the drafter's own "
+                        "confidence (objective.dpace_weights)")
+    p.add_argument("--dpace-alpha", type=float, default=DPACE_ALPHA, help="D-PACE's confidence smoothing, in (0, 1]")
     p.add_argument("--anchors-per-seq", type=int, default=32)
     p.add_argument("--walk-weight", type=float, default=1.0,
                    help="loss weight of the blocks greedy decoding would run, against 1 for the other anchors; "
@@ -208,6 +227,9 @@ def parse_args(argv=None):
                    help="keep target features of up to this many GB of sequences in memory across epochs (0: off)")
     p.add_argument("--target-dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default=None)
+    p.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp",
+                   help="under torchrun: ddp replicates the drafter on every rank; fsdp shards its layers (FSDP2 "
+                        "fully_shard). The frozen target is replicated either way")
     add_threads_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
@@ -220,6 +242,8 @@ def parse_args(argv=None):
         p.error(f"--selector-weight must be >= 0, got {args.selector_weight}")
     if args.dflash2 and args.drafter_kind == "ar":
         p.error("--dflash2 trains a block-diffusion drafter; it does not go with --drafter-kind ar")
+    if not 0 < args.dpace_alpha <= 1:
+        p.error(f"--dpace-alpha must be in (0, 1], got {args.dpace_alpha}")
     return args
 
 
@@ -272,6 +296,11 @@ def make_drafter(args, target: Target, seqs, train, calibration, resume_state, c
         config = build_drafter_config(target, layers, args.block_size or 16, mask_id, layer_ids,
                                       autoregressive=args.drafter_kind == "ar")
         config.context_fusion = args.context_fusion or "kv"
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    if pad is not None and config.mask_token_id == pad:
+        # Padded batches would read as masked slots: engines that pad would draft from their padding.
+        raise ConfigError(f"mask token id {pad} is the target's pad token ({target.tokenizer.pad_token!r}); "
+                          "choose another (--mask-token-id, drafter.mask_token_id)")
     dflash2 = resume_state is None and (args.dflash2 or config.dflash2 is not None)
     if dflash2 and args.draft_vocab:
         raise ConfigError(f"a DFlash2 drafter proposes from the whole vocabulary: --draft-vocab {args.draft_vocab} "
@@ -329,10 +358,16 @@ class Dist:
     world: int
     rank: int
     device: torch.device
+    strategy: str = "ddp"
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP: every rank takes part in each forward, evaluation and save of the drafter."""
+        return self.world > 1 and self.strategy == "fsdp"
 
 
 class RunLog:
@@ -371,19 +406,88 @@ def setup_distributed(args) -> Dist:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Dist(world, rank, device)
+    return Dist(world, rank, device, args.strategy)
 
 
-def save_checkpoint(out_dir: Path, drafter, opt, progress: Progress, anchor_gen, args) -> None:
-    """OUT/checkpoint/: everything --resume needs, replaced atomically."""
+def shard_drafter(drafter: DFlashDrafter, dist: Dist):
+    """The drafter wrapped for this run's ranks: DDP, FSDP2 (`fully_shard` on each layer, then the
+    rest) or itself in one process."""
+    if dist.world == 1:
+        return drafter
+    if dist.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(drafter, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
+    if drafter.dflash2 is not None:
+        # The path selector runs outside the drafter's forward, where FSDP has not gathered its weights.
+        raise ConfigError("strategy fsdp shards first-release drafters; a DFlash2 drafter trains with ddp")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(dist.device.type, (dist.world,))
+    for layer in drafter.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(drafter, mesh=mesh)
+    return drafter
+
+
+def full_state(drafter, dist: Dist, opt=None):
+    """(drafter state, optimizer state or None) with whole tensors on the main rank; under FSDP a
+    collective that every rank must enter (the others get empty dicts)."""
+    if not dist.sharded:
+        return drafter.state_dict(), (opt.state_dict() if opt is not None else None)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if opt is None:
+        return get_model_state_dict(drafter, options=options), None
+    return get_state_dict(drafter, opt, options=options)
+
+
+def save_released(drafter, dist: Dist, directory: Path, target: Target, dtype=torch.bfloat16) -> None:
+    """The drafter in the released format, written by the main rank (under FSDP: gathered first)."""
+    state, _ = full_state(drafter, dist) if dist.sharded else (None, None)
+    if not dist.is_main:
+        return
+    if state is not None:
+        plain = DFlashDrafter(drafter.config)
+        plain.load_state_dict(state)
+        plain.save_pretrained(directory, dtype=dtype, lm_head=target.head)
+    else:
+        drafter.save_pretrained(directory, dtype=dtype)
+
+
+def save_checkpoint(out_dir: Path, drafter, opt, progress: Progress, args, dist: Dist, target: Target) -> None:
+    """OUT/checkpoint/: everything --resume needs, replaced atomically; every rank calls it."""
+    if not (dist.is_main or dist.sharded):
+        return
+    model_state, opt_state = full_state(drafter, dist, opt)
+    if not dist.is_main:
+        return
     ckpt_dir, tmp = out_dir / CHECKPOINT_DIR, out_dir / (CHECKPOINT_DIR + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": asdict(progress),
-                "rng": _rng_state(anchor_gen), "args": vars(args)}, tmp / "state.pt")
-    drafter.save_pretrained(tmp, dtype=torch.float32)  # config.json for resume; weights exact
+    torch.save({"drafter": model_state, "optimizer": opt_state, "state": asdict(progress),
+                "rng": _rng_state(), "args": vars(args)}, tmp / "state.pt")
+    if dist.sharded:
+        plain = DFlashDrafter(drafter.config)
+        plain.load_state_dict(model_state)
+        plain.save_pretrained(tmp, dtype=torch.float32, lm_head=target.head)
+    else:
+        drafter.save_pretrained(tmp, dtype=torch.float32)  # config.json for resume; weights exact
+    # Never a moment without a whole checkpoint: the previous one steps aside until this one is in place.
+    old = out_dir / (CHECKPOINT_DIR + ".old")
     if ckpt_dir.exists():
-        shutil.rmtree(ckpt_dir)
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(ckpt_dir, old)
     os.replace(tmp, ckpt_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_dir(out_dir: Path) -> Path:
+    """The checkpoint --resume reads: OUT/checkpoint/, or the previous one if a kill fell between the two renames."""
+    ckpt_dir = out_dir / CHECKPOINT_DIR
+    old = out_dir / (CHECKPOINT_DIR + ".old")
+    return old if not (ckpt_dir / "state.pt").is_file() and (old / "state.pt").is_file() else ckpt_dir
 
 
 def schedule_position(progress: Progress, total_steps: int, budget_s: float | None) -> float:
@@ -392,8 +496,8 @@ def schedule_position(progress: Progress, total_steps: int, budget_s: float | No
     return max(done, progress.elapsed / budget_s) if budget_s else done
 
 
-def run_eval(trainer, eval_seqs, args, progress: Progress, position: float, drafter, out_dir: Path, log: RunLog) -> dict:
-    """Score the drafter on the held-out sequences; save it when it is the best so far."""
+def run_eval(trainer, eval_seqs, args, progress: Progress, position: float, save, log: RunLog) -> dict:
+    """Score the drafter on the held-out sequences; `save()` it when it is the best so far."""
     metrics = evaluate(trainer, eval_seqs, args.anchors_per_seq)
     metrics.update(step=progress.step, elapsed_s=round(progress.elapsed, 1), kind="eval")
     # Held-out tau, not loss, decides: with soft labels the loss also rewards matching the
@@ -401,7 +505,7 @@ def run_eval(trainer, eval_seqs, args, progress: Progress, position: float, draf
     improved = metrics["val_tau"] > progress.best_tau
     if improved:
         progress.best_tau, progress.bad_evals = metrics["val_tau"], 0
-        drafter.save_pretrained(out_dir)  # the best drafter so far is always the shipped one
+        save()  # the best drafter so far is always the shipped one
     elif position >= 0.5:
         # Patience counts only past the cosine midpoint: a warm start scores below its step-0
         # evaluation while the rate is high and recovers as it decays.
@@ -415,19 +519,25 @@ def run_eval(trainer, eval_seqs, args, progress: Progress, position: float, draf
     return metrics
 
 
-def train_step(trainer, model, batch, args, anchor_gen, world: int, text_keys=frozenset()) -> tuple[float, int]:
-    """Forward and backward over one optimizer step's sequences; returns (mean loss, block tokens).
+def train_step(trainer, model, batch, args, dist: Dist, text_keys=frozenset()) -> tuple[float, int]:
+    """Forward and backward over this rank's share of one optimizer step, `batch` [(ids, prompt
+    length, key, anchor generator)]; returns the step's (mean loss, block tokens) over all ranks.
 
-    Sequences whose key is in `text_keys` are text the target did not write: their labels come from
-    the target's own forward (`--text-data`)."""
+    Each rank's loss is its own mean and DDP and FSDP average the gradients over ranks, so a step
+    computes what one process computes on the whole batch. Sequences whose key is in `text_keys` are
+    text the target did not write: their labels come from the target's own forward (`--text-data`)."""
     loss, tokens = 0.0, 0
-    for j, (ids, plen, key) in enumerate(batch):
-        anchors = sample_anchors(len(ids), plen, args.anchors_per_seq, anchor_gen)
+    for j, (ids, plen, key, gen) in enumerate(batch):
+        anchors = sample_anchors(len(ids), plen, args.anchors_per_seq, gen)
         if anchors.numel() == 0:
             continue
-        # DDP reduces gradients on the last sequence of the step only.
-        sync = j == len(batch) - 1 or world == 1
-        ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
+        # Gradients are reduced over ranks on the last sequence of the step only.
+        sync = j == len(batch) - 1 or dist.world == 1
+        ctx = contextlib.nullcontext()
+        if dist.sharded:
+            model.set_requires_gradient_sync(sync)
+        elif not sync:
+            ctx = model.no_sync()
         text = key in text_keys
         walk_weight = args.walk_weight if is_every_anchor(anchors, len(ids), plen) and not text else 1.0
         with ctx:
@@ -435,6 +545,10 @@ def train_step(trainer, model, batch, args, anchor_gen, world: int, text_keys=fr
             (out.loss / len(batch)).backward()
         loss += float(out.loss.detach()) / len(batch)
         tokens += out.block_tokens
+    if dist.world > 1:
+        totals = torch.tensor([loss, tokens], dtype=torch.float64, device=dist.device)
+        torch.distributed.all_reduce(totals)
+        loss, tokens = float(totals[0]) / dist.world, int(totals[1])
     return loss, tokens
 
 
@@ -443,7 +557,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     dist = setup_distributed(args)
     out_dir = Path(args.out)
-    ckpt_dir = out_dir / CHECKPOINT_DIR
+    ckpt_dir = checkpoint_dir(out_dir)
     if dist.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(out_dir, dist.is_main)
@@ -477,8 +591,6 @@ def main(argv=None) -> dict:
     calibration = [s[0] for s in train[:16]]  # text for measuring the target's q/k scales
     # Spread over the whole held-out split: shards are written source by source.
     eval_seqs = val[:: max(1, len(val) // args.eval_seqs)][: args.eval_seqs]
-    # Equal shares, so that every rank runs the same number of steps per epoch (and collectives).
-    my_train = train[dist.rank :: dist.world][: len(train) // dist.world]
 
     # --- the drafter, its trainer and optimizer --------------------------------------------------
     resume_state = None
@@ -492,43 +604,51 @@ def main(argv=None) -> dict:
             f"{'input fusion, ' if config.context_fusion == 'input' else ''}"
             f"{config.num_hidden_layers} layers, block {config.block_size}, target_layer_ids "
             f"{config.target_layer_ids}, {sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters")
-    model = drafter
-    if dist.world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(drafter, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
+    model = shard_drafter(drafter, dist)
     gamma = args.gamma or default_gamma(config.block_size)
     amp = choose_amp(args.amp, dist.device)
     trainer = DrafterTrainer(target, model, config.block_size, gamma, amp, int(args.feature_cache_gb * 2**30),
-                             soft_top_k=args.soft_labels, soft_weight=args.soft_weight, selector_weight=args.selector_weight)
-    log.say(f"gamma {gamma}, autocast {amp}, device {dist.device}"
+                             soft_top_k=args.soft_labels, soft_weight=args.soft_weight, selector_weight=args.selector_weight,
+                             slot_weighting=args.slot_weighting, dpace_alpha=args.dpace_alpha)
+    weighting = f"gamma {gamma}" if args.slot_weighting == "decay" else f"D-PACE slot weights, alpha {args.dpace_alpha}"
+    log.say(f"{weighting}, autocast {amp}, device {dist.device}"
+            + (f", {dist.world} ranks ({dist.strategy})" if dist.world > 1 else "")
             + (f", soft labels top-{args.soft_labels} weight {args.soft_weight}" if args.soft_labels else "")
             + (f", decoding-walk blocks weigh {args.walk_weight}x" if args.walk_weight != 1 else "")
             + (f", selector loss weight {args.selector_weight}" if config.dflash2 is not None else ""))
     opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    anchor_gen = torch.Generator().manual_seed(args.seed * 1000 + dist.rank)
     progress = Progress()
     if resume_state is not None:
-        opt.load_state_dict(resume_state["optimizer"])
+        if dist.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(drafter, opt, resume_state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        else:
+            opt.load_state_dict(resume_state["optimizer"])
         progress = Progress(**resume_state["state"])
-        _set_rng_state(resume_state["rng"], anchor_gen)
+        _set_rng_state(resume_state["rng"])
     assert not any(p.requires_grad for p in target.model.parameters())  # nothing of the target slipped in
 
     # --- schedule --------------------------------------------------------------------------------
     grad_accum = args.grad_accum
     if args.batch_tokens:
         grad_accum = max(1, round(args.batch_tokens / (args.anchors_per_seq * config.block_size * dist.world)))
-    steps_per_epoch = max(1, len(my_train) // grad_accum)
+    # One step takes grad_accum sequences on each rank, consecutive in the epoch's global order.
+    per_step = grad_accum * dist.world
+    steps_per_epoch = max(1, len(train) // per_step)
     total_steps = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
     budget_s = args.time_budget * 60 if args.time_budget else None
     log.say(f"{grad_accum} sequences per step, {steps_per_epoch} steps per epoch, up to {total_steps} steps"
             + (f", time budget {args.time_budget:g} min" if budget_s else ""))
 
     def evaluate_now() -> dict | None:
-        if not dist.is_main or not val:
+        # Under FSDP every rank runs the evaluation's forwards (they gather the sharded weights);
+        # all reach the same scores, and the main rank alone logs and writes.
+        if not val or not (dist.is_main or dist.sharded):
             return None
         position = schedule_position(progress, total_steps, budget_s)
-        return run_eval(trainer, eval_seqs, args, progress, position, drafter, out_dir, log)
+        return run_eval(trainer, eval_seqs, args, progress, position,
+                        lambda: save_released(drafter, dist, out_dir, target), log)
 
     # --- the loop --------------------------------------------------------------------------------
     # The starting point is the first candidate: a warm start that training never improves on
@@ -539,40 +659,43 @@ def main(argv=None) -> dict:
     win_tokens, win_loss, win_steps, win_t0 = 0, 0.0, 0, time.perf_counter()  # the current log window
     stop_reason, order, t_last = None, None, time.perf_counter()
     while stop_reason is None:
-        if order is None or progress.pos >= len(my_train):
+        if order is None or progress.pos >= len(train):
             if order is not None:
                 progress.epoch, progress.pos = progress.epoch + 1, 0
             # One permutation per epoch, reproducible from the seed: resume finds the same order.
-            order = torch.randperm(len(my_train), generator=torch.Generator().manual_seed(args.seed + progress.epoch)).tolist()
-        if len(my_train) - progress.pos < grad_accum and progress.pos > 0:
-            progress.pos = len(my_train)  # drop the ragged tail; the next epoch reshuffles
+            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed + progress.epoch)).tolist()
+        if len(train) - progress.pos < per_step and progress.pos > 0:
+            progress.pos = len(train)  # drop the ragged tail; the next epoch reshuffles
             continue
         lr = lr_at(schedule_position(progress, total_steps, budget_s), args.warmup, args.lr, args.min_lr_ratio)
         for group in opt.param_groups:
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        batch = [my_train[order[(progress.pos + j) % len(my_train)]] for j in range(grad_accum)]
-        step_loss, step_tokens = train_step(trainer, model, batch, args, anchor_gen, dist.world, text_keys)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip))
+        first = progress.pos + dist.rank * grad_accum
+        batch = [(*train[order[(first + j) % len(train)]], anchor_generator(args.seed, progress.epoch, first + j))
+                 for j in range(grad_accum)]
+        step_loss, step_tokens = train_step(trainer, model, batch, args, dist, text_keys)
+        grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), args.clip)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         opt.step()
         now = time.perf_counter()
         progress.elapsed += now - t_last
         t_last = now
         progress.step += 1
-        progress.pos += grad_accum
-        progress.seen_seqs += grad_accum
+        progress.pos += per_step
+        progress.seen_seqs += per_step
         progress.block_tokens += step_tokens
         win_tokens, win_loss, win_steps = win_tokens + step_tokens, win_loss + step_loss, win_steps + 1
         bar.update(1)
 
         # --- logging, evaluation, stopping, checkpoints ------------------------------------------
         if progress.step % args.log_every == 0 or progress.step == 1:
-            tok_s = win_tokens * dist.world / max(1e-9, now - win_t0)
+            tok_s = win_tokens / max(1e-9, now - win_t0)
             loss = win_loss / win_steps
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}", ep=progress.epoch)
             log.record({"kind": "train", "step": progress.step, "epoch": progress.epoch, "loss": loss, "lr": lr,
                         "grad_norm": grad_norm, "block_tok_s": tok_s, "elapsed_s": round(progress.elapsed, 1),
-                        "block_tokens": progress.block_tokens * dist.world})
+                        "block_tokens": progress.block_tokens})
             win_tokens, win_loss, win_steps, win_t0 = 0, 0.0, 0, time.perf_counter()
         if progress.step >= total_steps:
             stop_reason = "max_steps"
@@ -588,15 +711,15 @@ def main(argv=None) -> dict:
             torch.distributed.broadcast(flag, 0)
             if flag.item() and stop_reason is None:
                 stop_reason = "rank0"
-        if dist.is_main and (progress.step % args.save_every == 0 or stop_reason):
-            save_checkpoint(out_dir, drafter, opt, progress, anchor_gen, args)
+        if progress.step % args.save_every == 0 or stop_reason:
+            save_checkpoint(out_dir, drafter, opt, progress, args, dist, target)
     bar.close()
 
     # --- the result --------------------------------------------------------------------------------
-    if dist.is_main and not val:
-        drafter.save_pretrained(out_dir)  # without a held-out split the last drafter is the result
+    if not val:
+        save_released(drafter, dist, out_dir, target)  # without a held-out split the last drafter is the result
     summary = {"kind": "done", "stop_reason": stop_reason, "step": progress.step, "epoch": progress.epoch,
-               "elapsed_s": round(progress.elapsed, 1), "block_tokens": progress.block_tokens * dist.world,
+               "elapsed_s": round(progress.elapsed, 1), "block_tokens": progress.block_tokens,
                "best_val_tau": progress.best_tau, "last_eval": last_eval}
     log.record(summary)
     log.say(f"done ({stop_reason}) after {progress.step} steps, {progress.elapsed / 60:.1f} min; drafter in {out_dir}")
