@@ -73,15 +73,6 @@ class App:
         self.diagnosis = Diagnosis(self.loading, limits, self.readers, self.live.runs_in_process)
         self.serving = Serving(self.loading.pairs, limits, self.readers)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
-        self.stops = self.live.stops  # the Stop button's requests
-        # The handlers, by the names the wiring (and the `compare` / `select_pair` endpoints) use.
-        self.load_selected, self.select_pair = self.loading.load_selected, self.loading.select_pair
-        self.thinking_control, self.thinking_status = self.loading.thinking_control, self.loading.thinking_status
-        self.compare, self.stop = self.live.compare, self.live.stop
-        self.replay, self.diagnose, self.serving_sweep = self.playback.replay, self.diagnosis.diagnose, self.serving.sweep
-        self.pause, self.step, self.resume = self.stepping.pause, self.stepping.step, self.stepping.resume
-        self.pick_cycle, self.follow_latest = self.stepping.pick_cycle, self.stepping.follow_latest
-        self.pick_lane = self.stepping.pick_lane
 
     def end_session(self, request: gr.Request = None) -> None:
         """The visitor closed the page: their trace files go, and their pause state (a paused race
@@ -387,13 +378,13 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     if play_on_load:
         # Named, so that the button's endpoint keeps the name `replay`.
         runs.append(demo.load(
-            app.replay, inputs=replay.inputs, outputs=outputs, api_name="replay_on_load", api_visibility="private",
+            app.playback.replay, inputs=replay.inputs, outputs=outputs, api_name="replay_on_load", api_visibility="private",
             **replaying,
         ))
     # Callable by name, left out of the API page and so of the MCP tools (each MCP call is a session
     # of its own, and a replay takes a file): `compare` is the one tool.
     replay_event = replay.replay_button.click(
-        app.replay, inputs=replay.inputs, outputs=outputs, api_name="replay", api_visibility="undocumented",
+        app.playback.replay, inputs=replay.inputs, outputs=outputs, api_name="replay", api_visibility="undocumented",
         cancels=list(runs), **replaying,
     )
     runs.append(replay_event)
@@ -402,18 +393,18 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
         live.run_button.click(None, cancels=[e for e in runs if e is not race_event], queue=False, api_visibility="private")
     # The controls act on a running race at once: they skip the queue the race is waiting in.
     control_status = area.outputs["control_status"]
-    area.pause_button.click(app.pause, outputs=[control_status], queue=False, api_visibility="private")
+    area.pause_button.click(app.stepping.pause, outputs=[control_status], queue=False, api_visibility="private")
     # Every click is one more cycle: with Gradio's default ("once"), a click made while the previous
     # Step's reply is still on its way (a busy CPU sends the stream's frame first) would be dropped.
     area.step_button.click(
-        app.step, outputs=[control_status], queue=False, api_visibility="private", trigger_mode="multiple"
+        app.stepping.step, outputs=[control_status], queue=False, api_visibility="private", trigger_mode="multiple"
     )
-    area.resume_button.click(app.resume, outputs=[control_status], queue=False, api_visibility="private")
+    area.resume_button.click(app.stepping.resume, outputs=[control_status], queue=False, api_visibility="private")
     cycle_pick, cycle_view = area.outputs["cycle_pick"], area.outputs["cycle_view"]
     for event in (cycle_pick.release, cycle_pick.input):
-        event(app.pick_cycle, inputs=[cycle_pick], outputs=[cycle_view, area.follow], queue=False, api_visibility="private")
-    area.follow.input(app.follow_latest, inputs=[area.follow], outputs=[cycle_view], queue=False, api_visibility="private")
-    area.cycle_lane.input(app.pick_lane, inputs=[area.cycle_lane], outputs=[cycle_view, cycle_pick], queue=False,
+        event(app.stepping.pick_cycle, inputs=[cycle_pick], outputs=[cycle_view, area.follow], queue=False, api_visibility="private")
+    area.follow.input(app.stepping.follow_latest, inputs=[area.follow], outputs=[cycle_view], queue=False, api_visibility="private")
+    area.cycle_lane.input(app.stepping.pick_lane, inputs=[area.cycle_lane], outputs=[cycle_view, cycle_pick], queue=False,
                           api_visibility="private")
     demo.unload(app.end_session)
 
@@ -421,20 +412,20 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
 def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs: list, summary):
     """The pair selector, Race and Stop; returns the race's event."""
     # The thinking control follows the loaded pair: shown where its template has the switch.
-    thinking_control = {"fn": app.thinking_control, "inputs": [live.pair_state], "outputs": [live.thinking],
+    thinking_control = {"fn": app.loading.thinking_control, "inputs": [live.pair_state], "outputs": [live.thinking],
                         "api_visibility": "private"}
-    demo.load(app.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size],
+    demo.load(app.loading.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size],
               api_visibility="private").then(**thinking_control)
     # Callable by name, not an MCP tool (see `replay`): a pair chosen in one MCP call would not
     # outlive it.
     live.pair_choice.change(
-        app.select_pair, inputs=[live.pair_choice], outputs=[live.pair_state, live.status, live.block_size],
+        app.loading.select_pair, inputs=[live.pair_choice], outputs=[live.pair_state, live.status, live.block_size],
         api_name="select_pair", api_visibility="undocumented",
     ).then(**thinking_control)
-    live.thinking.input(app.thinking_status, inputs=[live.pair_state, live.thinking], outputs=[live.status],
+    live.thinking.input(app.loading.thinking_status, inputs=[live.pair_state, live.thinking], outputs=[live.status],
                         queue=False, api_visibility="private")
     race_event = live.run_button.click(
-        app.compare,
+        app.live.compare,
         inputs=[*live.inputs, live.pair_state, live.thinking],
         outputs=outputs,
         api_name="compare",
@@ -450,7 +441,7 @@ def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs
     )
     # A running race stops itself within one cycle and reports what it showed; the cancel
     # that follows takes a race still waiting in the queue out of it.
-    live.stop_button.click(app.stop, queue=False, api_visibility="private").then(
+    live.stop_button.click(app.live.stop, queue=False, api_visibility="private").then(
         None, cancels=[race_event], queue=False, api_visibility="private"
     )
     return race_event
@@ -463,7 +454,7 @@ def _wire_doctor(app: App, limits: Limits, live: LiveTab, doctor: DoctorPanel) -
                         api_visibility="private")
     # Callable by name, not an MCP tool (see `replay`).
     doctor.button.click(
-        app.diagnose, inputs=[live.pair_state], outputs=[doctor.html, doctor.json], api_name="diagnose",
+        app.diagnosis.diagnose, inputs=[live.pair_state], outputs=[doctor.html, doctor.json], api_name="diagnose",
         api_visibility="undocumented", show_progress="minimal", show_progress_on=[doctor.html],
         concurrency_limit=limits.concurrency, concurrency_id="race",
     )
@@ -475,7 +466,7 @@ def _wire_serving(app: App, limits: Limits, live: LiveTab, serving: ServingTab) 
     """The sweep runs in the race queue: one at a time with races, and the per-visitor bounds apply."""
     # Callable by name, not an MCP tool (see `replay`).
     serving.run_button.click(
-        app.serving_sweep, inputs=[*serving.inputs, live.pair_state], outputs=serving.outputs, api_name="serving_sweep",
+        app.serving.sweep, inputs=[*serving.inputs, live.pair_state], outputs=serving.outputs, api_name="serving_sweep",
         api_visibility="undocumented", show_progress="minimal", show_progress_on=[serving.outputs[2]],
         concurrency_limit=limits.concurrency, concurrency_id="race",
     )

@@ -2,8 +2,8 @@
 
 `Limits` holds the queue bound, how many races are computed at once, and the sizes a request may
 have; `add_flags` / `from_args` expose them on the command line, `SPACE_LIMITS` are the defaults on
-a shared Space. `check_request` turns the raw values a client sent (any type, any value) into
-clean ones or raises `ValueError` with a message for the visitor; `check_prompt_tokens` bounds the
+a shared Space. `check_request` turns the raw values a client sent (any type, any value) into one
+`RaceRequest` or raises `ValueError` with a message for the visitor; `check_prompt_tokens` bounds the
 prompt in tokens, after the chat template, by the flag and by the target's context.
 """
 
@@ -13,14 +13,13 @@ import argparse
 import math
 import re
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
-# block_size's bound, the one a recorded trace is held to: far above any drafter's trained size,
-# which the engine checks with its own message.
+# block_size's bound before the pair is known, the one a recorded trace is held to: far above any
+# drafter's trained size, which the engine checks once the pair has loaded (`serve/sessions.py`).
 from dflash_core.trace import MAX_BLOCK_SIZE
 
-if TYPE_CHECKING:  # torch comes with it: imported when a request is checked, not with the flags
-    from dflash_core import SamplingParams
+from ..race.request import RaceRequest
+from ..race.thinking import check_thinking
 
 
 @dataclass(frozen=True)
@@ -83,23 +82,14 @@ def from_args(args: argparse.Namespace) -> Limits:
     return Limits(**{name: getattr(args, name) for name in _FLAGS})
 
 
-@dataclass(frozen=True)
-class Request:
-    """A race request after the checks: the types the engine expects, inside the bounds."""
-
-    prompt: str
-    max_new_tokens: int
-    block_size: int
-    sampling: SamplingParams
-    thinking: str | None = None  # "on" / "off" through the chat template; None: the pair's default (race/thinking.py)
-
-
 _SURROGATE = re.compile("[\ud800-\udfff]")
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
 
 
-def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperature, top_p, seed) -> Request:
-    """Clean values for a race, or ValueError naming the bad value and its bounds."""
+def check_request(limits: Limits, pair_id: str, prompt, max_new_tokens, block_size, temperature, top_p, seed,
+                  lanes=None, thinking=None) -> RaceRequest:
+    """The race request of the page's raw values, or ValueError naming the bad value and its bounds.
+    What the pair can honour (block_size within its drafter's, the lanes it ships) its kind checks."""
     if not isinstance(prompt, str):
         raise ValueError(f"The prompt must be text, got {type(prompt).__name__}.")
     if not prompt.strip():
@@ -110,7 +100,7 @@ def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperatur
     if bad:
         raise ValueError(f"The prompt has an invalid character (a lone UTF-16 surrogate) at position {bad.start()}.")
     max_new_tokens = _whole(max_new_tokens, "max_new_tokens", 1, limits.max_new_tokens)
-    block_size = _whole(block_size, "block_size", 1, None)  # the drafter's own bound is checked later, with its size
+    block_size = _whole(block_size, "block_size", 1, None)
     if block_size > MAX_BLOCK_SIZE:
         raise ValueError(f"block_size must be at most {MAX_BLOCK_SIZE}, got {_shown(block_size)}.")
     seed = None if seed is None or seed == "" else _whole(seed, "seed", 0, SEED_MAX)
@@ -119,7 +109,8 @@ def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperatur
     sampling = SamplingParams(
         temperature=_real(temperature, "temperature"), top_p=_real(top_p, "top_p"), seed=seed
     )  # its own checks name the ranges
-    return Request(prompt, max_new_tokens, block_size, sampling)
+    return RaceRequest(pair_id, prompt, max_new_tokens, block_size, sampling.temperature, sampling.top_p,
+                       sampling.seed, check_lanes(lanes), check_thinking(thinking))
 
 
 ADDED_LANES = ("scheduled", "dflash2", "fusion", "ar", "lookup")  # the lanes a visitor may add; DFlash and plain decoding always race

@@ -24,6 +24,7 @@ from .control import Control
 from .interleave import Snapshot, race
 from .lanes import DRAFTER_LANES
 from .report import RaceReport, race_report
+from .request import RaceRequest
 from .tokens import TokenPieces
 
 EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for the views and the trace
@@ -82,15 +83,14 @@ class RaceResult:
 class RaceSession:
     """One race of `pair` on one prompt; `snapshots()` runs it, `result()` sums it up."""
 
-    def __init__(self, pair, device, prompt: str | None, prompt_ids: list[int], max_new_tokens: int,
-                 block_size: int, sampling, lanes=("dflash", "plain"), thinking: str | None = None):
-        """thinking: "on" / "off" as `prompt_ids` went through the chat template, None for the pair's
-        default; the trace records it beside the drafter's trained setting."""
+    def __init__(self, pair, device, req: RaceRequest, prompt_ids: list[int]):
+        """req: checked against the pair (`serve/sessions.py`); its `thinking` is how `prompt_ids` went through the chat template,
+        which the trace records beside the drafter's trained setting."""
         self.pair, self.device = pair, device
-        self.thinking = pair.thinking(thinking)
-        self.prompt, self.prompt_ids = prompt, prompt_ids
-        self.max_new_tokens, self.block_size, self.sampling = max_new_tokens, block_size, sampling
-        self.lanes = pair_lanes(pair, block_size, lanes)
+        self.thinking = pair.thinking(req.thinking)
+        self.prompt, self.prompt_ids = req.prompt, prompt_ids
+        self.max_new_tokens, self.block_size, self.sampling = req.max_new_tokens, req.block_size, req.sampling
+        self.lanes = pair_lanes(pair, req.block_size, req.lanes)
         self.pieces = {name: TokenPieces(pair.tokenizer) for name in self.lanes}
         self.text_of = single_token_text(pair.tokenizer)
         self.last: Snapshot | None = None  # the newest snapshot

@@ -61,6 +61,10 @@ VLLM_LANES = (
     "A vLLM pair races the server's DFlash against its plain decoding only: the scheduled block, AR "
     "drafter and prompt lookup lanes run in this engine, on the app's local pairs."
 )
+VLLM_BLOCK = (
+    "This vLLM pair's server drafts blocks of {served} (vLLM fixes the block per server), so it cannot race "
+    "block size {asked}: set the block size to {served}."
+)
 VLLM_THINKING = (
     "A vLLM pair's servers wrap the prompt in the chat template themselves, so this app cannot turn thinking "
     "{choice} for them; leave thinking at the pair's default."
