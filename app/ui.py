@@ -18,6 +18,7 @@ import gradio as gr
 from gradio.utils import abspath as gradio_abspath
 from gradio.utils import get_cache_folder, get_upload_folder, is_in_or_equal
 from starlette.middleware import Middleware
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from dflash_core.trace import MAX_BYTES
 
@@ -139,6 +140,8 @@ def launch_options(demo: gr.Blocks) -> dict:
 
     budget = UploadBudget(per_request=MAX_BYTES + MULTIPART_SLACK, per_hour=limits.upload_mb_per_hour * 1_000_000)
     middleware = [Middleware(HttpGuard, budget=budget), Middleware(app.readers.middleware)]
+    if limits.trusted_proxy:  # outermost: every bound below sees the visitor the proxy names
+        middleware.insert(0, Middleware(ProxyHeadersMiddleware, trusted_hosts=limits.trusted_proxy))
     return {"max_file_size": MAX_BYTES, "state_session_capacity": limits.session_capacity,
             "app_kwargs": {"lifespan": lifespan, "middleware": middleware}}
 
@@ -355,7 +358,9 @@ def build_demo(
         _wire(demo, app, limits, live_inputs if live else None, replay_inputs, area, play_on_load=bool(replay))
         if live:
             _wire_serving(app, limits, live_inputs, serving)
-    demo.queue()
+    # A queued function runs only through the queue, where the bounds per visitor apply; Gradio
+    # would otherwise run it on /gradio_api/run/<name> as well, up to its first frame.
+    demo.queue(api_open=False)
     bound_queue(demo, limits)  # per queue and per visitor: one client cannot fill it for everyone
     refuse_url_inputs(demo)  # no input makes the server fetch a URL
     files = (area.outputs["trace_file"], area.outputs["trace_csv"])
@@ -424,25 +429,27 @@ def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs
     ).then(**thinking_control)
     live.thinking.input(app.loading.thinking_status, inputs=[live.pair_state, live.thinking], outputs=[live.status],
                         queue=False, api_visibility="private")
-    race_event = live.run_button.click(
-        app.live.compare,
-        inputs=[*live.inputs, live.pair_state, live.thinking],
-        outputs=outputs,
-        api_name="compare",
+    race = {
+        "fn": app.live.compare, "outputs": outputs,
         # Progress (the queue position while waiting) on the summary only: on the panes an
         # overlay would hide the tokens.
-        show_progress="full",
-        show_progress_on=[summary],
-        concurrency_limit=limits.concurrency,
-        concurrency_id="race",
+        "show_progress": "full", "show_progress_on": [summary],
+        "concurrency_limit": limits.concurrency, "concurrency_id": "race",
         # Raw values reach `check_request`, which names any bad one; Gradio's own conversion
         # would answer a string or null in a number field with an unexplained error.
-        preprocess=False,
-    )
+        "preprocess": False,
+    }
+    # The page sends the pair it shows with every click: the session's pair state may have been
+    # dropped (--session-capacity), and the race must not then run on the default pair. The
+    # `compare` endpoint (API clients, agents) takes no pair: the session's, else the default.
+    api_event = gr.Button(visible=False, elem_id="compare-api").click(
+        inputs=[*live.inputs, live.pair_state, live.thinking], api_name="compare", **race)
+    race_event = live.run_button.click(inputs=[*live.inputs, live.pair_choice, live.thinking],
+                                       api_name="compare_from_page", api_visibility="private", **race)
     # A running race stops itself within one cycle and reports what it showed; the cancel
     # that follows takes a race still waiting in the queue out of it.
     live.stop_button.click(app.live.stop, queue=False, api_visibility="private").then(
-        None, cancels=[race_event], queue=False, api_visibility="private"
+        None, cancels=[race_event, api_event], queue=False, api_visibility="private"
     )
     return race_event
 

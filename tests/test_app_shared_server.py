@@ -228,8 +228,11 @@ def test_no_input_makes_the_server_fetch_a_url(served_replays, monkeypatch):
     for position in range(3):  # the recorded run's name, the upload, the speed
         data = ["math-greedy", None, 1.0]
         data[position] = link
-        answer = httpx.post(f"{url}gradio_api/run/predict", json={"data": data, "fn_index": replay,
-                                                                   "session_hash": f"u{position}"}, timeout=30)
+        session = f"u{position}"
+        answer = httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": replay,
+                                                                 "session_hash": session}, timeout=30)
+        with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=30) as events:
+            next(line for line in events.iter_lines() if "process_completed" in line or "process_generating" in line)
         assert answer.status_code in (200, 400, 422, 500) and "http://example.com" not in str(fetched)
     assert fetched == []
 

@@ -153,3 +153,161 @@ def test_made_up_session_ids_neither_grow_the_stream_table_nor_pass_when_long(se
             assert "made-up-79" in readers._left and "made-up-0" not in readers._left
         finally:
             readers.max_left = 10_000
+
+
+# --- 6. a race runs on the pair the page shows, though the session's state was dropped -------------------
+def _fn(demo, *, elem_id: str | None = None, fn=None) -> int:
+    """The function index of the event the component `elem_id` fires, or of the handler `fn`."""
+    ids = {i for i, block in demo.blocks.items() if getattr(block, "elem_id", None) == elem_id}
+    return next(i for i, f in demo.fns.items()
+                if (elem_id is not None and any(target[0] in ids for target in f.targets)) or
+                (fn is not None and f.fn == fn))
+
+
+def _run_queued(http: httpx.Client, url: str, fn_index: int, data: list, session: str) -> str:
+    """Join the queue as the page does and read the session's stream until the event completes."""
+    joined = http.post(f"{url}gradio_api/queue/join",
+                       json={"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None})
+    assert joined.status_code == 200, joined.text
+    seen = []
+    with http.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}) as events:
+        for line in events.iter_lines():
+            seen.append(line)
+            if "process_completed" in line:
+                break
+    return "\n".join(seen)
+
+
+def test_a_race_runs_on_the_pair_the_page_shows_after_made_up_sessions_drop_the_visitors_state(tiny_dirs):
+    from dataclasses import replace
+
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
+
+    first = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    second = replace(first, id="cli-b", label="the block-4 pair, again")
+    demo = build_demo([first, second], first.id, PairCache("cpu"), Limits(session_capacity=3))
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo))
+    app, url = demo.dflash_app, demo.local_url
+    raced = []
+    race_stream = app.live.race_stream
+    app.live.race_stream = lambda req, *args, **kwargs: (raced.append(req.pair_id), race_stream(req, *args, **kwargs))[1]
+    try:
+        with client("127.0.0.2", timeout=120) as visitor:
+            _run_queued(visitor, url, _fn(demo, fn=app.loading.select_pair), ["cli-b"], "visitor")
+            with client("127.0.0.3") as stranger:  # the Pause button's function, in 20 made-up sessions
+                for i in range(20):
+                    stranger.post(f"{url}gradio_api/run/predict", json={
+                        "data": [], "fn_index": _fn(demo, elem_id="pause"), "session_hash": f"made-up-{i}"})
+            assert "visitor" not in demo.state_holder.session_data  # Gradio dropped the visitor's state
+            # What the page sends: its inputs, the pair its selector shows, the thinking default.
+            data = ["What is 2 + 2?", 4, 4, 0.0, 1.0, 0, [], "cli-b", "default"]
+            _run_queued(visitor, url, _fn(demo, elem_id="run"), data, "visitor")
+        assert raced == ["cli-b"]
+    finally:
+        demo.close()
+        app.traces.close()
+
+
+# --- 4. a race is bounded by its lane-tokens and by the bytes of its frames ------------------------------
+@pytest.fixture(scope="module")
+def served_live(tiny_dirs):
+    """The tiny pair served live, a race streaming at most 1 MB."""
+    from serve import launch_app
+
+    demo, url = launch_app(*tiny_dirs, limits=Limits(max_race_mb=1))
+    yield demo, url
+    demo.close()
+    demo.dflash_app.traces.close()
+
+
+def test_a_race_of_every_lane_at_the_most_tokens_is_refused_by_its_lane_tokens(served_live):
+    demo, url = served_live
+    every_lane = ["scheduled", "dflash2", "fusion", "ar", "lookup"]
+    data = ["Tell me a long story.", 512, 4, 0.0, 1.0, 0, every_lane, None, "default"]
+    with client("127.0.0.2", timeout=120) as http:
+        stream = _run_queued(http, url, _fn(demo, fn=demo.dflash_app.live.compare), data, "lanes")
+    assert "7 lanes x 512 new tokens is 3584 lane-tokens; this server races at most 2048 (--max-lane-tokens)" in stream
+
+
+def test_a_race_stops_at_its_frames_byte_budget_and_says_so(served_live):
+    demo, url = served_live
+    data = ["Count from one to a thousand.", 400, 4, 0.0, 1.0, 0, [], None, "default"]
+    with client("127.0.0.2", timeout=300) as http:
+        stream = _run_queued(http, url, _fn(demo, fn=demo.dflash_app.live.compare), data, "bytes")
+    assert "reached 1 MB, the most one race may stream on this server (--max-race-mb)" in stream
+    assert len(stream.encode()) < 3_000_000  # the budget, the last frames and the JSON around them
+
+
+# --- 3. one upload replayed by many requests at once: places first, then one parse -----------------------
+def _first_answer(url: str, address: str, fn_index: int, data: list, session: str) -> str:
+    """Join the queue from `address` and read the session's stream up to the event's first answer."""
+    with client(address) as http:
+        joined = http.post(f"{url}gradio_api/queue/join",
+                           json={"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None})
+        if joined.status_code != 200:
+            return joined.text
+        with http.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}) as events:
+            for line in events.iter_lines():
+                if "process_generating" in line or "process_completed" in line:
+                    return line
+    return ""
+
+
+def test_parallel_replays_of_one_upload_take_places_before_it_is_parsed_and_parse_it_once(served, monkeypatch):
+    from app.serve import playback
+
+    demo, url = served
+    parsed = []
+    load_trace = playback.load_trace
+    monkeypatch.setattr(playback, "load_trace", lambda path: (parsed.append(path), load_trace(path))[1])
+    with client("127.0.0.10") as http:
+        answer = http.post(f"{url}gradio_api/upload", files={"files": ("mine.json", SHIPPED.read_bytes(), "application/json")})
+        assert answer.status_code == 200, answer.text
+    upload = {"path": answer.json()[0], "meta": {"_type": "gradio.FileData"}}
+    replay = _fn(demo, fn=demo.dflash_app.playback.replay)
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda i: _first_answer(url, "127.0.0.10", replay, [None, upload, 4.0], f"replayer-{i}"),
+                                range(12)))
+    refused = [a for a in answers if "Your address already has" in a]
+    assert len(refused) >= 12 - Limits().per_visitor, answers  # refused before any file was read
+    assert len(parsed) == 1  # the places given share one parse
+
+
+# --- 8. behind a trusted reverse proxy, each visitor has bounds of their own -------------------------------
+def test_a_trusted_proxys_forwarded_address_is_the_visitor_and_anyone_elses_is_ignored():
+    demo = build_demo([], "", None, Limits(upload_mb_per_hour=1, trusted_proxy="127.0.0.11"), live=False)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo))
+    body = {"files": ("t.json", b'{"x": "' + b"y" * 600_000 + b'"}', "application/json")}
+
+    def upload(address: str, forwarded: str) -> int:
+        with client(address) as http:
+            return http.post(f"{demo.local_url}gradio_api/upload", files=body,
+                             headers={"X-Forwarded-For": forwarded}).status_code
+
+    try:
+        # Through the proxy: two visitors, a budget each.
+        assert [upload("127.0.0.11", "203.0.113.1") for _ in range(2)] == [200, 429]
+        assert upload("127.0.0.11", "203.0.113.2") == 200
+        # A client that is not the proxy cannot pick an address to spend: its own is counted.
+        assert [upload("127.0.0.12", f"198.51.100.{i}") for i in range(2)] == [200, 429]
+    finally:
+        demo.close()
+        demo.dflash_app.traces.close()
+
+
+# --- 9. a queued function runs only through the queue, where the per-visitor bounds apply -----------------
+def test_a_queued_function_is_not_run_by_a_direct_call_and_the_controls_still_are(served):
+    demo, url = served
+    replay = _fn(demo, fn=demo.dflash_app.playback.replay)
+    with client("127.0.0.13") as http:
+        for route in ("run/replay", "run/predict"):
+            answer = http.post(f"{url}gradio_api/{route}",
+                               json={"data": ["math-greedy", None, 4.0], "fn_index": replay, "session_hash": "direct"})
+            assert answer.status_code == 404 and "join the queue" in answer.text
+        pause = http.post(f"{url}gradio_api/run/predict",
+                          json={"data": [], "fn_index": _fn(demo, elem_id="pause"), "session_hash": "direct"})
+        assert pause.status_code == 200  # the page's controls skip the queue on purpose
+    assert "process_generating" in _first_answer(url, "127.0.0.13", replay, ["math-greedy", None, 4.0], "queued")

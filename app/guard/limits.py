@@ -27,6 +27,10 @@ class Limits:
     concurrency: int = 1  # races computed at once; each holds its pair's caches, a CPU's cores
     max_queue: int = 16  # requests waiting beyond the running ones; more are told the server is busy
     max_new_tokens: int = 512
+    # lanes x max_new_tokens: every lane decodes with the target, so an added lane costs a side of a
+    # race more; four lanes at the most tokens, all seven at 292
+    max_lane_tokens: int = 2048
+    max_race_mb: int = 64  # megabytes of frames one race may stream; then it stops and says why
     max_prompt_tokens: int = 2048  # after the chat template
     max_prompt_chars: int = 16_000  # checked before tokenizing, so a huge paste costs nothing
     max_pause_s: int = 60  # seconds a race or replay may spend paused in all; then it ends, freeing the model
@@ -37,17 +41,20 @@ class Limits:
     per_visitor: int = 2  # requests one visitor (one address) may have waiting in each queue, races and replays
     upload_mb_per_hour: int = 100  # megabytes of uploads one visitor may send in an hour
     session_capacity: int = 200  # sessions whose last outputs Gradio keeps in memory (it drops the oldest)
+    # Addresses of a reverse proxy whose X-Forwarded-For names the visitor ("": none; every visitor
+    # is then the TCP peer, and behind a proxy all would share its bounds).
+    trusted_proxy: str = ""
 
     def __post_init__(self):
         for f in fields(self):
-            if getattr(self, f.name) < 1:
+            if isinstance(getattr(self, f.name), int) and getattr(self, f.name) < 1:
                 raise ValueError(f"{f.name} must be at least 1, got {getattr(self, f.name)}")
 
 
 # A ZeroGPU slice is shared by every visitor of the Space and each GPU call is bounded in time, so
 # a Space serves shorter races and turns visitors away sooner than a machine of one's own.
 SPACE_LIMITS = Limits(
-    concurrency=1, max_queue=8, max_new_tokens=256, max_prompt_tokens=1024, max_prompt_chars=8_000, replay_concurrency=2,
+    concurrency=1, max_queue=8, max_new_tokens=256, max_lane_tokens=1024, max_race_mb=32, max_prompt_tokens=1024, max_prompt_chars=8_000, replay_concurrency=2,
     replay_queue=4, max_replay_s=180, max_race_s=240, upload_mb_per_hour=60, session_capacity=100,
 )
 
@@ -55,6 +62,9 @@ _FLAGS = {
     "concurrency": "races computed at the same time (default %(default)s; more than 1 only helps with several pairs on a GPU)",
     "max_queue": "requests that may wait for a free slot; beyond it a visitor is told the server is busy (default %(default)s)",
     "max_new_tokens": "largest max_new_tokens a request may ask for (default %(default)s)",
+    "max_lane_tokens": "largest lanes x max_new_tokens a race may ask for, DFlash and plain decoding counted "
+    "(default %(default)s)",
+    "max_race_mb": "megabytes of frames one race may stream before it stops and says so (default %(default)s)",
     "max_prompt_tokens": "longest prompt in tokens after the chat template (default %(default)s)",
     "max_prompt_chars": "longest prompt in characters, checked before tokenizing (default %(default)s)",
     "max_pause_s": "seconds a race or replay may spend paused in all (no click renews them) before it ends and "
@@ -69,13 +79,16 @@ _FLAGS = {
     "upload_mb_per_hour": "megabytes of trace uploads one visitor may send per hour (default %(default)s)",
     "session_capacity": "browser sessions whose last outputs the server keeps in memory; the oldest are dropped "
     "(default %(default)s)",
+    "trusted_proxy": "addresses (comma-separated, or *) of a reverse proxy in front of the app: a request from one "
+    "counts as the visitor its X-Forwarded-For names, for every per-visitor bound (default: none)",
 }
 
 
 def add_flags(parser: argparse.ArgumentParser, defaults: Limits = Limits()) -> None:
     group = parser.add_argument_group("limits")
     for name, text in _FLAGS.items():
-        group.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name), help=text)
+        default = getattr(defaults, name)
+        group.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=text)
 
 
 def from_args(args: argparse.Namespace) -> Limits:
@@ -109,8 +122,14 @@ def check_request(limits: Limits, pair_id: str, prompt, max_new_tokens, block_si
     sampling = SamplingParams(
         temperature=_real(temperature, "temperature"), top_p=_real(top_p, "top_p"), seed=seed
     )  # its own checks name the ranges
+    lanes = check_lanes(lanes)
+    if len(lanes) * max_new_tokens > limits.max_lane_tokens:
+        raise ValueError(
+            f"{len(lanes)} lanes x {max_new_tokens} new tokens is {len(lanes) * max_new_tokens} lane-tokens; this "
+            f"server races at most {limits.max_lane_tokens} (--max-lane-tokens): fewer lanes or fewer tokens."
+        )
     return RaceRequest(pair_id, prompt, max_new_tokens, block_size, sampling.temperature, sampling.top_p,
-                       sampling.seed, check_lanes(lanes), check_thinking(thinking))
+                       sampling.seed, lanes, check_thinking(thinking))
 
 
 ADDED_LANES = ("scheduled", "dflash2", "fusion", "ar", "lookup")  # the lanes a visitor may add; DFlash and plain decoding always race

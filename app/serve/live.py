@@ -113,8 +113,9 @@ class LiveRace:
         """
         in_process = self.runs_in_process(req.pair_id)
         gone = self.readers.watch(reader)
+        sent, budget = 0, self.limits.max_race_mb * 1_000_000  # the bytes of HTML streamed, and their bound
         with self.stops.running(session) as flag:
-            stop = lambda: flag.is_set() or gone()  # noqa: E731  (Stop, or the visitor left)
+            stop = lambda: flag.is_set() or gone() or sent > budget  # noqa: E731  (Stop, the visitor left, or the bytes)
             # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
             # closed from here instead, and the summary can only say that it stopped.
             # Pause / Step reach the race only where it runs in this process.
@@ -125,13 +126,19 @@ class LiveRace:
             stream = self.race_stream(req, prompt_ids, stop=stop if in_process else None, **kwargs)
             try:
                 for frame, data in gpu_errors_as_messages(stream):
+                    over = sent > budget
                     if stop() and not in_process:
-                        yield note_frame(texts.STOPPED).values()
+                        yield note_frame(texts.RACE_BYTES.format(mb=self.limits.max_race_mb) if over
+                                         else texts.STOPPED).values()
                         return
                     if data is not None and not gone():
                         frame.trace_file = self.traces.write(session, data, visitor)
                         frame.trace_csv = str(Path(frame.trace_file).with_suffix(".csv"))
-                    yield frame.values()
+                    if data is not None and over:
+                        frame.control_status = texts.RACE_BYTES.format(mb=self.limits.max_race_mb)
+                    values = frame.values()
+                    sent += sum(len(value) for value in values if isinstance(value, str))
+                    yield values
             finally:
                 stream.close()
 

@@ -45,6 +45,10 @@ NO_DRAFTING = "Block size 1 means no drafting: every lane decodes plainly, one t
 RACE_LOADING = "Loading {label}… (first time only)"
 RACING = "Racing…"
 STOPPED = "Stopped."
+RACE_BYTES = (
+    "Stopped: this race's frames reached {mb} MB, the most one race may stream on this server (--max-race-mb). "
+    "Fewer lanes or fewer tokens stream less."
+)
 STOPPED_EARLY = "Stopped before every lane had a token."
 OWN_CLOCKS = (
     "Times are each lane's own compute time: the lanes ran interleaved in one worker, "
