@@ -138,3 +138,31 @@ def test_the_button_runs_in_the_race_queue_and_only_where_pairs_race_live(tiny_a
     assert fns["diagnose"].concurrency_limit == fns["compare"].concurrency_limit == 2
     replay_only = build_demo([], "", live=False)
     assert "diagnose" not in {f.api_name for f in replay_only.fns.values()}
+
+
+def test_a_doctor_whose_visitor_left_frees_the_pair_within_a_cycle_not_a_step(tiny_app, monkeypatch):
+    import time
+
+    import dflash_core.decoding as decoding
+    import dflash_core.doctor.measure as measure
+
+    real = decoding.generate
+
+    def slow(*args, **kwargs):  # a cycle of a big pair: each of the step's 48 x 2 cycles takes 50 ms
+        for event in real(*args, **kwargs):
+            time.sleep(0.05)
+            yield event
+
+    monkeypatch.setattr(decoding, "generate", slow)
+    monkeypatch.setattr(measure, "generate", slow, raising=False)
+    monkeypatch.setattr(tiny_app.diagnosis, "ask", Ask(prompts=2, max_new_tokens=48))
+    pair = tiny_app.cache.get(tiny_app.pairs["cli"])
+    shown = tiny_app.diagnosis.diagnose("cli")
+    next(page for page, _ in shown if "decoding 2 prompts" in page)  # the first step has started
+    time.sleep(0.2)
+    assert pair.lock.locked()
+    shown.close()  # the visitor left
+    left = time.perf_counter()
+    while pair.lock.locked() and time.perf_counter() - left < 10:
+        time.sleep(0.01)
+    assert time.perf_counter() - left < 0.5  # the step alone takes about 5 s
