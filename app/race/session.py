@@ -70,6 +70,29 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, La
     return {name: lane(name) for name in LANES if name in names}
 
 
+SCHEDULED_SAMPLING = (
+    "{label}'s drafter ({method}) conditions each draft on the ones before it, so the scheduled block lane "
+    "races it at temperature 0 only (the schedule must not depend on what a sampled draft drew)."
+)
+
+
+def check_race(req: RaceRequest, pair) -> None:
+    """Raises `GenerationInputError` for what the loaded `pair` cannot race, by the engine's own
+    checks (the ones `generate` runs): a block size past its drafter's trained one, and a scheduled
+    lane its drafter cannot run at the request's sampling."""
+    from dflash_core.decoding import check_block_size, check_schedule  # torch only for a live race
+    from dflash_core.errors import GenerationInputError
+    from dflash_core.models.drafter import method_name
+
+    check_block_size(pair.drafter, req.block_size)
+    if "scheduled" in req.lanes:
+        try:
+            check_schedule(pair.drafter, req.sampling)
+        except GenerationInputError:
+            raise GenerationInputError(
+                SCHEDULED_SAMPLING.format(label=pair.spec.label, method=method_name(pair.drafter))) from None
+
+
 @dataclass(frozen=True)
 class RaceResult:
     """A finished (or stopped) race."""
@@ -84,7 +107,7 @@ class RaceSession:
     """One race of `pair` on one prompt; `snapshots()` runs it, `result()` sums it up."""
 
     def __init__(self, pair, device, req: RaceRequest, prompt_ids: list[int]):
-        """req: checked against the pair (`serve/sessions.py`); its `thinking` is how `prompt_ids` went through the chat template,
+        """req: checked against the pair (`check_race`); its `thinking` is how `prompt_ids` went through the chat template,
         which the trace records beside the drafter's trained setting."""
         self.pair, self.device = pair, device
         self.thinking = pair.thinking(req.thinking)

@@ -13,7 +13,7 @@ import gradio as gr
 from ..guard.limits import check_prompt_tokens
 from ..race.lanes import DRAFTER_LANES, LABELS
 from ..race.request import RaceRequest
-from ..race.session import RaceSession
+from ..race.session import RaceSession, check_race
 from ..view import texts
 from ..view.frames import start_frame
 from .failures import failure_message, visitor_error
@@ -59,19 +59,10 @@ class LocalRaces:
             check_prompt_tokens(len(prompt_ids), limits, pair.context_length)
         except ValueError as exc:  # the visitor's prompt, said as it is
             raise visitor_error(str(exc)) from None
-        from dflash_core.decoding import check_block_size, check_schedule  # torch: only once a pair has loaded
-        from dflash_core.models.drafter import method_name
-
         try:
-            check_block_size(pair.drafter, req.block_size)
-        except ValueError as exc:  # GenerationInputError, naming the drafter's trained size
+            check_race(req, pair)
+        except ValueError as exc:  # GenerationInputError: the engine's checks, in the lane's words
             raise visitor_error(str(exc)) from None
-        if "scheduled" in names:
-            try:
-                check_schedule(pair.drafter, req.sampling)
-            except ValueError:  # said in the lane's words
-                method = method_name(pair.drafter)
-                raise visitor_error(texts.SCHEDULED_SAMPLING.format(label=spec.label, method=method)) from None
         return prompt_ids
 
     def open(self, spec, device, req: RaceRequest, prompt_ids: list[int]) -> RaceSession:

@@ -73,10 +73,6 @@ VLLM_THINKING = (
     "A vLLM pair's servers wrap the prompt in the chat template themselves, so this app cannot turn thinking "
     "{choice} for them; leave thinking at the pair's default."
 )
-SCHEDULED_SAMPLING = (
-    "{label}'s drafter ({method}) conditions each draft on the ones before it, so the scheduled block lane "
-    "races it at temperature 0 only (the schedule must not depend on what a sampled draft drew)."
-)
 
 # --- a replay ---------------------------------------------------------------------------------------
 BAD_SPEED = "replay speed must be between 0.25x and 4x, got {speed:g}x"
