@@ -59,7 +59,8 @@ class LiveRace:
 
         Args:
             prompt: the user message to answer (plain text, not empty); the server wraps it in the target's chat template.
-            max_new_tokens: tokens each lane generates at most (a whole number from 1 to the server's limit).
+            max_new_tokens: tokens each lane generates at most (a whole number from 1 to the server's limit;
+                the lanes raced times this is bounded too).
             block_size: tokens DFlash verifies per cycle, 1 to the drafter's trained block size (1 = no drafting).
             temperature: 0 for greedy decoding, where both outputs must be identical; above 0 samples.
             top_p: nucleus sampling mass in (0, 1]; 1 keeps the whole distribution.
@@ -113,7 +114,8 @@ class LiveRace:
         """
         in_process = self.runs_in_process(req.pair_id)
         gone = self.readers.watch(reader)
-        sent, budget = 0, self.limits.max_race_mb * 1_000_000  # the bytes of HTML streamed, and their bound
+        # The frames' HTML streamed so far, in characters (as many bytes but for the rare non-ASCII), and its bound.
+        sent, budget = 0, self.limits.max_race_mb * 1_000_000
         with self.stops.running(session) as flag:
             stop = lambda: flag.is_set() or gone() or sent > budget  # noqa: E731  (Stop, the visitor left, or the bytes)
             # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
