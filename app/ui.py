@@ -459,9 +459,9 @@ def _wire_doctor(app: App, limits: Limits, live: LiveTab, doctor: DoctorPanel) -
     beside a race); selecting another pair empties the panel."""
     doctor.button.click(lambda: gr.Accordion(open=True), outputs=[doctor.accordion], queue=False,
                         api_visibility="private")
-    # Callable by name, not an MCP tool (see `replay`).
+    # Callable by name, not an MCP tool (see `replay`); on the pair the page shows (see `_wire_live`).
     doctor.button.click(
-        app.diagnosis.diagnose, inputs=[live.pair_state], outputs=[doctor.html, doctor.json], api_name="diagnose",
+        app.diagnosis.diagnose, inputs=[live.pair_choice], outputs=[doctor.html, doctor.json], api_name="diagnose",
         api_visibility="undocumented", show_progress="minimal", show_progress_on=[doctor.html],
         concurrency_limit=limits.concurrency, concurrency_id="race",
     )
@@ -473,7 +473,7 @@ def _wire_serving(app: App, limits: Limits, live: LiveTab, serving: ServingTab) 
     """The sweep runs in the race queue: one at a time with races, and the per-visitor bounds apply."""
     # Callable by name, not an MCP tool (see `replay`).
     serving.run_button.click(
-        app.serving.sweep, inputs=[*serving.inputs, live.pair_state], outputs=serving.outputs, api_name="serving_sweep",
+        app.serving.sweep, inputs=[*serving.inputs, live.pair_choice], outputs=serving.outputs, api_name="serving_sweep",
         api_visibility="undocumented", show_progress="minimal", show_progress_on=[serving.outputs[2]],
         concurrency_limit=limits.concurrency, concurrency_id="race",
     )
