@@ -18,6 +18,7 @@ import gradio as gr
 from gradio.utils import abspath as gradio_abspath
 from gradio.utils import get_cache_folder, get_upload_folder, is_in_or_equal
 from starlette.middleware import Middleware
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from dflash_core.trace import MAX_BYTES
 
@@ -73,15 +74,6 @@ class App:
         self.diagnosis = Diagnosis(self.loading, limits, self.readers, self.live.runs_in_process)
         self.serving = Serving(self.loading.pairs, limits, self.readers)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
-        self.stops = self.live.stops  # the Stop button's requests
-        # The handlers, by the names the wiring (and the `compare` / `select_pair` endpoints) use.
-        self.load_selected, self.select_pair = self.loading.load_selected, self.loading.select_pair
-        self.thinking_control, self.thinking_status = self.loading.thinking_control, self.loading.thinking_status
-        self.compare, self.stop = self.live.compare, self.live.stop
-        self.replay, self.diagnose, self.serving_sweep = self.playback.replay, self.diagnosis.diagnose, self.serving.sweep
-        self.pause, self.step, self.resume = self.stepping.pause, self.stepping.step, self.stepping.resume
-        self.pick_cycle, self.follow_latest = self.stepping.pick_cycle, self.stepping.follow_latest
-        self.pick_lane = self.stepping.pick_lane
 
     def end_session(self, request: gr.Request = None) -> None:
         """The visitor closed the page: their trace files go, and their pause state (a paused race
@@ -148,6 +140,8 @@ def launch_options(demo: gr.Blocks) -> dict:
 
     budget = UploadBudget(per_request=MAX_BYTES + MULTIPART_SLACK, per_hour=limits.upload_mb_per_hour * 1_000_000)
     middleware = [Middleware(HttpGuard, budget=budget), Middleware(app.readers.middleware)]
+    if limits.trusted_proxy:  # outermost: every bound below sees the visitor the proxy names
+        middleware.insert(0, Middleware(ProxyHeadersMiddleware, trusted_hosts=limits.trusted_proxy))
     return {"max_file_size": MAX_BYTES, "state_session_capacity": limits.session_capacity,
             "app_kwargs": {"lifespan": lifespan, "middleware": middleware}}
 
@@ -364,7 +358,9 @@ def build_demo(
         _wire(demo, app, limits, live_inputs if live else None, replay_inputs, area, play_on_load=bool(replay))
         if live:
             _wire_serving(app, limits, live_inputs, serving)
-    demo.queue()
+    # A queued function runs only through the queue, where the bounds per visitor apply; Gradio
+    # would otherwise run it on /gradio_api/run/<name> as well, up to its first frame.
+    demo.queue(api_open=False)
     bound_queue(demo, limits)  # per queue and per visitor: one client cannot fill it for everyone
     refuse_url_inputs(demo)  # no input makes the server fetch a URL
     files = (area.outputs["trace_file"], area.outputs["trace_csv"])
@@ -387,13 +383,13 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     if play_on_load:
         # Named, so that the button's endpoint keeps the name `replay`.
         runs.append(demo.load(
-            app.replay, inputs=replay.inputs, outputs=outputs, api_name="replay_on_load", api_visibility="private",
+            app.playback.replay, inputs=replay.inputs, outputs=outputs, api_name="replay_on_load", api_visibility="private",
             **replaying,
         ))
     # Callable by name, left out of the API page and so of the MCP tools (each MCP call is a session
     # of its own, and a replay takes a file): `compare` is the one tool.
     replay_event = replay.replay_button.click(
-        app.replay, inputs=replay.inputs, outputs=outputs, api_name="replay", api_visibility="undocumented",
+        app.playback.replay, inputs=replay.inputs, outputs=outputs, api_name="replay", api_visibility="undocumented",
         cancels=list(runs), **replaying,
     )
     runs.append(replay_event)
@@ -402,18 +398,18 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
         live.run_button.click(None, cancels=[e for e in runs if e is not race_event], queue=False, api_visibility="private")
     # The controls act on a running race at once: they skip the queue the race is waiting in.
     control_status = area.outputs["control_status"]
-    area.pause_button.click(app.pause, outputs=[control_status], queue=False, api_visibility="private")
+    area.pause_button.click(app.stepping.pause, outputs=[control_status], queue=False, api_visibility="private")
     # Every click is one more cycle: with Gradio's default ("once"), a click made while the previous
     # Step's reply is still on its way (a busy CPU sends the stream's frame first) would be dropped.
     area.step_button.click(
-        app.step, outputs=[control_status], queue=False, api_visibility="private", trigger_mode="multiple"
+        app.stepping.step, outputs=[control_status], queue=False, api_visibility="private", trigger_mode="multiple"
     )
-    area.resume_button.click(app.resume, outputs=[control_status], queue=False, api_visibility="private")
+    area.resume_button.click(app.stepping.resume, outputs=[control_status], queue=False, api_visibility="private")
     cycle_pick, cycle_view = area.outputs["cycle_pick"], area.outputs["cycle_view"]
     for event in (cycle_pick.release, cycle_pick.input):
-        event(app.pick_cycle, inputs=[cycle_pick], outputs=[cycle_view, area.follow], queue=False, api_visibility="private")
-    area.follow.input(app.follow_latest, inputs=[area.follow], outputs=[cycle_view], queue=False, api_visibility="private")
-    area.cycle_lane.input(app.pick_lane, inputs=[area.cycle_lane], outputs=[cycle_view, cycle_pick], queue=False,
+        event(app.stepping.pick_cycle, inputs=[cycle_pick], outputs=[cycle_view, area.follow], queue=False, api_visibility="private")
+    area.follow.input(app.stepping.follow_latest, inputs=[area.follow], outputs=[cycle_view], queue=False, api_visibility="private")
+    area.cycle_lane.input(app.stepping.pick_lane, inputs=[area.cycle_lane], outputs=[cycle_view, cycle_pick], queue=False,
                           api_visibility="private")
     demo.unload(app.end_session)
 
@@ -421,37 +417,39 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
 def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs: list, summary):
     """The pair selector, Race and Stop; returns the race's event."""
     # The thinking control follows the loaded pair: shown where its template has the switch.
-    thinking_control = {"fn": app.thinking_control, "inputs": [live.pair_state], "outputs": [live.thinking],
+    thinking_control = {"fn": app.loading.thinking_control, "inputs": [live.pair_state], "outputs": [live.thinking],
                         "api_visibility": "private"}
-    demo.load(app.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size],
+    demo.load(app.loading.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size],
               api_visibility="private").then(**thinking_control)
     # Callable by name, not an MCP tool (see `replay`): a pair chosen in one MCP call would not
     # outlive it.
     live.pair_choice.change(
-        app.select_pair, inputs=[live.pair_choice], outputs=[live.pair_state, live.status, live.block_size],
+        app.loading.select_pair, inputs=[live.pair_choice], outputs=[live.pair_state, live.status, live.block_size],
         api_name="select_pair", api_visibility="undocumented",
     ).then(**thinking_control)
-    live.thinking.input(app.thinking_status, inputs=[live.pair_state, live.thinking], outputs=[live.status],
+    live.thinking.input(app.loading.thinking_status, inputs=[live.pair_state, live.thinking], outputs=[live.status],
                         queue=False, api_visibility="private")
-    race_event = live.run_button.click(
-        app.compare,
-        inputs=[*live.inputs, live.pair_state, live.thinking],
-        outputs=outputs,
-        api_name="compare",
+    race = {
+        "fn": app.live.compare, "outputs": outputs,
         # Progress (the queue position while waiting) on the summary only: on the panes an
         # overlay would hide the tokens.
-        show_progress="full",
-        show_progress_on=[summary],
-        concurrency_limit=limits.concurrency,
-        concurrency_id="race",
+        "show_progress": "full", "show_progress_on": [summary],
+        "concurrency_limit": limits.concurrency, "concurrency_id": "race",
         # Raw values reach `check_request`, which names any bad one; Gradio's own conversion
         # would answer a string or null in a number field with an unexplained error.
-        preprocess=False,
-    )
+        "preprocess": False,
+    }
+    # The page sends the pair it shows with every click: the session's pair state may have been
+    # dropped (--session-capacity), and the race must not then run on the default pair. The
+    # `compare` endpoint (API clients, agents) takes no pair: the session's, else the default.
+    api_event = gr.Button(visible=False, elem_id="compare-api").click(
+        inputs=[*live.inputs, live.pair_state, live.thinking], api_name="compare", **race)
+    race_event = live.run_button.click(inputs=[*live.inputs, live.pair_choice, live.thinking],
+                                       api_name="compare_from_page", api_visibility="private", **race)
     # A running race stops itself within one cycle and reports what it showed; the cancel
     # that follows takes a race still waiting in the queue out of it.
-    live.stop_button.click(app.stop, queue=False, api_visibility="private").then(
-        None, cancels=[race_event], queue=False, api_visibility="private"
+    live.stop_button.click(app.live.stop, queue=False, api_visibility="private").then(
+        None, cancels=[race_event, api_event], queue=False, api_visibility="private"
     )
     return race_event
 
@@ -461,9 +459,9 @@ def _wire_doctor(app: App, limits: Limits, live: LiveTab, doctor: DoctorPanel) -
     beside a race); selecting another pair empties the panel."""
     doctor.button.click(lambda: gr.Accordion(open=True), outputs=[doctor.accordion], queue=False,
                         api_visibility="private")
-    # Callable by name, not an MCP tool (see `replay`).
+    # Callable by name, not an MCP tool (see `replay`); on the pair the page shows (see `_wire_live`).
     doctor.button.click(
-        app.diagnose, inputs=[live.pair_state], outputs=[doctor.html, doctor.json], api_name="diagnose",
+        app.diagnosis.diagnose, inputs=[live.pair_choice], outputs=[doctor.html, doctor.json], api_name="diagnose",
         api_visibility="undocumented", show_progress="minimal", show_progress_on=[doctor.html],
         concurrency_limit=limits.concurrency, concurrency_id="race",
     )
@@ -475,7 +473,7 @@ def _wire_serving(app: App, limits: Limits, live: LiveTab, serving: ServingTab) 
     """The sweep runs in the race queue: one at a time with races, and the per-visitor bounds apply."""
     # Callable by name, not an MCP tool (see `replay`).
     serving.run_button.click(
-        app.serving_sweep, inputs=[*serving.inputs, live.pair_state], outputs=serving.outputs, api_name="serving_sweep",
+        app.serving.sweep, inputs=[*serving.inputs, live.pair_choice], outputs=serving.outputs, api_name="serving_sweep",
         api_visibility="undocumented", show_progress="minimal", show_progress_on=[serving.outputs[2]],
         concurrency_limit=limits.concurrency, concurrency_id="race",
     )

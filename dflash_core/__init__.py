@@ -27,6 +27,8 @@ _EXPORTS = {
     "SamplingParams": "sampling",
     "Summary": "events",
     "Target": "models.target",
+    "check_block_size": "decoding",
+    "check_schedule": "decoding",
     "generate": "decoding",
     "load_pair": "loading.pair",
     "method_name": "models.drafter",

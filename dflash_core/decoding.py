@@ -68,9 +68,11 @@ class _Marks:
         return [b - a for a, b in pairs]
 
 
-def _block_size(drafter, block_size: int | str | None) -> int:
-    """The (longest) block size a run uses: 1 without a drafter, else the given one or the drafter's
-    trained size, which is also the longest block of the schedule ("auto")."""
+def check_block_size(drafter, block_size: int | str | None) -> int:
+    """The (longest) block size a run of `drafter` uses: 1 without a drafter, else the given one or
+    the drafter's trained size, which is also the longest block of the schedule ("auto"); raises
+    `GenerationInputError` for one the drafter cannot run. Callers check a request with it before
+    they start `generate`, which checks the same way."""
     if block_size != AUTO and (isinstance(block_size, bool) or not isinstance(block_size, (int, type(None)))):
         raise GenerationInputError(f"block_size must be a whole number, None or {AUTO!r}, got {block_size!r}")
     if drafter is None:
@@ -89,8 +91,9 @@ def _block_size(drafter, block_size: int | str | None) -> int:
 SEQUENTIAL_DRAFTS = ("ar", "dflash2")
 
 
-def _check_schedule(drafter, sampling: SamplingParams, draft_mode: str) -> None:
-    """A block schedule needs the drafter's probabilities, and with sampled drafts q for every slot
+def check_schedule(drafter, sampling: SamplingParams, draft_mode: str = "sample") -> None:
+    """Raises `GenerationInputError` unless `drafter` may run with `block_size="auto"` at `sampling`:
+    a block schedule needs the drafter's probabilities, and with sampled drafts q for every slot
     before any is drawn (schedule.py: the choice must not depend on what a draft drew)."""
     method = method_name(drafter)
     if hasattr(drafter, "session"):  # e.g. prompt lookup
@@ -341,11 +344,11 @@ def generate(
     then carries its `tree`. Lossless at greedy and exact when sampling, like the chain.
     """
     scheduled = block_size == AUTO
-    block_size = _block_size(drafter, block_size)
+    block_size = check_block_size(drafter, block_size)
     if draft_mode not in DRAFT_MODES:
         raise GenerationInputError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
     if scheduled and drafter is not None:
-        _check_schedule(drafter, sampling, draft_mode)
+        check_schedule(drafter, sampling, draft_mode)
     if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
         raise GenerationInputError(f"explain must be 0 (off) or a top-k size >= 1, got {explain!r}")
     _check_tree(target, drafter, tree_budget, block_size, scheduled, explain)

@@ -1,4 +1,4 @@
-"""The load test's security round (issues 37 and 59): what a stranger on a shared server might try.
+"""The load test's security round (issues 37, 59 and 66): what a stranger on a shared server might try.
 
 `run(runner, server)` plays each case against the app under test and, after each, races a normal
 request from another client, which must finish within `--probe-timeout-s`; it returns one dict
@@ -24,11 +24,13 @@ import asyncio
 import copy
 import itertools
 import json
+import os
 import re
 import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -614,15 +616,121 @@ class Attacks:
         return {"probe_s": probe, "traces_written": written, "ok": ok and written <= 1}  # the probe's own
 
 
+    # --- the third pass: each attack beside another visitor's race ------------------------------------
+    def beside_attack(self, attack) -> dict:
+        """`attack()`'s dict, with another visitor's race run while it runs: its seconds, their ratio to
+        the same race alone just before (the machine's other load changes from minute to minute), and
+        the server's peak RSS growth over the attack."""
+        self.runner.check_time()
+        self.alone_s = min(self.probe() for _ in range(2))  # the first may be the model's first race
+        rss = self.server.rss()
+        self.server.window()
+        result: dict = {}
+        worker = threading.Thread(target=lambda: result.update(attack()), daemon=True)
+        worker.start()
+        time.sleep(0.5)  # the attack under way
+        victim, ok = self.try_probe()
+        worker.join(self.args.request_timeout_s)
+        ratio = round(victim / self.alone_s, 2) if ok else None
+        return {**result, "victim_s": victim, "alone_s": self.alone_s, "victim_ratio": ratio,
+                "load_average_1m": round(os.getloadavg()[0], 1),
+                "rss_growth_mb": round((self.server.window_peak_rss - rss) / 2**20, 1),
+                "ok": bool(result.get("ok")) and ratio is not None and ratio <= 1.5}
+
+    def file_routes(self) -> dict:
+        """A URL in both file routes, raw, encoded, half-encoded and in capitals: 403 every time."""
+        url = "http://127.0.0.1:9/probe"
+        spellings = [url, url.replace(":", "%3A").replace("/", "%2F"), "http%3A//127.0.0.1:9/probe",
+                     "HTTP%3A%2F%2F127.0.0.1%3A9%2Fprobe"]
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=30) as http:
+            codes = [http.get(f"{self.api}/{route}{spelled}").status_code
+                     for route in ("file/", "file=") for spelled in spellings for _ in range(5)]
+        return {"requests": len(codes), "refused": codes.count(403), "ok": codes.count(403) == len(codes)}
+
+    def parallel_uploads(self) -> dict:
+        """Ten 19.9 MB uploads at once from one address: at most the hourly budget is stored."""
+        body, address = b" " * 19_900_000, self.fresh_address()
+
+        def upload(i: int) -> int:
+            with httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=300) as http:
+                return http.post(f"{self.api}/upload", files={"files": (f"p{i}.json", body, "application/json")}).status_code
+
+        with ThreadPoolExecutor(10) as pool:
+            codes = list(pool.map(upload, range(10)))
+        stored_mb = codes.count(200) * 19.9
+        recording = httpx.post(f"{self.api}/process_recording", timeout=60,
+                               files={"video": ("v.mp4", b"\0" * 1_000_000, "video/mp4")}).status_code
+        return {"accepted": codes.count(200), "stored_mb": round(stored_mb, 1), "recording_route": recording,
+                "ok": stored_mb <= 100 and recording == 404}
+
+    def replay_storm(self) -> dict:
+        """One upload of a trace padded to 19.5 MB, then 30 replays naming it at once from the same address:
+        all but the address's places refused before the file is read."""
+        address = self.fresh_address()
+        padded = SHIPPED.read_bytes() + b" " * (19_500_000 - SHIPPED.stat().st_size)
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=120) as http:
+            path = http.post(f"{self.api}/upload", files={"files": ("padded.json", padded, "application/json")}).json()[0]
+        data = ["math-greedy", {"path": path, "meta": {"_type": "gradio.FileData"}}, 4.0]
+        replay = self.fn_index("", "replay")
+
+        def join(i: int) -> str:
+            with httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=120) as http:
+                session = f"storm{i}-{uuid.uuid4().hex[:6]}"
+                joined = http.post(f"{self.api}/queue/join", json={"data": data, "fn_index": replay,
+                                                                    "session_hash": session, "trigger_id": None})
+                if joined.status_code != 200:
+                    return joined.text
+                with http.stream("GET", f"{self.api}/queue/data", params={"session_hash": session}) as events:
+                    for line in events.iter_lines():
+                        if "process_generating" in line or "process_completed" in line:
+                            return line
+            return ""
+
+        with ThreadPoolExecutor(30) as pool:
+            answers = list(pool.map(join, range(30)))
+        refused = sum("Your address already has" in a for a in answers)
+        return {"requests": 30, "refused": refused, "ok": refused >= 30 - 2}
+
+    def lane_tokens(self) -> dict:
+        """A race of every lane at the most tokens with a 1,200-character prompt: refused by its lane-tokens."""
+        prompt = ("Tell me about the sea. " * 60)[:1200]
+        outcome, message = self.call("compare", [prompt, 512, self.args.block_size, 0.0, 1.0, 0,
+                                                 ["scheduled", "dflash2", "fusion", "ar", "lookup"], None])
+        return {"outcome": outcome, "message": message[:200], "ok": outcome == "error" and "lane-tokens" in message}
+
+    def session_ids(self) -> dict:
+        """4,000 event-stream requests under 14,000-character made-up session ids: refused, nothing kept."""
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=30) as http:
+            codes = [http.get(f"{self.api}/queue/data", params={"session_hash": uuid.uuid4().hex + "x" * 14_000}).status_code
+                     for _ in range(4000)]
+        return {"requests": len(codes), "refused": codes.count(400), "ok": codes.count(400) == len(codes)}
+
+    def direct_run(self) -> dict:
+        """A queued function called on /gradio_api/run/: 404, so the queue's per-visitor bounds hold."""
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=30) as http:
+            codes = [http.post(f"{self.api}/run/compare", json={"data": ["hi", 2, 4, 0.0, 1.0, 0, None, None]}).status_code
+                     for _ in range(20)]
+        return {"requests": len(codes), "refused": codes.count(404), "ok": codes.count(404) == len(codes)}
+
+
+THIRD_PASS = ("file_routes", "parallel_uploads", "replay_storm", "lane_tokens", "session_ids", "direct_run")
+
+
 def run(runner, server, work: Path) -> dict:
+    """Every group, or those named by the load test's `--attacks`."""
     attacks = Attacks(runner, server, work)
     out = {}
-    for name, case in (("crafted_uploads", attacks.crafted), ("frame_costs", attacks.frame_costs),
-                       ("cross_session", attacks.cross_session), ("pause_and_leave", attacks.pause_and_leave),
-                       ("mcp", attacks.mcp), ("renewed_pause", attacks.renewed_pause),
-                       ("queue_hog", attacks.queue_hog), ("unread_replays", attacks.unread_replays),
-                       ("url_inputs", attacks.url_inputs), ("upload_flood", attacks.upload_flood),
-                       ("orphan", attacks.orphan)):
+    groups = (("crafted_uploads", attacks.crafted), ("frame_costs", attacks.frame_costs),
+              ("cross_session", attacks.cross_session), ("pause_and_leave", attacks.pause_and_leave),
+              ("mcp", attacks.mcp), ("renewed_pause", attacks.renewed_pause),
+              ("queue_hog", attacks.queue_hog), ("unread_replays", attacks.unread_replays),
+              ("url_inputs", attacks.url_inputs), ("upload_flood", attacks.upload_flood),
+              ("orphan", attacks.orphan),
+              *((name, lambda name=name: attacks.beside_attack(getattr(attacks, name))) for name in THIRD_PASS))
+    chosen = getattr(runner.args, "attacks", None)
+    for name, case in groups:
+        if chosen and name not in chosen.split(","):
+            continue
         try:
             out[name] = case()
         except Exception as exc:  # noqa: BLE001 - the group failed; the others still run

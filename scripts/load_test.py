@@ -21,11 +21,15 @@ value, or where a browser's own calls are imitated), stops the app, and prints o
    trace; a race paused and left, and one evicted from the pause table; MCP callers as separate
    agents; and the second attack's (issue 59): a pause re-sent forever, one address joining 17
    races and 80 replays it never reads, URLs in any input and in the file route, an upload flood,
-   a race whose page leaves with another request right behind; after each case a normal race from
-   another client must finish within `--probe-timeout-s`. After the app stops, its trace files and
-   uploads must be gone.
+   a race whose page leaves with another request right behind; and the third (issue 66), each
+   beside another visitor's race timed against the same race alone: URLs in the old file route,
+   ten parallel 19.9 MB uploads and the recording route, 30 replays of one 19.5 MB upload at once,
+   a race of every lane at the most tokens, 4,000 event streams under 14,000-character session
+   ids, direct calls of the race function; after each case a normal race from another client must
+   finish within `--probe-timeout-s`. After the app stops, its trace files and uploads must be gone.
 
-`--rounds` picks some of them (e.g. `--rounds security`).
+`--rounds` picks some of them (e.g. `--rounds security`), `--attacks` some groups of the security
+round (e.g. `--attacks file_routes,replay_storm`).
 
 Bounded: every request has a timeout, the whole run a deadline (`--deadline-s`), after which the
 app is stopped and the JSON line reports what was done. Loopback only: it never serves or calls
@@ -375,6 +379,8 @@ def main(argv=None) -> None:
                         help="security round: how long another visitor's normal race may take after each case")
     parser.add_argument("--max-pause-s", type=int, default=20, help="passed to the app (security round)")
     parser.add_argument("--max-replay-s", type=int, default=20, help="passed to the app (security round)")
+    parser.add_argument("--attacks", default="", help="security round: only these groups (comma-separated; "
+                        f"the third pass's: {','.join(load_attacks.THIRD_PASS)}); default: every group")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     rounds = args.rounds.split(",")

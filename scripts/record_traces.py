@@ -67,7 +67,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             frame = None
             lanes = [name for name in args.lanes.split(",") if name]
-            for frame in app.compare(prompt, args.max_new_tokens, args.block_size, temperature, 1.0, args.seed, lanes,
+            for frame in app.live.compare(prompt, args.max_new_tokens, args.block_size, temperature, 1.0, args.seed, lanes,
                                      pair_id):
                 pass
             source = frame[FRAME_FIELDS.index("trace_file")]

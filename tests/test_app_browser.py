@@ -122,7 +122,7 @@ def record_tiny_trace(tiny_dirs, request) -> Path:
 
     request.getfixturevalue("one_thread")
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
-    *_, last = App([spec], spec.id, PairCache("cpu")).compare("What is the capital of France?", 48, 4, 0.0, 1.0, 0)
+    *_, last = App([spec], spec.id, PairCache("cpu")).live.compare("What is the capital of France?", 48, 4, 0.0, 1.0, 0)
     return Path(dict(zip(FRAME_FIELDS, last))["trace_file"])
 
 

@@ -73,7 +73,7 @@ def tiny_app(tiny_dirs, one_thread):
 
 
 def test_the_doctor_runs_on_the_selected_pair_and_renders_its_report(tiny_app):
-    shown = list(tiny_app.diagnose("cli"))
+    shown = list(tiny_app.diagnosis.diagnose("cli"))
     assert all("The doctor is at work" in page and data is None for page, data in shown[:-1])
     assert any("decoding 1 prompts (4 new tokens each)" in page for page, _ in shown)
     page, data = shown[-1]
@@ -92,7 +92,7 @@ def test_the_doctor_waits_for_a_race_on_the_pair_within_the_time_limit(tiny_app)
     tiny_app.diagnosis.limits = Limits(max_race_s=1)
     try:
         with pair.lock:  # a race holds the pair's caches
-            shown = list(tiny_app.diagnose("cli"))
+            shown = list(tiny_app.diagnosis.diagnose("cli"))
     finally:
         tiny_app.diagnosis.limits = tiny_app.limits
     assert any(texts.DOCTOR_WAITING in page for page, _ in shown)
@@ -105,7 +105,7 @@ def test_the_doctor_stops_once_nobody_reads_the_page(tiny_app):
     readers.opened("gone"), readers.closed("gone")
     tiny_app.diagnosis.readers = readers
     try:
-        page, data = list(tiny_app.diagnose("cli", SimpleNamespace(session_hash="gone")))[-1]
+        page, data = list(tiny_app.diagnosis.diagnose("cli", SimpleNamespace(session_hash="gone")))[-1]
     finally:
         tiny_app.diagnosis.readers = tiny_app.readers
     assert data is None and "the visitor left" in page
@@ -117,17 +117,17 @@ def test_a_vllm_pair_gets_the_command_that_asks_its_server():
     from app.pairs.registry import vllm_pair
 
     app = App([vllm_pair("http://127.0.0.1:9", None, 4)], "vllm", PairCache("cpu"))
-    [(page, data)] = list(app.diagnose("vllm"))
+    [(page, data)] = list(app.diagnosis.diagnose("vllm"))
     assert data is None and html.escape(texts.DOCTOR_VLLM) in page
     assert "python -m dflash_core doctor --target TARGET --drafter DRAFTER --server http://127.0.0.1:9" in page
 
 
 def test_no_model_and_unknown_pairs_are_errors(tiny_app):
     with pytest.raises(gr.Error) as caught:
-        list(App([], "", None).diagnose("cli"))
+        list(App([], "", None).diagnosis.diagnose("cli"))
     assert caught.value.message == html.escape(texts.NO_MODEL, quote=False)
     with pytest.raises(gr.Error) as caught:
-        list(tiny_app.diagnose(HOSTILE))
+        list(tiny_app.diagnosis.diagnose(HOSTILE))
     assert "<img" not in caught.value.message and "Unknown model pair" in caught.value.message
 
 
@@ -138,3 +138,31 @@ def test_the_button_runs_in_the_race_queue_and_only_where_pairs_race_live(tiny_a
     assert fns["diagnose"].concurrency_limit == fns["compare"].concurrency_limit == 2
     replay_only = build_demo([], "", live=False)
     assert "diagnose" not in {f.api_name for f in replay_only.fns.values()}
+
+
+def test_a_doctor_whose_visitor_left_frees_the_pair_within_a_cycle_not_a_step(tiny_app, monkeypatch):
+    import time
+
+    import dflash_core.decoding as decoding
+    import dflash_core.doctor.measure as measure
+
+    real = decoding.generate
+
+    def slow(*args, **kwargs):  # a cycle of a big pair: each of the step's 48 x 2 cycles takes 50 ms
+        for event in real(*args, **kwargs):
+            time.sleep(0.05)
+            yield event
+
+    monkeypatch.setattr(decoding, "generate", slow)
+    monkeypatch.setattr(measure, "generate", slow, raising=False)
+    monkeypatch.setattr(tiny_app.diagnosis, "ask", Ask(prompts=2, max_new_tokens=48))
+    pair = tiny_app.cache.get(tiny_app.pairs["cli"])
+    shown = tiny_app.diagnosis.diagnose("cli")
+    next(page for page, _ in shown if "decoding 2 prompts" in page)  # the first step has started
+    time.sleep(0.2)
+    assert pair.lock.locked()
+    shown.close()  # the visitor left
+    left = time.perf_counter()
+    while pair.lock.locked() and time.perf_counter() - left < 10:
+        time.sleep(0.01)
+    assert time.perf_counter() - left < 0.5  # the step alone takes about 5 s

@@ -43,7 +43,7 @@ def app(tiny_dirs, dflash2_dir, fusion_dir, one_thread):
 
 
 def race(app, lanes, temperature=0.0) -> dict:
-    *_, last = app.compare(PROMPT, 24, BLOCK, temperature, 1.0, 0, lanes)
+    *_, last = app.live.compare(PROMPT, 24, BLOCK, temperature, 1.0, 0, lanes)
     return dict(zip(FRAME_FIELDS, last))
 
 
@@ -76,7 +76,7 @@ def test_dflash2_and_fusion_lanes_race_losslessly_and_record_the_walk(raced):
 
 
 def test_the_cycle_view_lays_out_the_picked_lane_with_the_walk_highlighted(app, raced):
-    view, slider = app.pick_lane("dflash2")
+    view, slider = app.stepping.pick_lane("dflash2")
     trace = validate_trace(raced["trace_file"])
     blocks = trace["runs"]["dflash2"]["blocks"]
     last = blocks[-1]
@@ -92,15 +92,15 @@ def test_the_cycle_view_lays_out_the_picked_lane_with_the_walk_highlighted(app, 
     assert f"the walk left the head's first choice in <b>{left}</b> of {len(last['draft_ids'])} slots" in view
     assert "✓ accepted" in view or "✗ rejected" in view  # the target's verdict per slot, as for DFlash
     # Picking a cycle keeps the lane; the fusion lane's features enter at its input; DFlash has no walk.
-    first, _ = app.pick_cycle(0)
+    first, _ = app.stepping.pick_cycle(0)
     assert f"DFlash2 lane · Cycle 0 of {len(blocks)}" in first
-    fusion, _ = app.pick_lane("fusion")
+    fusion, _ = app.stepping.pick_lane("fusion")
     assert "input fusion lane · Cycle" in fusion and "fed <b>once</b>, at the drafter's input" in fusion
     assert '<tr class="walk">' not in fusion
     # After a race without the lane picked the view says so; picking DFlash lays out DFlash's cycles.
     race(app, [])
-    assert "The DFlash2 lane is not in this race" in app.pick_lane("dflash2")[0]
-    dflash, _ = app.pick_lane("dflash")
+    assert "The DFlash2 lane is not in this race" in app.stepping.pick_lane("dflash2")[0]
+    dflash, _ = app.stepping.pick_lane("dflash")
     assert dflash.count("<h4>Cycle ") == 1 and "injected into every drafter layer" in dflash
 
 
@@ -122,7 +122,7 @@ def test_a_lane_whose_drafter_is_not_there_is_not_offered_and_says_why(tiny_dirs
                                   f"{tmp_path / 'not-trained-yet'} has no config.json.") in status
     assert app.cache.get(spec).lanes == ("dflash", "scheduled", "lookup", "plain")
     with pytest.raises(Exception, match="cannot race the DFlash2 lane: its DFlash2 drafter is not there yet"):
-        list(app.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["dflash2"]))
+        list(app.live.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["dflash2"]))
     assert race(app, ["lookup"])["report"]["lanes"]["lookup"]["identical"] is True  # the pair races on
 
 

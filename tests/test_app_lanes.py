@@ -90,7 +90,7 @@ def test_a_pair_without_an_ar_drafter_says_which_pairs_have_one(tiny_dirs, one_t
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
     app = App([spec], spec.id, PairCache("cpu"))
     with pytest.raises(Exception, match="cannot race the AR drafter lane: the pair names no autoregressive drafter"):
-        list(app.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["ar"]))
+        list(app.live.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["ar"]))
 
 
 def test_the_scheduled_lane_races_losslessly_and_its_trace_records_each_verified_length(client, monkeypatch):
@@ -131,12 +131,12 @@ def test_a_scheduled_race_replays_from_its_trace_as_it_was_shown(tiny_dirs, one_
 
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
     app = App([spec], spec.id, PairCache("cpu"))
-    *_, live = app.compare(PROMPT, 16, BLOCK, 0.0, 1.0, 0, ["scheduled"])
+    *_, live = app.live.compare(PROMPT, 16, BLOCK, 0.0, 1.0, 0, ["scheduled"])
     live = dict(zip(FRAME_FIELDS, live))
     recording = load_trace(live["trace_file"])
     assert recording.runs["scheduled"].block_schedule == "auto"
     assert all(b.verify_len is not None for b in recording.runs["scheduled"].blocks)
-    *_, replayed = app.replay(live["trace_file"], None, 4.0)
+    *_, replayed = app.playback.replay(live["trace_file"], None, 4.0)
     replayed = dict(zip(FRAME_FIELDS, replayed))
     for name in ("scheduled_tokens", "scheduled_strip", "dflash_strip", "report"):
         assert replayed[name] == live[name], name
@@ -166,8 +166,8 @@ def test_a_drafter_that_drafts_slot_by_slot_races_the_scheduled_lane_at_temperat
     app = App([spec], spec.id, PairCache("cpu"))
     with pytest.raises(Exception, match=r"drafter \(dflash2\) conditions each draft on the ones before it, so the "
                                         "scheduled block lane races it at temperature 0 only"):
-        list(app.compare(PROMPT, 8, BLOCK, 0.8, 1.0, 0, ["scheduled"]))
-    *_, last = app.compare(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["scheduled"])
+        list(app.live.compare(PROMPT, 8, BLOCK, 0.8, 1.0, 0, ["scheduled"]))
+    *_, last = app.live.compare(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["scheduled"])
     assert dict(zip(FRAME_FIELDS, last))["report"]["lanes"]["scheduled"]["identical"] is True
 
 
@@ -182,12 +182,12 @@ def test_a_stopped_race_names_each_lanes_method_and_schedule_in_its_trace(tiny_d
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
     app = App([spec], spec.id, PairCache("cpu"))
     visitor = SimpleNamespace(session_hash="stopper")  # all a handler reads of gr.Request
-    frames = app.compare("Tell me a long story.", 400, BLOCK, 0.0, 1.0, 0, ["scheduled", "lookup"], request=visitor)
+    frames = app.live.compare("Tell me a long story.", 400, BLOCK, 0.0, 1.0, 0, ["scheduled", "lookup"], request=visitor)
     for values in frames:  # every lane has tokens on screen (a lane with none leaves no trace to write)
         shown = [values[FRAME_FIELDS.index(f"{lane}_tokens")] for lane in ("dflash", "scheduled", "lookup", "plain")]
         if all(isinstance(html, str) and html.count('class="tok ') >= 3 for html in shown):
             break
-    assert app.stops.request("stopper") is True
+    assert app.live.stops.request("stopper") is True
     *_, last = frames
     last = dict(zip(FRAME_FIELDS, last))
     assert last["report"]["stopped"] is True, last["report"]

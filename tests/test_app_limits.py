@@ -18,9 +18,9 @@ GOOD = ("hi", 8, 4, 0.0, 1.0, 0)
 
 
 def test_a_good_request_comes_back_typed():
-    req = check_request(LIMITS, "hi", 8.0, "4", 0, 1, 7.0)
+    req = check_request(LIMITS, "pair", "hi", 8.0, "4", 0, 1, 7.0)
     assert (req.max_new_tokens, req.block_size, req.sampling.seed) == (8, 4, 7)
-    assert check_request(LIMITS, "hi", 8, 4, 0.7, 0.9, None).sampling.seed is None
+    assert check_request(LIMITS, "pair", "hi", 8, 4, 0.7, 0.9, None).sampling.seed is None
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_bad_values_are_named_in_the_message(index, value, message):
     args = list(GOOD)
     args[index] = value
     with pytest.raises(ValueError, match=message):
-        check_request(LIMITS, *args)
+        check_request(LIMITS, "pair", *args)
 
 
 def test_limits_reject_nonsense_bounds():

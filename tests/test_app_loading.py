@@ -66,7 +66,7 @@ def fake_hub(monkeypatch, tiny_dirs, tmp_path):
 def test_download_progress_reaches_the_status_line(fake_hub):
     spec = spec_for("fake-org/target", "fake-org/drafter")
     app = App([spec], spec.id, PairCache("cpu"))
-    lines = [status for status, _ in app.load_selected(spec.id)]
+    lines = [status for status, _ in app.loading.load_selected(spec.id)]
     assert lines[0] == "Loading **tiny pair** on cpu (first time only)…"
     assert "downloading fake-org/target: 1.00 of 3.00 GB, 1 of 3 files" in " ".join(lines)
     assert "downloading fake-org/drafter: 3.00 of 3.00 GB, 3 of 3 files" in " ".join(lines)
@@ -79,7 +79,7 @@ def test_download_progress_reaches_the_status_line(fake_hub):
 def test_the_size_from_the_hub_reaches_the_status_line_before_the_download(fake_hub):
     spec = spec_for("fake-org/target", "fake-org/drafter")
     app = App([spec], spec.id, PairCache("cpu"))
-    lines = [status for status, _ in app.load_selected(spec.id)]
+    lines = [status for status, _ in app.loading.load_selected(spec.id)]
     # 1.5 G and 0.5 G bf16 values, loaded as float32 on the CPU.
     assert lines[1] == (
         "Loading **tiny pair** on cpu (first time only): weights 8.0 GB (target 6.0 GB + drafter 2.00 GB, "
@@ -96,25 +96,25 @@ GPU_PAIR = PairSpec(id="big", label="big pair", target="fake-org/big", drafter="
 def test_a_gpu_too_small_for_the_pair_is_refused_before_anything_downloads(fake_hub):
     cache = PairCache("cuda:0", memory=lambda: (20 * GB, 24 * GB), hub_api=hub_sizes(big=({"BF16": 30 * GB}, {})))
     app = App([GPU_PAIR], GPU_PAIR.id, cache)
-    *_, (status, _) = app.load_selected(GPU_PAIR.id)
+    *_, (status, _) = app.loading.load_selected(GPU_PAIR.id)
     assert status.startswith("⚠ **Could not load big pair:** big pair needs about 76.2 GB on cuda:0 (weights 61.0 GB")
     assert "but cuda:0 has 20.0 GB free of 24.0 GB. The GPU is too small for this pair" in status
     assert fake_hub == [] and not cache.is_loaded(GPU_PAIR)  # nothing downloaded, nothing loaded
     with pytest.raises(gr.Error) as raised:  # a race on it says the same, and the app keeps serving
-        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=GPU_PAIR.id))
+        list(app.live.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=GPU_PAIR.id))
     assert "The GPU is too small for this pair" in raised.value.message
 
 
 def test_a_pair_missing_from_the_hub_is_broken_not_too_big(fake_hub):
     cache = PairCache("cuda:0", memory=lambda: (100 * GB, 141 * GB), hub_api=hub_sizes(big=not_found("fake-org/big")))
-    *_, (status, _) = App([GPU_PAIR], GPU_PAIR.id, cache).load_selected(GPU_PAIR.id)
+    *_, (status, _) = App([GPU_PAIR], GPU_PAIR.id, cache).loading.load_selected(GPU_PAIR.id)
     assert "'fake-org/big' is not a model repository on the Hugging Face Hub" in status and fake_hub == []
 
 
 def test_an_unreachable_hub_says_so_and_the_pair_still_loads(fake_hub):
     offline = hub_sizes(target=ConnectionError("[Errno -3] Temporary failure in name resolution"))
     spec = spec_for("fake-org/target", "fake-org/drafter")
-    lines = [status for status, _ in App([spec], spec.id, PairCache("cpu", hub_api=offline)).load_selected(spec.id)]
+    lines = [status for status, _ in App([spec], spec.id, PairCache("cpu", hub_api=offline)).loading.load_selected(spec.id)]
     assert "size unknown before download: the Hub could not be reached for fake-org/target (ConnectionError" in lines[1]
     assert [repo for repo, _ in fake_hub] == ["fake-org/target", "fake-org/drafter"]  # downloaded anyway
     assert lines[-1].startswith("✓ **tiny pair** ready on cpu") and "from the safetensors files" in lines[-1]
@@ -135,12 +135,12 @@ def test_switching_pairs_frees_the_previous_one_unless_memory_allows_both(tiny_d
     cache = PairCache("cpu", memory=lambda: (free["bytes"], 141 * GB))
     first, second, third = (spec_for(*tiny_dirs, pair_id=i, label=f"pair {i}") for i in "abc")
     app = App([first, second, third], "a", cache)
-    *_, (status, _) = app.load_selected("a")
+    *_, (status, _) = app.loading.load_selected("a")
     assert "Freed" not in status
-    *_, (status, _) = app.load_selected("b")  # plenty of room: both stay
+    *_, (status, _) = app.loading.load_selected("b")  # plenty of room: both stay
     assert cache.is_loaded(first) and cache.is_loaded(second) and cache.freed == []
     free["bytes"] = 1000  # less than the next pair's weights
-    *_, (status, _) = app.load_selected("c")
+    *_, (status, _) = app.loading.load_selected("c")
     assert cache.is_loaded(third) and not cache.is_loaded(first) and not cache.is_loaded(second)
     assert cache.freed == ["pair a", "pair b"] and "Freed pair a, pair b to make room." in status
 
@@ -169,10 +169,10 @@ class FailingCache(PairCache):
 def test_load_failures_reach_the_visitor_as_messages(tiny_dirs, error, words):
     spec = spec_for(*tiny_dirs)
     app = App([spec], spec.id, FailingCache(error))
-    *_, (status, _) = app.load_selected(spec.id)
+    *_, (status, _) = app.loading.load_selected(spec.id)
     assert status.startswith("⚠ **Could not load tiny pair:** ") and words in status
     with pytest.raises(gr.Error) as raised:
-        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=spec.id))
+        list(app.live.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=spec.id))
     assert words in raised.value.message
 
 
@@ -186,7 +186,7 @@ def test_a_cuda_error_during_the_race_is_a_message(tiny_dirs, monkeypatch):
 
     monkeypatch.setattr(dflash_core, "generate", broken_generate)  # the race imports it at call time
     with pytest.raises(gr.Error) as raised:
-        list(app.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=spec.id))
+        list(app.live.compare("Hi", 8, 4, 0.0, 1.0, 0, pair_id=spec.id))
     assert raised.value.message.startswith("CUDA error on cpu (RuntimeError: CUDA error: device-side assert")
 
 

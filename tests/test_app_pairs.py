@@ -53,11 +53,11 @@ def test_missing_drafter_says_how_to_train_it(tmp_path):
 def test_unavailable_pair_shows_a_status_and_refuses_to_race(tmp_path):
     pairs, _ = load_pairs()
     app = App(pairs, "qwen3-8b", PairCache("cpu"))
-    status = list(app.load_selected("qwen3-8b"))
+    status = list(app.loading.load_selected("qwen3-8b"))
     assert len(status) == 1 and "Unavailable" in status[0][0] and "GPU" in status[0][0]
     assert "Replay a recorded run" in status[0][0]  # where no model runs, the page points to the replays
     with pytest.raises(gr.Error, match="needs a CUDA GPU"):
-        list(app.compare("hello", 8, 4, 0.0, 1.0, 0, pair_id="qwen3-8b"))
+        list(app.live.compare("hello", 8, 4, 0.0, 1.0, 0, pair_id="qwen3-8b"))
 
 
 def test_mismatched_pair_is_a_clear_error(tiny_dirs, tmp_path):
@@ -66,16 +66,16 @@ def test_mismatched_pair_is_a_clear_error(tiny_dirs, tmp_path):
     other = build_target(tmp_path / "other", hidden=48)  # hidden size differs from the drafter's
     spec = cli_pair(str(other), str(tiny_dirs[1]))
     app = App([spec], spec.id, PairCache("cpu"))
-    assert "Could not load" in list(app.load_selected(spec.id))[-1][0]
+    assert "Could not load" in list(app.loading.load_selected(spec.id))[-1][0]
     with pytest.raises(gr.Error, match="hidden_size"):
-        list(app.compare("hello", 8, 4, 0.0, 1.0, 0))
+        list(app.live.compare("hello", 8, 4, 0.0, 1.0, 0))
 
 
 def test_missing_target_files_are_a_clear_error(tiny_dirs, tmp_path):
     spec = cli_pair(str(tmp_path / "no-such-target"), str(tiny_dirs[1]))
     app = App([spec], spec.id, PairCache("cpu"))
     with pytest.raises(gr.Error, match="not found"):
-        list(app.compare("hello", 8, 4, 0.0, 1.0, 0))
+        list(app.live.compare("hello", 8, 4, 0.0, 1.0, 0))
 
 
 def test_thread_default_leaves_a_core_to_a_local_browser():
@@ -94,3 +94,22 @@ def test_the_offline_pair_names_the_drafters_bench_methods_races():
     pairs, default_id = load_pairs()
     offline = next(p for p in pairs if p.id == default_id)
     assert offline.lane_drafters() == DEFAULT_DRAFTERS and set(DEFAULT_DRAFTERS) == set(DRAFTER_LANES)
+
+
+def test_a_vllm_pair_refuses_a_block_size_its_server_does_not_serve_before_asking_it():
+    from app.pairs.registry import vllm_pair
+
+    spec = vllm_pair("http://127.0.0.1:9/v1", None, 4)  # nothing listens there: the refusal comes first
+    app = App([spec], spec.id, PairCache("cpu"))
+    with pytest.raises(gr.Error, match=r"This vLLM pair's server drafts blocks of 4 \(vLLM fixes the block per "
+                                       r"server\), so it cannot race block size 8: set the block size to 4"):
+        list(app.live.compare("hello", 4, 8, 0.0, 1.0, 0))
+
+
+def test_a_block_size_past_the_drafters_trained_one_is_refused_by_the_engines_check(tiny_dirs):
+    spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    app = App([spec], spec.id, PairCache("cpu"))
+    trained = app.loading.cache.get(spec).trained_block_size
+    with pytest.raises(gr.Error, match=rf"block_size {trained + 1} must be between 1 and the drafter's trained block "
+                                       rf"size {trained}"):
+        list(app.live.compare("hello", 4, trained + 1, 0.0, 1.0, 0))

@@ -47,12 +47,12 @@ def test_stop_ends_the_race_within_one_cycle_and_the_next_starts_at_once(tiny_sp
 
     pair.drafter.forward = counted
     try:
-        frames = app.compare("Tell me a long story.", 400, 4, 0.0, 1.0, 0, request=Visitor("s1"))
+        frames = app.live.compare("Tell me a long story.", 400, 4, 0.0, 1.0, 0, request=Visitor("s1"))
         for values in frames:
             if values[FRAME_FIELDS.index("dflash_tokens")].count('class="tok ') >= 3:  # tokens on screen: the race is running
                 break
         cycles_at_stop = len(computed)
-        assert app.stops.request("s1") is True
+        assert app.live.stops.request("s1") is True
         last = list(frames)
     finally:
         pair.drafter.forward = step
@@ -60,9 +60,9 @@ def test_stop_ends_the_race_within_one_cycle_and_the_next_starts_at_once(tiny_sp
     summary_html, report = last[0][0], last[0][-2]
     assert report["stopped"] is True and "Stopped" in summary_html
     assert report["dflash_tokens"] < 400 and len(computed) - cycles_at_stop <= 1
-    assert not pair.lock.locked() and len(app.stops) == 0
+    assert not pair.lock.locked() and len(app.live.stops) == 0
     t0 = time.perf_counter()
-    nxt = list(app.compare("hi", 4, 4, 0.0, 1.0, 0, request=Visitor("s1")))
+    nxt = list(app.live.compare("hi", 4, 4, 0.0, 1.0, 0, request=Visitor("s1")))
     assert nxt[-1][-2]["stopped"] is False and nxt[-1][-2]["identical"] is True
     assert time.perf_counter() - t0 < 30
 

@@ -36,12 +36,12 @@ def app(tiny_dirs):
 
 @pytest.fixture(scope="module", params=[0.0, 0.8], ids=["greedy", "sampled"])
 def live(app, request):
-    frames = list(app.compare("What is the capital of France?", 24, 4, request.param, 0.9, 3))
+    frames = list(app.live.compare("What is the capital of France?", 24, 4, request.param, 0.9, 3))
     return final_frame(frames)
 
 
 def test_replay_reproduces_the_live_race(app, live):
-    replayed = final_frame(app.replay(live["trace_file"], None, 4.0))
+    replayed = final_frame(app.playback.replay(live["trace_file"], None, 4.0))
     for name in ("dflash_tokens", "plain_tokens", "dflash_strip", "report"):
         assert replayed[name] == live[name], name
     # Same summary numbers (the note under them says it is a replay).
@@ -71,7 +71,7 @@ def test_bad_trace_files_give_a_clear_error(app, tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(gr.Error) as excinfo:
-        list(app.replay(str(path), None, 1.0))
+        list(app.playback.replay(str(path), None, 1.0))
     assert message in str(excinfo.value)
 
 
@@ -81,14 +81,14 @@ def test_a_trace_of_one_side_is_not_a_race(app, live, tmp_path):
     path = tmp_path / "one-side.json"
     path.write_text(json.dumps(data))
     with pytest.raises(gr.Error, match="holds no plain run"):
-        list(app.replay(str(path), None, 1.0))
+        list(app.playback.replay(str(path), None, 1.0))
 
 
 def test_replay_speed_and_missing_file_are_checked(app, live, tmp_path):
     with pytest.raises(gr.Error, match="between 0.25x and 4x"):
-        list(app.replay(live["trace_file"], None, 8.0))
+        list(app.playback.replay(live["trace_file"], None, 8.0))
     with pytest.raises(gr.Error, match="not found"):
-        list(app.replay(str(tmp_path / "none.json"), None, 1.0))
+        list(app.playback.replay(str(tmp_path / "none.json"), None, 1.0))
     with pytest.raises(ReplayError, match="no trace chosen"):
         load_trace(None)
 
@@ -129,7 +129,7 @@ def test_a_shipped_replay_ends_on_its_recorded_summary():
         pytest.skip("no traces under assets/traces")
     path = shipped[0][0]
     app = App([], "", None)
-    last = final_frame(app.replay(str(path), None, 4.0))
+    last = final_frame(app.playback.replay(str(path), None, 4.0))
     recorded = json.loads(path.read_text())
     assert last["report"] == recorded["report"]
     assert last["dflash_tokens"].count('class="tok ') == len(recorded["runs"]["dflash"]["output_ids"])
@@ -151,7 +151,7 @@ def test_a_live_race_pauses_steps_one_cycle_and_stays_lossless(app):
     from types import SimpleNamespace
 
     request = SimpleNamespace(session_hash="live-step")
-    frames = app.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, None, request)
+    frames = app.live.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, None, request)
 
     def bonus_count(frame):
         html = frame.get("dflash_tokens")
@@ -160,18 +160,18 @@ def test_a_live_race_pauses_steps_one_cycle_and_stays_lossless(app):
     frame = {}
     while bonus_count(frame) < 1:
         frame = dict(zip(FRAME_FIELDS, next(frames)))
-    app.pause(request)
+    app.stepping.pause(request)
     while "Paused" not in str(frame["control_status"]):
         frame = dict(zip(FRAME_FIELDS, next(frames)))
     paused = bonus_count(frame)
     assert "block 0 · slot" in frame["dflash_tokens"]  # paused frames carry the hover boxes
     for k in (1, 2):
-        assert app.step(request) == gr.update()  # the race's next frame says where it paused
+        assert app.stepping.step(request) == gr.update()  # the race's next frame says where it paused
         frame = dict(zip(FRAME_FIELDS, next(frames)))
         while "Paused" not in str(frame["control_status"]):
             frame = dict(zip(FRAME_FIELDS, next(frames)))
         assert bonus_count(frame) == paused + k  # one DFlash cycle per Step
-    app.resume(request)
+    app.stepping.resume(request)
     *_, last = frames
     report = dict(zip(FRAME_FIELDS, last))["report"]
     assert report["identical"] is True and report["dflash_tokens"] == report["plain_tokens"]

@@ -96,7 +96,7 @@ def test_a_huge_block_size_without_a_report_is_refused_at_once(shipped, tmp_path
 
     path = crafted(shipped, edit, tmp_path)
     with pytest.raises(gr.Error, match=r"trace.runs.dflash.block_size is 10000000; it must be from 1 to 1024"):
-        within(20, lambda: list(App([], "", None).replay(path, None, 4.0)))
+        within(20, lambda: list(App([], "", None).playback.replay(path, None, 4.0)))
 
 
 SIZING = {  # each field that sizes a replay's work, set past what the file holds
@@ -177,10 +177,10 @@ def test_one_session_can_neither_replay_nor_claim_another_sessions_trace(demo, s
     alices = app.traces.write("alice", shipped)
     bob, alice = SimpleNamespace(session_hash="bob"), SimpleNamespace(session_hash="alice")
     with pytest.raises(gr.Error, match="belongs to another visitor's session"):
-        list(app.replay(None, alices, 4.0, bob))
+        list(app.playback.replay(None, alices, 4.0, bob))
     with pytest.raises(gr.Error, match="unknown recorded run '/etc/passwd'"):
-        list(app.replay("/etc/passwd", None, 4.0, bob))  # a recorded run is named, never a path
-    assert "Replaying" in str(next(app.replay(None, alices, 4.0, alice))[0])
+        list(app.playback.replay("/etc/passwd", None, 4.0, bob))  # a recorded run is named, never a path
+    assert "Replaying" in str(next(app.playback.replay(None, alices, 4.0, alice))[0])
 
 
 # --- 3. a hostile report never reaches the page as markup ----------------------------------------------
@@ -215,11 +215,11 @@ def test_an_error_that_quotes_markup_shows_it_as_text(shipped, tmp_path, tiny_ap
     # Gradio renders an error's message as HTML (scripts stripped, an <img> of any address kept).
     path = crafted(shipped, lambda t: t["report"].update(first_difference=HOSTILE), tmp_path)
     with pytest.raises(gr.Error) as caught:
-        list(App([], "", None).replay(path, None, 1.0))
+        list(App([], "", None).playback.replay(path, None, 1.0))
     assert "<img" not in caught.value.message
     assert "got '&lt;img src=x onerror=alert(1)&gt;'" in caught.value.message
     with pytest.raises(gr.Error) as caught:  # a live request's message quotes the visitor's value too
-        list(tiny_app.compare("hi", HOSTILE, 4, 0.0, 1.0, 0))
+        list(tiny_app.live.compare("hi", HOSTILE, 4, 0.0, 1.0, 0))
     assert caught.value.message == "max_new_tokens must be a number, got '&lt;img src=x onerror=alert(1)&gt;'."
 
 
@@ -268,11 +268,11 @@ def tiny_app(tiny_dirs, one_thread):
 def test_a_live_race_left_paused_frees_the_model_and_says_so(tiny_app):
     tiny_app.controls.max_pause_s = 1  # what --max-pause-s 1 gives
     request = SimpleNamespace(session_hash="pauser")
-    frames = tiny_app.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, None, request)
+    frames = tiny_app.live.compare("What is the capital of France?", 24, 4, 0.0, 1.0, 0, None, None, request)
     frame = {}
     while "tok-bonus" not in str(frame.get("dflash_tokens")):
         frame = dict(zip(FRAME_FIELDS, next(frames)))
-    tiny_app.pause(request)
+    tiny_app.stepping.pause(request)
     t0 = time.perf_counter()
     last = final(within(30, lambda: list(frames)))
     assert time.perf_counter() - t0 < 10
@@ -293,7 +293,7 @@ def test_a_replay_clock_is_capped_and_the_replay_says_so(shipped, tmp_path):
     app = App([], "", None)
     app.playback.limits = SimpleNamespace(**{**vars(Limits()), "max_replay_s": 2})  # --max-replay-s 2
     t0 = time.perf_counter()
-    last = final(within(30, lambda: list(app.replay(path, None, 4.0))))
+    last = final(within(30, lambda: list(app.playback.replay(path, None, 4.0))))
     assert time.perf_counter() - t0 < 15
     assert "replay limit (--max-replay-s)" in last["summary"]
 
@@ -317,11 +317,11 @@ def test_replays_have_their_own_slots_and_line_and_say_when_both_are_full(shippe
     slots.leave(playing=True)
     assert slots.wait(0.1)
     app = App([], "", None, Limits(replay_concurrency=1, replay_queue=1))
-    playing, waiting = (app.replay(str(SHIPPED), None, 0.25, SimpleNamespace(session_hash=s)) for s in "ab")
+    playing, waiting = (app.playback.replay(str(SHIPPED), None, 0.25, SimpleNamespace(session_hash=s)) for s in "ab")
     assert "Replaying" in next(playing)[0]
     assert "Waiting for a free replay slot (1 replays are playing)" in next(waiting)[0]
     with pytest.raises(gr.Error, match="The server is busy: 1 replays are playing and 1 waiting"):
-        next(app.replay(str(SHIPPED), None, 0.25, SimpleNamespace(session_hash="c")))
+        next(app.playback.replay(str(SHIPPED), None, 0.25, SimpleNamespace(session_hash="c")))
     playing.close()  # the slot is given back when its stream ends
     assert "Replaying" in next(waiting)[0]
     waiting.close()
@@ -379,7 +379,7 @@ def test_a_400_digit_number_is_named_in_the_message(index, name):
     args = ["hi", 8, 4, 0.0, 1.0, 0]
     args[index] = HUGE
     with pytest.raises(ValueError) as caught:
-        check_request(Limits(), *args)
+        check_request(Limits(), "pair", *args)
     assert str(caught.value).startswith(name) and "401-digit integer" in str(caught.value)
 
 
@@ -404,14 +404,14 @@ def test_each_bad_trace_gets_its_own_message_naming_the_field(shipped, tmp_path,
     edit, message = BAD_TRACES[case]
     path = crafted(shipped, edit, tmp_path)
     with pytest.raises(gr.Error) as caught:
-        list(App([], "", None).replay(path, None, 1.0))
+        list(App([], "", None).playback.replay(path, None, 1.0))
     assert message in str(caught.value) and "unexpected" not in str(caught.value)
 
 
 def test_the_token_limit_message_is_the_limit_not_an_unexpected_error(tiny_app):
     bounded = App(list(tiny_app.pairs.values()), tiny_app.default_id, tiny_app.cache, Limits(max_prompt_tokens=3))
     with pytest.raises(gr.Error) as caught:
-        list(bounded.compare("a much longer prompt than three tokens can hold, by far", 4, 4, 0.0, 1.0, 0))
+        list(bounded.live.compare("a much longer prompt than three tokens can hold, by far", 4, 4, 0.0, 1.0, 0))
     assert str(caught.value).strip("'\"").startswith("The prompt is") and "unexpected" not in str(caught.value)
 
 
@@ -527,7 +527,7 @@ def replayed(data: dict, tmp_path, max_replay_s: int = 2, session: str = "visito
     path.write_text(json.dumps(data))
     app = App([], "", None, Limits(max_replay_s=max_replay_s))
     t0 = time.perf_counter()
-    frames = within(120, lambda: list(app.replay(str(path), None, 4.0, SimpleNamespace(session_hash=session))))
+    frames = within(120, lambda: list(app.playback.replay(str(path), None, 4.0, SimpleNamespace(session_hash=session))))
     return app, frames, time.perf_counter() - t0
 
 
@@ -553,7 +553,7 @@ def test_a_replay_is_paced_by_the_bytes_it_draws(shipped, tmp_path, crafting):
     path = tmp_path / "crafted.json"
     path.write_text(json.dumps(crafting.long_texts(shipped, tr.MAX_TOKEN_CHARS)))
     app = App([], "", None, Limits(max_replay_s=3))
-    for frame in app.replay(str(path), None, 4.0, SimpleNamespace(session_hash="pacer")):
+    for frame in app.playback.replay(str(path), None, 4.0, SimpleNamespace(session_hash="pacer")):
         seen.append((time.perf_counter(), html_bytes(frame)))
     assert len(seen) >= 4
     # A frame of n bytes: the next one n / rate later (measured where the frames arrive, so give
@@ -570,10 +570,10 @@ def test_the_cycle_picker_answers_within_its_budget_whatever_the_cycle(shipped, 
                  crafting.long_texts(shipped, tr.MAX_TOKEN_CHARS)):
         app, _, _ = replayed(data, tmp_path, session="picker")
         request = SimpleNamespace(session_hash="picker")
-        answers = [app.pick_cycle(index, request)[0] for index in (0, 1, 5, 10**6)]
-        answers.append(app.follow_latest(True, request))
+        answers = [app.stepping.pick_cycle(index, request)[0] for index in (0, 1, 5, 10**6)]
+        answers.append(app.stepping.follow_latest(True, request))
         assert all("Cycle " in a and len(a.encode()) <= CYCLE_BYTES for a in answers)  # was 0.73 MB at block 1024
-    assert "more slots not drawn" in answers[0] or "more slots not drawn" in app.pick_cycle(0, request)[0]
+    assert "more slots not drawn" in answers[0] or "more slots not drawn" in app.stepping.pick_cycle(0, request)[0]
 
 
 def test_a_long_races_final_frame_keeps_its_hover_boxes_within_budget(shipped, tmp_path, crafting):
@@ -596,7 +596,7 @@ def test_a_long_races_final_frame_keeps_its_hover_boxes_within_budget(shipped, t
 
 def test_a_shipped_replay_still_draws_every_token_and_hover_box(tmp_path):
     """What the budgets must not change: a recorded race of the app's size is drawn whole."""
-    last = final(within(60, lambda: list(App([], "", None).replay(str(SHIPPED), None, 4.0))))
+    last = final(within(60, lambda: list(App([], "", None).playback.replay(str(SHIPPED), None, 4.0))))
     for lane in ("dflash", "ar", "lookup", "plain"):
         pane = last[f"{lane}_tokens"]
         assert pane.count('<span class="tok ') == 128 == pane.count('<span class="tip">') and 'title="' not in pane
@@ -621,7 +621,7 @@ def test_a_trace_that_once_failed_silently_gets_a_message_naming_the_field(shipp
     edit, message = UNCHECKED[case]
     path = crafted(shipped, edit, tmp_path)
     with pytest.raises(gr.Error) as caught:
-        within(60, lambda: list(App([], "", None).replay(path, None, 4.0)))
+        within(60, lambda: list(App([], "", None).playback.replay(path, None, 4.0)))
     assert message in caught.value.message and "unexpected" not in caught.value.message
 
 
@@ -634,7 +634,7 @@ def test_any_failure_of_a_replay_becomes_the_escaped_visitor_message(stage, monk
 
     monkeypatch.setattr(playback, "load_trace" if stage == "loading" else "race_frame", fail)
     with pytest.raises(gr.Error) as caught:
-        within(60, lambda: list(App([], "", None).replay(str(SHIPPED), None, 4.0)))
+        within(60, lambda: list(App([], "", None).playback.replay(str(SHIPPED), None, 4.0)))
     message = caught.value.message
     assert message.startswith("math-greedy could not be replayed (KeyError: ") and "secret.json" in message
     assert "<img" not in message and "&lt;img src=x onerror=alert(1)&gt;" in message

@@ -123,13 +123,13 @@ def test_a_run_ends_at_its_wall_clock_budget_whether_paused_or_playing():
 def test_a_replay_held_by_pauses_gives_its_slot_back_at_the_budget():
     app = App([], "", None, Limits(max_pause_s=1, replay_concurrency=1, replay_queue=1))
     viewer = request_from("pauser")
-    stream = app.replay(str(SHIPPED), None, 0.25, viewer)
+    stream = app.playback.replay(str(SHIPPED), None, 0.25, viewer)
     frames_of(stream)
     stop = threading.Event()
 
     def keep_pausing():
         while not stop.is_set():
-            app.pause(viewer)
+            app.stepping.pause(viewer)
             time.sleep(0.1)
 
     threading.Thread(target=keep_pausing, daemon=True).start()
@@ -148,12 +148,12 @@ def test_a_replay_held_by_pauses_gives_its_slot_back_at_the_budget():
 # --- item 3: one visitor cannot fill the queue ------------------------------------------------------
 def test_a_visitor_holds_at_most_its_share_of_replay_places_and_others_still_get_theirs():
     app = App([], "", None, Limits(replay_concurrency=1, replay_queue=8, per_visitor=2))
-    hog = [app.replay(str(SHIPPED), None, 0.25, request_from(f"h{i}", "10.0.0.6")) for i in range(3)]
+    hog = [app.playback.replay(str(SHIPPED), None, 0.25, request_from(f"h{i}", "10.0.0.6")) for i in range(3)]
     assert "Replaying" in str(next(hog[0])[0])
     assert "Waiting for a free replay slot" in str(next(hog[1])[0])
     with pytest.raises(gr.Error, match="Your address already has 2 replays playing or waiting"):
         next(hog[2])
-    other = app.replay(str(SHIPPED), None, 0.25, request_from("v", "10.0.0.7"))
+    other = app.playback.replay(str(SHIPPED), None, 0.25, request_from("v", "10.0.0.7"))
     assert "Waiting for a free replay slot" in str(next(other)[0])  # in line, not refused
     for stream in (*hog[:2], other):
         stream.close()
@@ -185,7 +185,7 @@ def test_one_address_may_keep_only_its_share_of_the_race_queue_waiting(served_ti
     assert codes.count(200) <= 3 and codes.count(503) >= 3, codes
     assert "Your address already has 2 requests waiting" in answers[-1].text
     assert _join(url, demo, "127.0.0.3", "someone-else").status_code == 200
-    demo.dflash_app.stop(SimpleNamespace(session_hash=None))
+    demo.dflash_app.live.stop(SimpleNamespace(session_hash=None))
 
 
 # --- item 4: the sessions Gradio keeps are bounded ---------------------------------------------------
@@ -228,8 +228,11 @@ def test_no_input_makes_the_server_fetch_a_url(served_replays, monkeypatch):
     for position in range(3):  # the recorded run's name, the upload, the speed
         data = ["math-greedy", None, 1.0]
         data[position] = link
-        answer = httpx.post(f"{url}gradio_api/run/predict", json={"data": data, "fn_index": replay,
-                                                                   "session_hash": f"u{position}"}, timeout=30)
+        session = f"u{position}"
+        answer = httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": replay,
+                                                                 "session_hash": session}, timeout=30)
+        with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=30) as events:
+            next(line for line in events.iter_lines() if "process_completed" in line or "process_generating" in line)
         assert answer.status_code in (200, 400, 422, 500) and "http://example.com" not in str(fetched)
     assert fetched == []
 
@@ -291,7 +294,7 @@ def test_a_replay_nobody_reads_ends_and_frees_its_slot():
     app = App([], "", None, Limits(replay_concurrency=1))
     app.playback.readers = readers
     readers.opened("leaver")
-    stream = app.replay(str(SHIPPED), None, 0.25, request_from("leaver"))
+    stream = app.playback.replay(str(SHIPPED), None, 0.25, request_from("leaver"))
     frames_of(stream)
     readers.closed("leaver")  # the page went away
     t0 = time.perf_counter()
@@ -312,7 +315,7 @@ def test_a_vanishing_temperature_is_refused_with_its_reason(temperature):
     with pytest.raises(GenerationInputError, match=r"temperature must be 0 \(greedy\) or at least 0.001"):
         SamplingParams(temperature=temperature)
     with pytest.raises(ValueError, match=r"at least 0.001"):
-        check_request(Limits(), "hi", 8, 4, temperature, 1.0, 0)
+        check_request(Limits(), "pair", "hi", 8, 4, temperature, 1.0, 0)
     assert SamplingParams(temperature=0.001).temperature == 0.001
 
 
@@ -323,7 +326,7 @@ def test_a_trace_path_spelled_differently_is_still_another_sessions(tmp_path):
     app = App([], "", None, traces=store)
     for spelling in ("/" + alices, alices.replace("/traces/", "/traces/./"), alices.replace("/traces/", "//traces/")):
         with pytest.raises(gr.Error, match="belongs to another visitor.s session"):
-            next(app.replay(None, spelling, 1.0, request_from("bob")))
+            next(app.playback.replay(None, spelling, 1.0, request_from("bob")))
     store.close()
 
 
@@ -332,12 +335,12 @@ def test_calls_with_made_up_sessions_leave_a_viewers_pause_working():
     app = App([], "", None)
     app.controls.size = 8
     victim = request_from("victim")
-    stream = app.replay(str(SHIPPED), None, 0.25, victim)
+    stream = app.playback.replay(str(SHIPPED), None, 0.25, victim)
     frames_of(stream)
     for i in range(300):  # queue-free calls, each with a session id of its own
-        app.pause(request_from(f"made-up-{i}"))
-        app.pick_cycle(0, request_from(f"made-up-x{i}"))
-    assert "Paused" in app.pause(victim)
+        app.stepping.pause(request_from(f"made-up-{i}"))
+        app.stepping.pick_cycle(0, request_from(f"made-up-x{i}"))
+    assert "Paused" in app.stepping.pause(victim)
     deadline = time.perf_counter() + 10
     frame = frames_of(stream)
     while "Paused" not in str(frame["control_status"]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import yaml
 
 from app.hosting import bundle, space
 from app.pairs.registry import load_pairs
+from app.race.request import RaceRequest
 
 
 def _front_matter(readme: Path) -> dict:
@@ -85,17 +87,26 @@ def test_on_zerogpu_gpu_pairs_are_wrapped_with_a_duration_that_follows_the_reque
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert space.on_zerogpu()
 
-    def fn(pair_id, prompt_ids, max_new_tokens, *args, prompt=None, stop=None):
-        yield pair_id, max_new_tokens
+    def fn(req, prompt_ids, stop=None):
+        yield req.pair_id, req.max_new_tokens
+
+    def request(pair_id, max_new_tokens):
+        return RaceRequest(pair_id, "hi", max_new_tokens, 16)
 
     stream, in_process = space.gpu_task(fn, load_pairs()[0])
-    assert list(stream("qwen3-8b", [1] * 100, 256, 16, 0.0, 1.0, 0, prompt="hi")) == [("qwen3-8b", 256)]
-    assert list(stream("qwen3-8b", [1] * 100, 32, 16, 0.0, 1.0, 0, prompt="hi")) == [("qwen3-8b", 32)]
+    assert list(stream(request("qwen3-8b", 256), [1] * 100)) == [("qwen3-8b", 256)]
+    assert list(stream(request("qwen3-8b", 32), [1] * 100)) == [("qwen3-8b", 32)]
     assert calls == [36, 14]  # 10 s + prefill + 2 sides x tokens x 0.05 s, rounded up
-    assert space.race_seconds("qwen3-8b", [1] * 100, 10_000) == space.GPU_S_MAX
+    assert space.race_seconds(request("qwen3-8b", 10_000), [1] * 100) == space.GPU_S_MAX
     # The offline pair races on the CPU, outside any GPU call and its quota.
-    assert list(stream("smollm2-135m", [1], 8)) == [("smollm2-135m", 8)] and len(calls) == 2
+    assert list(stream(request("smollm2-135m", 8), [1])) == [("smollm2-135m", 8)] and len(calls) == 2
     assert not in_process("qwen3-8b") and in_process("smollm2-135m")
+
+
+def test_a_race_request_survives_the_pickling_into_a_gpu_worker():
+    req = RaceRequest("qwen3-8b", "hi", 32, 16, 0.7, 0.9, 3, ("dflash", "scheduled", "plain"), "off")
+    assert pickle.loads(pickle.dumps(req)) == req
+    assert pickle.loads(pickle.dumps(req)).sampling.seed == 3
 
 
 def test_zerogpu_quota_errors_offer_the_recorded_races_and_other_errors_pass_through():

@@ -59,7 +59,7 @@ def race(app, thinking, monkeypatch) -> tuple[dict, dict[str, list[int]]]:
         return generate(target, prompt_ids, drafter, **kwargs)
 
     monkeypatch.setattr(dflash_core, "generate", recording)
-    *_, last = app.compare(PROMPT, 6, 4, 0.0, 1.0, 0, ["lookup"], thinking=thinking)
+    *_, last = app.live.compare(PROMPT, 6, 4, 0.0, 1.0, 0, ["lookup"], thinking=thinking)
     return dict(zip(FRAME_FIELDS, last)), seen
 
 
@@ -87,7 +87,7 @@ def test_the_trace_records_the_setting_and_a_replay_says_it(app, monkeypatch):
     assert trace["pair"]["chat_template"] == "the target's chat template, thinking on (enable_thinking=True)"
     assert load_trace(out["trace_file"]).thinking.words() == f"thinking on; {DIFFERS}"
     assert f"Raced with thinking on; {DIFFERS}." in out["summary"]  # the live summary says what a replay says
-    *_, replayed = app.replay(out["trace_file"], None, 4.0)
+    *_, replayed = app.playback.replay(out["trace_file"], None, 4.0)
     assert f"Raced with thinking on; {DIFFERS}." in dict(zip(FRAME_FIELDS, replayed))["summary"]
     off, _ = race(app, None, monkeypatch)  # omitted: the pair's default
     assert validate_trace(off["trace_file"])["settings"]["thinking"] == "off"
@@ -107,43 +107,43 @@ def test_a_trace_with_a_bad_thinking_setting_is_named(app, monkeypatch, tmp_path
 
 
 def test_the_status_line_says_the_setting_used_and_the_trained_one(app):
-    *_, (status, _) = app.load_selected("tiny-thinking")
+    *_, (status, _) = app.loading.load_selected("tiny-thinking")
     assert f"thinking off (enable_thinking=False) — {TRAINED_OFF};" in status and "⚠" not in status
-    assert app.thinking_control("tiny-thinking")["visible"] is True
-    on = app.thinking_status("tiny-thinking", "on")
+    assert app.loading.thinking_control("tiny-thinking")["visible"] is True
+    on = app.loading.thinking_status("tiny-thinking", "on")
     assert f"thinking on (enable_thinking=True) — {DIFFERS};" in on
-    assert app.thinking_status("tiny-thinking", "off") == app.thinking_status("tiny-thinking", "default") == status
-    assert app.thinking_status("tiny-thinking", "maybe") == (
+    assert app.loading.thinking_status("tiny-thinking", "off") == app.loading.thinking_status("tiny-thinking", "default") == status
+    assert app.loading.thinking_status("tiny-thinking", "maybe") == (
         "⚠ thinking must be one of default, on, off, got 'maybe'.")
 
 
 def test_bad_values_are_named(app):
     for value, shown in (("maybe", "'maybe'"), (1, "'int'"), (["on"], "'list'")):
         with pytest.raises(Exception, match=rf"thinking must be one of default, on, off, got {shown}\."):
-            list(app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking=value))
+            list(app.live.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking=value))
 
 
 def test_a_pair_whose_setting_is_not_recorded_says_so(thinking_dirs, one_thread):
     app, spec = thinking_app(thinking_dirs, trained={})  # the template's own default: this one thinks
-    *_, (status, _) = app.load_selected(spec.id)
+    *_, (status, _) = app.loading.load_selected(spec.id)
     assert "prompts through the target's chat template — the drafter's thinking setting is not recorded;" in status
     assert app.cache.get(spec).thinking().used == "on"
     assert "thinking off (enable_thinking=False) — the drafter's thinking setting is not recorded;" in (
-        app.thinking_status(spec.id, "off"))
+        app.loading.thinking_status(spec.id, "off"))
 
 
 def test_a_template_without_the_switch_hides_the_control_and_refuses_a_setting(tiny_dirs, one_thread):
     spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))  # a ChatML template with no enable_thinking
     app = App([spec], spec.id, PairCache("cpu"))
-    assert app.thinking_control(spec.id)["visible"] is False  # not loaded yet
-    *_, (status, _) = app.load_selected(spec.id)
+    assert app.loading.thinking_control(spec.id)["visible"] is False  # not loaded yet
+    *_, (status, _) = app.loading.load_selected(spec.id)
     assert "prompts through the target's chat template — the chat template has no thinking switch;" in status
-    assert app.thinking_control(spec.id)["visible"] is False
+    assert app.loading.thinking_control(spec.id)["visible"] is False
     for choice in ("on", "off"):
         with pytest.raises(Exception, match=rf"its chat template has no thinking switch \(enable_thinking\), so a "
                                             rf"race on it cannot turn thinking {choice}; leave thinking at the pair's default"):
-            list(app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking=choice))
-    *_, last = app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking="default")
+            list(app.live.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking=choice))
+    *_, last = app.live.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking="default")
     trace = validate_trace(dict(zip(FRAME_FIELDS, last))["trace_file"])
     assert "thinking" not in trace["settings"] and "trained_thinking" not in trace["pair"]
     assert "Raced with" not in dict(zip(FRAME_FIELDS, last))["summary"]
@@ -154,7 +154,7 @@ def test_a_vllm_pair_refuses_a_thinking_setting_before_asking_its_servers():
 
     spec = vllm_pair("http://127.0.0.1:9/v1", None, 4)  # nothing listens there: the refusal comes first
     app = App([spec], spec.id, PairCache("cpu"))
-    assert app.thinking_control(spec.id)["visible"] is False
+    assert app.loading.thinking_control(spec.id)["visible"] is False
     with pytest.raises(Exception, match="A vLLM pair's servers wrap the prompt in the chat template themselves, so this "
                                         "app cannot turn thinking off for them"):
-        list(app.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking="off"))
+        list(app.live.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking="off"))

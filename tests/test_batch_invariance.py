@@ -177,7 +177,7 @@ def test_app_status_names_the_target_numerics(tiny_dirs):
 
     for dtype, expected in (("bfloat16", "bfloat16, blocks verified bitwise as one-token steps"), ("float32", "float32;")):
         spec = cli_pair(*map(str, tiny_dirs), dtype=dtype)
-        *_, (status, _) = App([spec], spec.id, PairCache("cpu")).load_selected(spec.id)
+        *_, (status, _) = App([spec], spec.id, PairCache("cpu")).loading.load_selected(spec.id)
         assert f"target in {expected}" in status, status
         drafter_dtype = str(pair.default_drafter_dtype("cpu", pair.parse_dtype(dtype))).removeprefix("torch.")
         assert f"drafter in {drafter_dtype}, trained with block size" in status, status

@@ -71,7 +71,7 @@ def test_app_encodes_with_the_pairs_arguments_and_names_the_template(thinking_di
         spec = PairSpec(id=f"t{thinking}", label="tiny thinking", target=str(target), drafter=str(drafter),
                         chat_template_args={"enable_thinking": thinking})
         app = App([spec], spec.id, PairCache("cpu"))
-        *_, (status, _) = app.load_selected(spec.id)
+        *_, (status, _) = app.loading.load_selected(spec.id)
         pair = app.cache.get(spec)
         statuses[thinking] = status
         assert pair.tokenizer.decode(pair.encode("Hi")).endswith(EMPTY_THINK) is not thinking

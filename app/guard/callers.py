@@ -7,7 +7,9 @@ files and pause state would be another's. `session_of` gives each MCP call a ses
 A session id is whatever the client sends, so per-visitor bounds count addresses instead
 (`visitor_of`): the connection's peer, or on a Hugging Face Space, where every request arrives
 through the platform's proxy, the address that proxy appended last to X-Forwarded-For. Elsewhere
-that header is ignored, since any client may write it.
+that header is ignored, since any client may write it, unless the request comes from an address
+named by `--trusted-proxy` (nginx, a load balancer): then uvicorn's `ProxyHeadersMiddleware`
+(`app.ui.launch_options`) has already put the forwarded address in the peer's place.
 """
 
 from __future__ import annotations

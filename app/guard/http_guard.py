@@ -4,13 +4,20 @@
   "gradio.FileData"}}`) and downloads any URL found there into its served cache, before the
   handler runs, whatever the component: a prompt, a seed or a slider would do. `refuse_url_inputs`
   makes every component of the page refuse one.
-- `/gradio_api/file=<URL>` makes Gradio fetch that URL and stream it back: the server would fetch
-  for anyone. A file route naming a URL gets 403.
+- `/gradio_api/file=<URL>` and the older `/gradio_api/file/<URL>` (one handler) make Gradio fetch
+  that URL and stream it back: the server would fetch for anyone. A file route naming a URL gets
+  403, by Gradio's own URL test applied to the path as Gradio's router reads it, and to it
+  percent-decoded once and twice more. Gradio approves a host it cannot resolve to a public address
+  by asking a public DNS-over-HTTPS resolver; `keep_resolver_local` turns that look-up off, so no
+  visitor makes this server contact an outside host.
 - Gradio bounds each uploaded file (`max_file_size`), not a request or a visitor: ten 20 MB files
   in one request, or one every second, fill the disk. An upload request may carry at most
   `per_request` bytes, and one visitor (`callers.visitor_of`) at most `per_hour` bytes in any hour;
-  past either the request gets 413 or 429 before its body is stored. A body without a length is
-  counted as it streams and cut off at the bound.
+  past either the request gets 413 or 429 before its body is stored. The declared length (the
+  per-request bound when none is declared) is reserved under the budget's lock before the body is
+  read, so parallel uploads cannot all pass one check, and settled to the bytes that came. A body
+  longer than it said is cut off at the bound. `/gradio_api/process_recording`, the other multipart
+  route, is closed: the app has no recording component.
 
 `HttpGuard` is ASGI middleware (`app.ui.launch_options` installs it); `UploadBudget` holds the counts.
 """
@@ -31,8 +38,9 @@ from ..view import texts
 from .callers import visitor_of
 
 API_PREFIX = "/gradio_api"
-FILE_ROUTE = f"{API_PREFIX}/file="
+FILE_ROUTES = (f"{API_PREFIX}/file=", f"{API_PREFIX}/file/")
 UPLOAD_ROUTE = f"{API_PREFIX}/upload"
+RECORDING_ROUTE = f"{API_PREFIX}/process_recording"
 MULTIPART_SLACK = 64 * 1024  # form boundaries and headers around the one file an upload carries
 HOUR_S = 3600.0
 
@@ -43,7 +51,7 @@ class UploadBudget:
     def __init__(self, per_request: int, per_hour: int, clock=time.monotonic):
         self.per_request, self.per_hour = per_request, per_hour
         self._clock = clock
-        self._sent: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+        self._sent: dict[str, deque[list]] = defaultdict(deque)  # [when, bytes] per upload
         self._lock = threading.Lock()
 
     def used(self, visitor: str) -> int:
@@ -59,14 +67,20 @@ class UploadBudget:
             return 0
         return sum(n for _, n in sent)
 
-    def allows(self, visitor: str, nbytes: int) -> bool:
-        """Whether `visitor` may upload `nbytes` more within the hourly budget."""
+    def reserve(self, visitor: str, nbytes: int) -> list | None:
+        """Count `nbytes` against `visitor`'s hour now, if they fit: the reservation to `settle`
+        once the body has come, else None."""
         with self._lock:
-            return self._used(visitor) + nbytes <= self.per_hour
+            if self._used(visitor) + nbytes > self.per_hour:
+                return None
+            entry = [self._clock(), nbytes]
+            self._sent[visitor].append(entry)
+            return entry
 
-    def record(self, visitor: str, nbytes: int) -> None:
+    def settle(self, reservation: list, nbytes: int) -> None:
+        """The bytes a reserved upload really carried replace what it reserved."""
         with self._lock:
-            self._sent[visitor].append((self._clock(), nbytes))
+            reservation[1] = nbytes
 
 
 class _Refused(Exception):
@@ -79,13 +93,16 @@ class HttpGuard:
 
     def __init__(self, app, budget: UploadBudget):
         self.app, self.budget = app, budget
+        keep_resolver_local()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        if path.startswith(FILE_ROUTE) and is_http_url_like(unquote(path[len(FILE_ROUTE):]).strip()):
+        if names_url(path):
             return await _answer(send, 403, "This server serves its own files only; it fetches no URL.")
+        if path.rstrip("/") == RECORDING_ROUTE:
+            return await _answer(send, 404, "This app takes no recordings.")
         if path.rstrip("/") == UPLOAD_ROUTE and scope.get("method") == "POST":
             return await self._upload(scope, receive, send)
         return await self.app(scope, receive, send)
@@ -94,7 +111,8 @@ class HttpGuard:
         visitor, declared = visitor_of(_peer(scope)), _content_length(scope)
         if declared is not None and declared > self.budget.per_request:
             return await _answer(send, 413, _too_big(self.budget.per_request))
-        if not self.budget.allows(visitor, declared or 1):
+        reservation = self.budget.reserve(visitor, self.budget.per_request if declared is None else declared)
+        if reservation is None:
             mb = self.budget.per_hour / 1e6
             return await _answer(send, 429, f"You have uploaded {self.budget.used(visitor) / 1e6:.0f} MB in the last "
                                              f"hour; this server takes at most {mb:.0f} MB per visitor per hour "
@@ -121,7 +139,30 @@ class HttpGuard:
             if not answered:
                 await _answer(send, refused.status, refused.message)
         finally:
-            self.budget.record(visitor, counted)
+            self.budget.settle(reservation, counted)
+
+
+def names_url(path: str) -> bool:
+    """Whether `path` is a file route whose file Gradio would take for a URL: its own test
+    (`is_http_url_like`) on the route's path as the router passes it, and on that path
+    percent-decoded once and twice (a client or proxy may decode once more)."""
+    route = next((r for r in FILE_ROUTES if path.startswith(r)), None)
+    if route is None:
+        return False
+    named = path[len(route):]
+    spellings = {named, unquote(named), unquote(unquote(named))}
+    return any(is_http_url_like(text.strip()) or is_http_url_like(text.strip().lower()) for text in spellings)
+
+
+def keep_resolver_local() -> None:
+    """Gradio's URL check (safehttpx) asks dns.google about any host the system resolver does not
+    place on a public address; with no such look-up, that host is simply not approved."""
+    import safehttpx
+
+    async def no_public_resolver(hostname: str) -> list[str]:
+        return []
+
+    safehttpx.async_resolve_hostname_google = no_public_resolver
 
 
 def _peer(scope) -> SimpleNamespace:

@@ -2,8 +2,8 @@
 
 `Limits` holds the queue bound, how many races are computed at once, and the sizes a request may
 have; `add_flags` / `from_args` expose them on the command line, `SPACE_LIMITS` are the defaults on
-a shared Space. `check_request` turns the raw values a client sent (any type, any value) into
-clean ones or raises `ValueError` with a message for the visitor; `check_prompt_tokens` bounds the
+a shared Space. `check_request` turns the raw values a client sent (any type, any value) into one
+`RaceRequest` or raises `ValueError` with a message for the visitor; `check_prompt_tokens` bounds the
 prompt in tokens, after the chat template, by the flag and by the target's context.
 """
 
@@ -13,14 +13,13 @@ import argparse
 import math
 import re
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
-# block_size's bound, the one a recorded trace is held to: far above any drafter's trained size,
-# which the engine checks with its own message.
+# block_size's bound before the pair is known, the one a recorded trace is held to: far above any
+# drafter's trained size, which the engine checks once the pair has loaded (`serve/sessions.py`).
 from dflash_core.trace import MAX_BLOCK_SIZE
 
-if TYPE_CHECKING:  # torch comes with it: imported when a request is checked, not with the flags
-    from dflash_core import SamplingParams
+from ..race.request import RaceRequest
+from ..race.thinking import check_thinking
 
 
 @dataclass(frozen=True)
@@ -28,6 +27,10 @@ class Limits:
     concurrency: int = 1  # races computed at once; each holds its pair's caches, a CPU's cores
     max_queue: int = 16  # requests waiting beyond the running ones; more are told the server is busy
     max_new_tokens: int = 512
+    # lanes x max_new_tokens: every lane decodes with the target, so an added lane costs a side of a
+    # race more; four lanes at the most tokens, all seven at 292
+    max_lane_tokens: int = 2048
+    max_race_mb: int = 64  # megabytes of frames one race may stream; then it stops and says why
     max_prompt_tokens: int = 2048  # after the chat template
     max_prompt_chars: int = 16_000  # checked before tokenizing, so a huge paste costs nothing
     max_pause_s: int = 60  # seconds a race or replay may spend paused in all; then it ends, freeing the model
@@ -38,17 +41,20 @@ class Limits:
     per_visitor: int = 2  # requests one visitor (one address) may have waiting in each queue, races and replays
     upload_mb_per_hour: int = 100  # megabytes of uploads one visitor may send in an hour
     session_capacity: int = 200  # sessions whose last outputs Gradio keeps in memory (it drops the oldest)
+    # Addresses of a reverse proxy whose X-Forwarded-For names the visitor ("": none; every visitor
+    # is then the TCP peer, and behind a proxy all would share its bounds).
+    trusted_proxy: str = ""
 
     def __post_init__(self):
         for f in fields(self):
-            if getattr(self, f.name) < 1:
+            if isinstance(getattr(self, f.name), int) and getattr(self, f.name) < 1:
                 raise ValueError(f"{f.name} must be at least 1, got {getattr(self, f.name)}")
 
 
 # A ZeroGPU slice is shared by every visitor of the Space and each GPU call is bounded in time, so
 # a Space serves shorter races and turns visitors away sooner than a machine of one's own.
 SPACE_LIMITS = Limits(
-    concurrency=1, max_queue=8, max_new_tokens=256, max_prompt_tokens=1024, max_prompt_chars=8_000, replay_concurrency=2,
+    concurrency=1, max_queue=8, max_new_tokens=256, max_lane_tokens=1024, max_race_mb=32, max_prompt_tokens=1024, max_prompt_chars=8_000, replay_concurrency=2,
     replay_queue=4, max_replay_s=180, max_race_s=240, upload_mb_per_hour=60, session_capacity=100,
 )
 
@@ -56,6 +62,9 @@ _FLAGS = {
     "concurrency": "races computed at the same time (default %(default)s; more than 1 only helps with several pairs on a GPU)",
     "max_queue": "requests that may wait for a free slot; beyond it a visitor is told the server is busy (default %(default)s)",
     "max_new_tokens": "largest max_new_tokens a request may ask for (default %(default)s)",
+    "max_lane_tokens": "largest lanes x max_new_tokens a race may ask for, DFlash and plain decoding counted "
+    "(default %(default)s)",
+    "max_race_mb": "megabytes of frames one race may stream before it stops and says so (default %(default)s)",
     "max_prompt_tokens": "longest prompt in tokens after the chat template (default %(default)s)",
     "max_prompt_chars": "longest prompt in characters, checked before tokenizing (default %(default)s)",
     "max_pause_s": "seconds a race or replay may spend paused in all (no click renews them) before it ends and "
@@ -70,36 +79,30 @@ _FLAGS = {
     "upload_mb_per_hour": "megabytes of trace uploads one visitor may send per hour (default %(default)s)",
     "session_capacity": "browser sessions whose last outputs the server keeps in memory; the oldest are dropped "
     "(default %(default)s)",
+    "trusted_proxy": "addresses (comma-separated, or *) of a reverse proxy in front of the app: a request from one "
+    "counts as the visitor its X-Forwarded-For names, for every per-visitor bound (default: none)",
 }
 
 
 def add_flags(parser: argparse.ArgumentParser, defaults: Limits = Limits()) -> None:
     group = parser.add_argument_group("limits")
     for name, text in _FLAGS.items():
-        group.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name), help=text)
+        default = getattr(defaults, name)
+        group.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=text)
 
 
 def from_args(args: argparse.Namespace) -> Limits:
     return Limits(**{name: getattr(args, name) for name in _FLAGS})
 
 
-@dataclass(frozen=True)
-class Request:
-    """A race request after the checks: the types the engine expects, inside the bounds."""
-
-    prompt: str
-    max_new_tokens: int
-    block_size: int
-    sampling: SamplingParams
-    thinking: str | None = None  # "on" / "off" through the chat template; None: the pair's default (race/thinking.py)
-
-
 _SURROGATE = re.compile("[\ud800-\udfff]")
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
 
 
-def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperature, top_p, seed) -> Request:
-    """Clean values for a race, or ValueError naming the bad value and its bounds."""
+def check_request(limits: Limits, pair_id: str, prompt, max_new_tokens, block_size, temperature, top_p, seed,
+                  lanes=None, thinking=None) -> RaceRequest:
+    """The race request of the page's raw values, or ValueError naming the bad value and its bounds.
+    What the pair can honour (block_size within its drafter's, the lanes it ships) its kind checks."""
     if not isinstance(prompt, str):
         raise ValueError(f"The prompt must be text, got {type(prompt).__name__}.")
     if not prompt.strip():
@@ -110,7 +113,7 @@ def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperatur
     if bad:
         raise ValueError(f"The prompt has an invalid character (a lone UTF-16 surrogate) at position {bad.start()}.")
     max_new_tokens = _whole(max_new_tokens, "max_new_tokens", 1, limits.max_new_tokens)
-    block_size = _whole(block_size, "block_size", 1, None)  # the drafter's own bound is checked later, with its size
+    block_size = _whole(block_size, "block_size", 1, None)
     if block_size > MAX_BLOCK_SIZE:
         raise ValueError(f"block_size must be at most {MAX_BLOCK_SIZE}, got {_shown(block_size)}.")
     seed = None if seed is None or seed == "" else _whole(seed, "seed", 0, SEED_MAX)
@@ -119,7 +122,14 @@ def check_request(limits: Limits, prompt, max_new_tokens, block_size, temperatur
     sampling = SamplingParams(
         temperature=_real(temperature, "temperature"), top_p=_real(top_p, "top_p"), seed=seed
     )  # its own checks name the ranges
-    return Request(prompt, max_new_tokens, block_size, sampling)
+    lanes = check_lanes(lanes)
+    if len(lanes) * max_new_tokens > limits.max_lane_tokens:
+        raise ValueError(
+            f"{len(lanes)} lanes x {max_new_tokens} new tokens is {len(lanes) * max_new_tokens} lane-tokens; this "
+            f"server races at most {limits.max_lane_tokens} (--max-lane-tokens): fewer lanes or fewer tokens."
+        )
+    return RaceRequest(pair_id, prompt, max_new_tokens, block_size, sampling.temperature, sampling.top_p,
+                       sampling.seed, lanes, check_thinking(thinking))
 
 
 ADDED_LANES = ("scheduled", "dflash2", "fusion", "ar", "lookup")  # the lanes a visitor may add; DFlash and plain decoding always race

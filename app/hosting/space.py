@@ -54,18 +54,19 @@ def default_limits():
     return SPACE_LIMITS if on_space() or on_zerogpu() else Limits()
 
 
-def race_seconds(pair_id: str, prompt_ids, max_new_tokens: int, *_args, lanes=("dflash", "plain"), **_kwargs) -> int:
-    """GPU seconds to ask ZeroGPU for one race (called with the race function's own arguments):
-    each lane decodes `max_new_tokens` at most, one after another in the race's one worker."""
-    per_token = GPU_S_PER_TOKEN.get(pair_id, GPU_S_PER_TOKEN_DEFAULT)
+def race_seconds(req, prompt_ids, *_args, **_kwargs) -> int:
+    """GPU seconds to ask ZeroGPU for one race (called with the race function's own arguments, a
+    `RaceRequest` first): each lane decodes `req.max_new_tokens` at most, one after another in the
+    race's one worker."""
+    per_token = GPU_S_PER_TOKEN.get(req.pair_id, GPU_S_PER_TOKEN_DEFAULT)
     prefill = len(prompt_ids) / 2000  # a prefill runs thousands of tokens per second
-    return min(GPU_S_MAX, math.ceil(GPU_S_BASE + prefill + len(lanes) * int(max_new_tokens) * per_token))
+    return min(GPU_S_MAX, math.ceil(GPU_S_BASE + prefill + len(req.lanes) * req.max_new_tokens * per_token))
 
 
 def gpu_task(fn: Callable[..., Iterator], pairs=()) -> tuple[Callable[..., Iterator], Callable[[str], bool]]:
     """(the function to call for a race, which tells for a pair id whether its race runs in this process).
 
-    `fn(pair_id, ...)` is the race's model work. On ZeroGPU, races of pairs that need a GPU go
+    `fn(req, ...)` is the race's model work, `req` a `RaceRequest` (plain data, `req.pair_id` its pair). On ZeroGPU, races of pairs that need a GPU go
     through `spaces.GPU` with `race_seconds` as the duration and run in a worker process (so `fn`
     takes and yields only plain data); the other pairs race on the CPU here, free of GPU quota.
     Elsewhere `fn` is returned as is.
@@ -77,8 +78,8 @@ def gpu_task(fn: Callable[..., Iterator], pairs=()) -> tuple[Callable[..., Itera
     on_gpu = {p.id for p in pairs if p.needs_gpu}
     wrapped = spaces.GPU(duration=race_seconds)(fn)
 
-    def race_stream(pair_id, *args, **kwargs):
-        return (wrapped if pair_id in on_gpu else fn)(pair_id, *args, **kwargs)
+    def race_stream(req, *args, **kwargs):
+        return (wrapped if req.pair_id in on_gpu else fn)(req, *args, **kwargs)
 
     return race_stream, lambda pair_id: pair_id not in on_gpu
 

@@ -24,6 +24,7 @@ from .control import Control
 from .interleave import Snapshot, race
 from .lanes import DRAFTER_LANES
 from .report import RaceReport, race_report
+from .request import RaceRequest
 from .tokens import TokenPieces
 
 EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for the views and the trace
@@ -69,6 +70,28 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, La
     return {name: lane(name) for name in LANES if name in names}
 
 
+SCHEDULED_SAMPLING = (
+    "{label}'s drafter ({method}) conditions each draft on the ones before it, so the scheduled block lane "
+    "races it at temperature 0 only (the schedule must not depend on what a sampled draft drew)."
+)
+
+
+def check_race(req: RaceRequest, pair) -> None:
+    """Raises `GenerationInputError` for what the loaded `pair` cannot race, by the engine's own
+    checks (the ones `generate` runs): a block size past its drafter's trained one, and a scheduled
+    lane its drafter cannot run at the request's sampling."""
+    from dflash_core import check_block_size, check_schedule, method_name  # torch only for a live race
+    from dflash_core.errors import GenerationInputError
+
+    check_block_size(pair.drafter, req.block_size)
+    if "scheduled" in req.lanes:
+        try:
+            check_schedule(pair.drafter, req.sampling)
+        except GenerationInputError:
+            raise GenerationInputError(
+                SCHEDULED_SAMPLING.format(label=pair.spec.label, method=method_name(pair.drafter))) from None
+
+
 @dataclass(frozen=True)
 class RaceResult:
     """A finished (or stopped) race."""
@@ -82,15 +105,14 @@ class RaceResult:
 class RaceSession:
     """One race of `pair` on one prompt; `snapshots()` runs it, `result()` sums it up."""
 
-    def __init__(self, pair, device, prompt: str | None, prompt_ids: list[int], max_new_tokens: int,
-                 block_size: int, sampling, lanes=("dflash", "plain"), thinking: str | None = None):
-        """thinking: "on" / "off" as `prompt_ids` went through the chat template, None for the pair's
-        default; the trace records it beside the drafter's trained setting."""
+    def __init__(self, pair, device, req: RaceRequest, prompt_ids: list[int]):
+        """req: checked against the pair (`check_race`); its `thinking` is how `prompt_ids` went through the chat template,
+        which the trace records beside the drafter's trained setting."""
         self.pair, self.device = pair, device
-        self.thinking = pair.thinking(thinking)
-        self.prompt, self.prompt_ids = prompt, prompt_ids
-        self.max_new_tokens, self.block_size, self.sampling = max_new_tokens, block_size, sampling
-        self.lanes = pair_lanes(pair, block_size, lanes)
+        self.thinking = pair.thinking(req.thinking)
+        self.prompt, self.prompt_ids = req.prompt, prompt_ids
+        self.max_new_tokens, self.block_size, self.sampling = req.max_new_tokens, req.block_size, req.sampling
+        self.lanes = pair_lanes(pair, req.block_size, req.lanes)
         self.pieces = {name: TokenPieces(pair.tokenizer) for name in self.lanes}
         self.text_of = single_token_text(pair.tokenizer)
         self.last: Snapshot | None = None  # the newest snapshot

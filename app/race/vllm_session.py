@@ -23,6 +23,7 @@ from dflash_core.vllm import ServedModel, VllmServerError, plain_url_of, served_
 
 from .interleave import Snapshot, race
 from .report import race_report
+from .request import RaceRequest
 from .session import RaceResult, single_token_text
 from .tokens import TokenPieces
 
@@ -90,11 +91,11 @@ def _tokenizer(model: ServedModel):
 class VllmRaceSession:
     """One race of a vLLM pair on one prompt, with `RaceSession`'s `snapshots`, `result`, `pieces`, `text_of`, `last`."""
 
-    def __init__(self, servers: VllmServers, prompt: str, max_new_tokens: int, block_size: int, sampling):
-        self.servers, self.prompt = servers, prompt
-        self.max_new_tokens, self.sampling = max_new_tokens, sampling
+    def __init__(self, servers: VllmServers, req: RaceRequest):
+        self.servers, self.prompt = servers, req.prompt
+        self.max_new_tokens, self.sampling = req.max_new_tokens, req.sampling
         self.models = servers.connect()
-        self.block_size = block_size
+        self.block_size = req.block_size
         self.pieces = {lane: TokenPieces(servers.tokenizer) for lane in ("dflash", "plain")}
         self.text_of = single_token_text(servers.tokenizer)
         self.last: Snapshot | None = None

@@ -44,7 +44,7 @@ ON_DEMAND = Ask()
 
 
 class Stopped(Exception):
-    """Raised from the doctor's progress callback between its steps: the time is up or the visitor left."""
+    """Raised from the doctor's callbacks (between its steps, after each cycle): the time is up or the visitor left."""
 
 
 class Diagnosis:
@@ -95,11 +95,14 @@ class Diagnosis:
         cancel = threading.Event()
         result = {}
 
-        def log(line: str) -> None:
+        def check() -> None:  # between the doctor's steps and after each of its decoding cycles
             if cancel.is_set() or gone():
                 raise Stopped("the visitor left")
             if time.perf_counter() > deadline:
                 raise Stopped(texts.DOCTOR_TIME_UP.format(seconds=self.limits.max_race_s))
+
+        def log(line: str) -> None:
+            check()
             updates.put(line)
 
         def work():
@@ -109,7 +112,7 @@ class Diagnosis:
                 if not pair.lock.acquire(timeout=max(0.0, deadline - time.perf_counter())):
                     raise Stopped(texts.DOCTOR_BUSY.format(seconds=self.limits.max_race_s))
                 try:
-                    result["report"] = run_doctor(pair, spec, self.ask, log)
+                    result["report"] = run_doctor(pair, spec, self.ask, log, check)
                 finally:
                     pair.lock.release()
             except BaseException as exc:  # noqa: BLE001 - handed to the generator, which explains it
@@ -150,8 +153,9 @@ class Diagnosis:
         return doctor_panel.notice_html(texts.DOCTOR_FAILED.format(label=spec.label, why=why))
 
 
-def run_doctor(pair, spec, ask: Ask, log):
-    """(the doctor's `Report` on a loaded pair, the name of the prompt file it decoded); the caller holds the lock."""
+def run_doctor(pair, spec, ask: Ask, log, checkpoint=None):
+    """(the doctor's `Report` on a loaded pair, the name of the prompt file it decoded); the caller holds the lock.
+    checkpoint: called after every decoding cycle; it raises to stop the doctor there."""
     from dflash_core import resolve_model_dir
     from dflash_core.doctor import DoctorSettings, default_prompts, diagnose
 
@@ -161,7 +165,7 @@ def run_doctor(pair, spec, ask: Ask, log):
     prompts, source = default_prompts(drafter_dir, limit=ask.prompts)
     settings = DoctorSettings(max_new_tokens=ask.max_new_tokens, trained_template=spec.chat_template_args)
     report = diagnose(pair.target, drafter_dir, prompts, drafter=pair.drafter, settings=settings,
-                      target_name=spec.target, log=log)
+                      target_name=spec.target, log=log, checkpoint=checkpoint)
     return report, source.name
 
 

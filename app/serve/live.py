@@ -1,6 +1,7 @@
 """The live race's handlers: `compare` (the Race button and the `compare` endpoint) and Stop.
 
-`compare` checks the request, has the pair's kind (`sessions.py`) prepare it, and streams the
+`compare` checks the page's values once into a `RaceRequest`, has the pair's kind (`sessions.py`)
+check it against the pair and prepare it, and streams the
 frames of `race_frames`, the race's model work (a race session running it, `view/frames.py`
 drawing it), which on ZeroGPU runs in a GPU worker process; it writes the finished race's trace for download. Every `DFlashError` and model
 failure reaches the visitor as a message.
@@ -8,19 +9,19 @@ failure reaches the visitor as a message.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
 
 from ..guard.callers import is_mcp, session_of, visitor_of
-from ..guard.limits import Limits, check_lanes, check_request
+from ..guard.limits import Limits, check_request
 from ..guard.readers import Readers
 from ..guard.traces import TraceStore
 from ..hosting.space import gpu_errors_as_messages, gpu_task
 from ..race.control import Control, Controls
+from ..race.request import RaceRequest
 from ..race.stopping import StopRequests
-from ..race.thinking import check_thinking, recorded_thinking
+from ..race.thinking import recorded_thinking
 from ..view import texts
 from ..view.frames import ChartPacer, Frame, note_frame, race_frame, released_text
 from .failures import failure_message, visitor_error
@@ -58,7 +59,8 @@ class LiveRace:
 
         Args:
             prompt: the user message to answer (plain text, not empty); the server wraps it in the target's chat template.
-            max_new_tokens: tokens each lane generates at most (a whole number from 1 to the server's limit).
+            max_new_tokens: tokens each lane generates at most (a whole number from 1 to the server's limit;
+                the lanes raced times this is bounded too).
             block_size: tokens DFlash verifies per cycle, 1 to the drafter's trained block size (1 = no drafting).
             temperature: 0 for greedy decoding, where both outputs must be identical; above 0 samples.
             top_p: nucleus sampling mass in (0, 1]; 1 keeps the whole distribution.
@@ -94,17 +96,15 @@ class LiveRace:
         if spec is None:
             raise visitor_error(texts.UNKNOWN_MODEL_PAIR.format(pair_id=pair_id))
         try:
-            req = check_request(self.limits, prompt, max_new_tokens, block_size, temperature, top_p, seed)
-            names = check_lanes(lanes)
-            req = replace(req, thinking=check_thinking(thinking))
+            req = check_request(self.limits, spec.id, prompt, max_new_tokens, block_size, temperature, top_p, seed,
+                                lanes, thinking)
         except (ValueError, OverflowError) as exc:  # DFlashError is a ValueError too
             raise visitor_error(str(exc)) from None
-        kind = self.loading.kinds[spec.kind]
-        prompt_ids = yield from kind.prepare(spec, req, names, self.limits)
-        yield from self._stream(spec, req, prompt_ids, names, session_of(request), mcp=is_mcp(request),
+        prompt_ids = yield from self.loading.kinds[spec.kind].prepare(spec, req, self.limits)
+        yield from self._stream(req, prompt_ids, session_of(request), mcp=is_mcp(request),
                                 reader=getattr(request, "session_hash", None), visitor=visitor_of(request))
 
-    def _stream(self, spec, req, prompt_ids: list[int], lanes: tuple[str, ...], session: str | None, mcp: bool = False,
+    def _stream(self, req: RaceRequest, prompt_ids: list[int], session: str | None, mcp: bool = False,
                 reader: str | None = None, visitor: str = ""):
         """The frames of the race of a checked request, its trace written once it has finished.
 
@@ -112,12 +112,12 @@ class LiveRace:
         reader: the session whose event stream carries the frames; once nobody reads it, the race
         stops (and writes no trace). visitor: who asked (`callers.visitor_of`), whose traces are bounded.
         """
-        sampling = req.sampling
-        args = (spec.id, prompt_ids, req.max_new_tokens, req.block_size, sampling.temperature, sampling.top_p, sampling.seed)
-        in_process = self.runs_in_process(spec.id)
+        in_process = self.runs_in_process(req.pair_id)
         gone = self.readers.watch(reader)
+        # The frames' HTML streamed so far, in characters (as many bytes but for the rare non-ASCII), and its bound.
+        sent, budget = 0, self.limits.max_race_mb * 1_000_000
         with self.stops.running(session) as flag:
-            stop = lambda: flag.is_set() or gone()  # noqa: E731  (Stop, or the visitor left)
+            stop = lambda: flag.is_set() or gone() or sent > budget  # noqa: E731  (Stop, the visitor left, or the bytes)
             # Where the race runs in another process (ZeroGPU), the flag cannot reach it: the race is
             # closed from here instead, and the summary can only say that it stopped.
             # Pause / Step reach the race only where it runs in this process.
@@ -125,37 +125,37 @@ class LiveRace:
             if in_process:
                 control = self.controls.get(session) if not mcp else self.controls.detached()
             kwargs = {"control": control} if in_process else {}
-            stream = self.race_stream(
-                *args, prompt=req.prompt, lanes=lanes, stop=stop if in_process else None, thinking=req.thinking, **kwargs
-            )
+            stream = self.race_stream(req, prompt_ids, stop=stop if in_process else None, **kwargs)
             try:
                 for frame, data in gpu_errors_as_messages(stream):
+                    over = sent > budget
                     if stop() and not in_process:
-                        yield note_frame(texts.STOPPED).values()
+                        yield note_frame(texts.RACE_BYTES.format(mb=self.limits.max_race_mb) if over
+                                         else texts.STOPPED).values()
                         return
                     if data is not None and not gone():
                         frame.trace_file = self.traces.write(session, data, visitor)
                         frame.trace_csv = str(Path(frame.trace_file).with_suffix(".csv"))
-                    yield frame.values()
+                    if data is not None and over:
+                        frame.control_status = texts.RACE_BYTES.format(mb=self.limits.max_race_mb)
+                    values = frame.values()
+                    sent += sum(len(value) for value in values if isinstance(value, str))
+                    yield values
             finally:
                 stream.close()
 
-    def race_frames(self, pair_id, prompt_ids, max_new_tokens, block_size, temperature, top_p, seed, prompt=None,
-                    lanes=("dflash", "plain"), stop=None, control: Control | None = None, thinking=None):
-        """The model work of one race: yields (Frame, None) while it runs, then (Frame, trace).
+    def race_frames(self, req: RaceRequest, prompt_ids: list[int], stop=None, control: Control | None = None):
+        """The model work of one checked race request: yields (Frame, None) while it runs, then (Frame, trace).
 
         Takes and yields only plain data, so that it can run in a GPU worker process (ZeroGPU);
-        `control` (Pause / Step) is given only when it runs in this process. thinking: "on" / "off"
-        as `prompt_ids` were encoded, None for the pair's default (the trace records it).
+        `control` (Pause / Step) is given only when it runs in this process. `prompt_ids` went
+        through the chat template with `req.thinking` (the trace records it).
         """
-        from dflash_core import SamplingParams
-
-        spec = self.pairs[pair_id]
+        spec = self.pairs[req.pair_id]
         kind = self.loading.kinds[spec.kind]
         device = kind.device(spec)
-        sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
         try:
-            race = kind.open(spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes, thinking)
+            race = kind.open(spec, device, req, prompt_ids)
         except Exception as exc:  # noqa: BLE001 - a server down or serving another model reaches the visitor
             raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None

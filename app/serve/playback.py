@@ -4,7 +4,8 @@ The recorded events run through the same race, paced by their recorded compute c
 multiple of real time, under the viewer's Pause / Step / Continue; no model is needed. What a
 replay may cost is bounded: a visitor names a recorded run by its name (never a path) or uploads a
 file, which must not be another session's trace; at most `replay_concurrency` replays play and
-`replay_queue` wait (`ReplaySlots`); a recording longer than `max_replay_s` in real time plays
+`replay_queue` wait (`ReplaySlots`), and a visitor's place is taken before the file is read: the
+server parses one trace at a time, and a file once while it is unchanged (`TraceParses`); a recording longer than `max_replay_s` in real time plays
 faster, and frames and charts are drawn less often the bigger the recording, so that its total
 drawing work stays proportional to its size; a frame of n bytes (each within the budgets of
 `view/budget.py`) takes at least n x (replays playing) / BYTES_DRAWN_PER_S seconds, its drawing
@@ -13,10 +14,11 @@ included, before the next is drawn: all replays together draw at most BYTES_DRAW
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import gradio as gr
@@ -105,6 +107,42 @@ class ReplaySlots:
             self._cond.notify_all()
 
 
+class TraceParses:
+    """Traces parsed one at a time server-wide (a 20 MB upload costs a CPU-second and a gigabyte
+    while it is parsed), each file once: the last `keep` parsed are kept by (path, size,
+    modification time), so many replays of one upload share one parse."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self.parsed = 0  # files parsed so far
+        self._slot = threading.Lock()
+        self._kept: OrderedDict[tuple, object] = OrderedDict()
+
+    def load(self, path):
+        """The `Recording` of `path` (`load_trace`, with its errors)."""
+        key = _file_key(path)
+        with self._slot:
+            if key is not None and key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+            recording = load_trace(path)
+            self.parsed += 1
+            if key is not None:
+                self._kept[key] = recording
+                while len(self._kept) > self.keep:
+                    self._kept.popitem(last=False)
+            return recording
+
+
+def _file_key(path) -> tuple | None:
+    try:
+        resolved = Path(path).resolve()
+        stat = os.stat(resolved)
+    except (OSError, TypeError, ValueError):  # load_trace says what is wrong
+        return None
+    return str(resolved), stat.st_size, stat.st_mtime_ns
+
+
 class Playback:
     def __init__(self, controls: Controls, limits: Limits | None = None, traces: TraceStore | None = None,
                  recorded: dict[str, str] | None = None, readers: Readers | None = None):
@@ -115,6 +153,7 @@ class Playback:
         self.traces = traces
         self.recorded = recorded
         self.slots = ReplaySlots(self.limits.replay_concurrency, self.limits.replay_queue, self.limits.per_visitor)
+        self.parses = TraceParses()
         self.readers = readers or Readers()  # whether anyone still reads a session's stream
 
     def source(self, shipped, uploaded, session: str | None) -> str | None:
@@ -135,18 +174,19 @@ class Playback:
         """Stream a recorded race, paced by its recorded compute clocks at `speed` times real time."""
         session, visitor = session_of(request), visitor_of(request)
         try:
-            recording = load_trace(self.source(shipped, uploaded, session))
+            source = self.source(shipped, uploaded, session)
             speed = _speed(speed)
         except (ReplayError, TypeError, ValueError, OverflowError) as exc:
             raise visitor_error(str(exc)) from None
-        except gr.Error:  # already the visitor's message
-            raise
-        except Exception as exc:  # noqa: BLE001 - a fault no check foresaw still reaches the visitor
-            raise visitor_error(_failed(shipped, uploaded, exc)) from None
         try:
-            self.slots.join(visitor)
+            self.slots.join(visitor)  # before the file is read: a place, then the parse
         except ReplayBusy as exc:
             raise visitor_error(str(exc)) from None
+        try:
+            recording = self._load(source, shipped, uploaded)
+        except BaseException:
+            self.slots.leave(False, visitor)
+            raise
         playing, control, run = False, None, None
         gone = self.readers.watch(getattr(request, "session_hash", None))
         try:
@@ -167,6 +207,17 @@ class Playback:
             if control is not None:
                 control.done(run)
             self.slots.leave(playing, visitor)
+
+    def _load(self, source, shipped, uploaded):
+        """The recording of `source` (`parses`); every failure becomes the visitor's message."""
+        try:
+            return self.parses.load(source)
+        except (ReplayError, TypeError, ValueError, OverflowError) as exc:
+            raise visitor_error(str(exc)) from None
+        except gr.Error:  # already the visitor's message
+            raise
+        except Exception as exc:  # noqa: BLE001 - a fault no check foresaw still reaches the visitor
+            raise visitor_error(_failed(shipped, uploaded, exc)) from None
 
     def _play(self, recording, speed: float, control, run: int, gone=lambda: False):
         control.viewer.text_of = recording.text_of

@@ -12,7 +12,8 @@ import gradio as gr
 
 from ..guard.limits import check_prompt_tokens
 from ..race.lanes import DRAFTER_LANES, LABELS
-from ..race.session import RaceSession
+from ..race.request import RaceRequest
+from ..race.session import RaceSession, check_race
 from ..view import texts
 from ..view.frames import start_frame
 from .failures import failure_message, visitor_error
@@ -33,10 +34,11 @@ class LocalRaces:
         """The pair selector's status lines for `spec`, with the block-size slider (`PairLoading.load_status`)."""
         yield from self.loading.load_status(spec)
 
-    def prepare(self, spec, req, names: tuple[str, ...], limits):
-        """Generator: checks the lanes, loads the pair (yielding start frames with its progress) and
-        returns the prompt's token ids, checked against `limits` and the target's context."""
-        pairs, cache = self.loading.pairs, self.loading.cache
+    def prepare(self, spec, req: RaceRequest, limits):
+        """Generator: checks the lanes, loads the pair (yielding start frames with its progress),
+        checks `req` against it (the engine's own checks) and returns the prompt's token ids,
+        checked against `limits` and the target's context."""
+        pairs, cache, names = self.loading.pairs, self.loading.cache, req.lanes
         for lane in (name for name in names if name in DRAFTER_LANES):
             why = spec.lane_missing(lane)
             if why:
@@ -57,20 +59,14 @@ class LocalRaces:
             check_prompt_tokens(len(prompt_ids), limits, pair.context_length)
         except ValueError as exc:  # the visitor's prompt, said as it is
             raise visitor_error(str(exc)) from None
-        from dflash_core import (
-            SEQUENTIAL_DRAFTS,  # torch: only once a pair has loaded
-            method_name,
-        )
-
-        method = method_name(pair.drafter)
-        if "scheduled" in names and not req.sampling.greedy and method in SEQUENTIAL_DRAFTS:
-            raise visitor_error(texts.SCHEDULED_SAMPLING.format(label=spec.label, method=method))
+        try:
+            check_race(req, pair)
+        except ValueError as exc:  # GenerationInputError: the engine's checks, in the lane's words
+            raise visitor_error(str(exc)) from None
         return prompt_ids
 
-    def open(self, spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes,
-             thinking=None) -> RaceSession:
-        return RaceSession(self.loading.cache.get(spec), device, prompt, prompt_ids, max_new_tokens, block_size,
-                           sampling, lanes, thinking)
+    def open(self, spec, device, req: RaceRequest, prompt_ids: list[int]) -> RaceSession:
+        return RaceSession(self.loading.cache.get(spec), device, req, prompt_ids)
 
 
 class VllmRaces:
@@ -94,18 +90,22 @@ class VllmRaces:
 
         yield servers_of(spec).status(), gr.update(maximum=spec.block_size, value=spec.block_size)
 
-    def prepare(self, spec, req, names: tuple[str, ...], limits):
-        if names != ("dflash", "plain"):
+    def prepare(self, spec, req: RaceRequest, limits):
+        """Generator: refuses what the servers cannot honour (vLLM fixes the speculative block per
+        server and templates the prompt itself), then yields the start frame; returns no token ids."""
+        if req.block_size != spec.block_size:
+            raise visitor_error(texts.VLLM_BLOCK.format(served=spec.block_size, asked=req.block_size))
+        if req.lanes != ("dflash", "plain"):
             raise visitor_error(texts.VLLM_LANES)
         if req.thinking is not None:
             raise visitor_error(texts.VLLM_THINKING.format(choice=req.thinking))
-        yield start_frame(texts.RACING, names).values()
+        yield start_frame(texts.RACING, req.lanes).values()
         return []  # the servers tokenize the prompt themselves
 
-    def open(self, spec, device, prompt, prompt_ids, max_new_tokens, block_size, sampling, lanes, thinking=None):
+    def open(self, spec, device, req: RaceRequest, prompt_ids: list[int]):
         from ..race.vllm_session import VllmRaceSession, servers_of
 
-        return VllmRaceSession(servers_of(spec), prompt, max_new_tokens, spec.block_size, sampling)
+        return VllmRaceSession(servers_of(spec), req)
 
 
 def race_kinds(loading) -> dict[str, LocalRaces | VllmRaces]:

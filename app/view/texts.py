@@ -45,6 +45,10 @@ NO_DRAFTING = "Block size 1 means no drafting: every lane decodes plainly, one t
 RACE_LOADING = "Loading {label}… (first time only)"
 RACING = "Racing…"
 STOPPED = "Stopped."
+RACE_BYTES = (
+    "Stopped: this race's frames reached {mb} MB, the most one race may stream on this server (--max-race-mb). "
+    "Fewer lanes or fewer tokens stream less."
+)
 STOPPED_EARLY = "Stopped before every lane had a token."
 OWN_CLOCKS = (
     "Times are each lane's own compute time: the lanes ran interleaved in one worker, "
@@ -61,13 +65,13 @@ VLLM_LANES = (
     "A vLLM pair races the server's DFlash against its plain decoding only: the scheduled block, AR "
     "drafter and prompt lookup lanes run in this engine, on the app's local pairs."
 )
+VLLM_BLOCK = (
+    "This vLLM pair's server drafts blocks of {served} (vLLM fixes the block per server), so it cannot race "
+    "block size {asked}: set the block size to {served}."
+)
 VLLM_THINKING = (
     "A vLLM pair's servers wrap the prompt in the chat template themselves, so this app cannot turn thinking "
     "{choice} for them; leave thinking at the pair's default."
-)
-SCHEDULED_SAMPLING = (
-    "{label}'s drafter ({method}) conditions each draft on the ones before it, so the scheduled block lane "
-    "races it at temperature 0 only (the schedule must not depend on what a sampled draft drew)."
 )
 
 # --- a replay ---------------------------------------------------------------------------------------

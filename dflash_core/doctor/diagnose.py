@@ -59,12 +59,14 @@ def default_prompts(drafter_dir: str | Path, prompts: str | Path | None = None,
 
 def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, drafter=None,
              load_error: str | None = None, settings: DoctorSettings = DoctorSettings(), target_name: str | None = None,
-             log=None) -> Report:
+             log=None, checkpoint=None) -> Report:
     """Every check for `target` with the drafter in `drafter_dir` (see the module doc).
 
     drafter: the loaded drafter (a `DFlashDrafter`, or any drafter `generate` takes; the probes that
     need a DFlash model's layers skip others); None with `load_error` when it did not load.
     log: called with a short line before each slow step (the CLI prints them).
+    checkpoint: called after every decoding cycle of the measured steps; it may raise to end the run
+    there (the app's doctor stops within a cycle of its visitor leaving).
     """
     log = log or (lambda line: None)
     drafter_dir = Path(drafter_dir)
@@ -106,7 +108,7 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
         return Report(pair, tuple(checks))
 
     def tau_of(d, ids=encoded, block=settings.block_size) -> Measurement:
-        return measure(target, d, ids, settings.max_new_tokens, block, stop)
+        return measure(target, d, ids, settings.max_new_tokens, block, stop, checkpoint)
 
     log(f"decoding {len(encoded)} prompts ({settings.max_new_tokens} new tokens each)")
     base = tau_of(drafter)
@@ -121,7 +123,7 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
     checks.append(_dtype(target, model, drafter_dir, base, tau_of, log, settings.block_size))
     checks.append(_shift(model, target.num_layers, base, tau_of, log))
     if settings.server:
-        checks += _server(target, model or drafter, prompts, encoded, args, base, settings, stop, log)
+        checks += _server(target, model or drafter, prompts, encoded, args, base, settings, stop, log, checkpoint)
     return Report(pair, tuple(checks))
 
 
@@ -251,7 +253,7 @@ def _shift(model, depth: int, base: Measurement, tau_of, log) -> Check:
 
 
 def _server(target, drafter, prompts, encoded, args: dict, base: Measurement, settings: DoctorSettings, stop,
-            log) -> list[Check]:
+            log, checkpoint=None) -> list[Check]:
     from ..vllm.client import complete, served_model
 
     texts = [(p, ids) for p, ids in zip(prompts, encoded) if p.text is not None]
@@ -279,10 +281,10 @@ def _server(target, drafter, prompts, encoded, args: dict, base: Measurement, se
         engine = base
     else:
         log(f"decoding the server's prompt ids at block {block}")
-        engine = measure(target, drafter, prompt_ids, settings.max_new_tokens, block, stop)
+        engine = measure(target, drafter, prompt_ids, settings.max_new_tokens, block, stop, checkpoint)
     checks.append(server.server_tau_check(server_tau, engine.tau, block))
     log("plain decoding of the server's prompt ids")
-    plain = measure(target, None, prompt_ids, settings.max_new_tokens, None, stop)
+    plain = measure(target, None, prompt_ids, settings.max_new_tokens, None, stop, checkpoint)
     verdicts = {p.id: compare(target, ids, a.output_ids, out)
                 for (p, _), ids, a, out in zip(texts, prompt_ids, answers, plain.outputs)}
     checks.append(server.server_outputs_check(verdicts))

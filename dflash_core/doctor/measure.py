@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-from ..decoding import run
+from ..decoding import generate
 from ..errors import GenerationInputError
 from ..models.drafter import DFlashDrafter
 
@@ -81,15 +81,23 @@ class Measurement:
 
 
 def measure(target, drafter, prompts: list[list[int]], max_new_tokens: int, block_size: int | None = None,
-            stop_ids=()) -> Measurement:
-    """Decode every prompt greedily with `drafter` (None: plain decoding) and pool the acceptance."""
-    summaries = [run(target, ids, drafter, max_new_tokens=max_new_tokens, block_size=block_size, stop_ids=stop_ids)
-                 for ids in prompts]
+            stop_ids=(), checkpoint=None) -> Measurement:
+    """Decode every prompt greedily with `drafter` (None: plain decoding) and pool the acceptance.
+    checkpoint: called after every decoding cycle; it may raise to end the measurement there."""
+    summaries = [_decode(target, ids, drafter, max_new_tokens, block_size, stop_ids, checkpoint) for ids in prompts]
     blocks = [b for s in summaries for b in s.blocks]
     size = summaries[0].block_size if summaries else (block_size or 1)
     per_slot = tuple(sum(b.accepted >= k for b in blocks) / len(blocks) if blocks else 0.0 for k in range(1, size))
     return Measurement(size, len(blocks), sum(b.accepted for b in blocks), per_slot,
                        tuple(s.output_ids for s in summaries), tuple(s.tau for s in summaries))
+
+
+def _decode(target, prompt_ids, drafter, max_new_tokens, block_size, stop_ids, checkpoint):
+    for event in generate(target, prompt_ids, drafter, max_new_tokens=max_new_tokens, block_size=block_size,
+                          stop_ids=stop_ids):
+        if checkpoint is not None:
+            checkpoint()
+    return event
 
 
 def clearly_better(a: float, b: float) -> bool:

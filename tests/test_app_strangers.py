@@ -1,0 +1,313 @@
+"""A shared server strangers cannot hurt, third pass: each finding of the third attack on a live app
+as a test over HTTP (loopback only) that failed on the code before.
+
+No file route fetches a URL and no look-up leaves the machine; parallel uploads cannot pass the
+hourly budget together; replays of one upload are parsed once, after the visitor's place is
+taken; a race is bounded by its lane-tokens and its frames' bytes; the open-stream table is
+bounded; a race runs on the pair the page shows. Visitors are told apart by their loopback
+source address (127.0.0.2, 127.0.0.3, ...), as the server's per-visitor bounds tell them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from serve import free_port
+
+from app.guard.limits import Limits
+from app.ui import build_demo, launch_options
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "assets" / "traces" / "math-greedy.json"
+
+
+def client(address: str, timeout: float = 60) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def served(request):
+    """A replay-only app on loopback with a 1 MB hourly upload budget per visitor."""
+    demo = build_demo([], "", None, Limits(upload_mb_per_hour=1), live=False)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo))
+    yield demo, demo.local_url
+    demo.close()
+    demo.dflash_app.traces.close()
+
+
+# --- 1. no file route fetches a URL, and no look-up leaves the machine ---------------------------------
+@pytest.fixture()
+def public_host(monkeypatch):
+    """(a URL on a host Gradio's URL check approves, the paths fetched from it): a listener on
+    127.0.0.2 that the check is told is a public address."""
+    import safehttpx
+
+    fetched = []
+
+    class Listener(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            fetched.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"fetched for a stranger")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.2", 0), Listener)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def approved(hostname: str) -> str:
+        return "127.0.0.2"
+
+    monkeypatch.setattr(safehttpx, "async_validate_url", approved)
+    yield f"http://public.example:{server.server_address[1]}/probe", fetched
+    server.shutdown()
+
+
+@pytest.mark.parametrize("spelling", ["raw", "encoded", "half-encoded", "upper-case", "file="])
+def test_no_file_route_fetches_a_url_however_it_is_spelled(served, public_host, spelling):
+    _, url = served
+    target, fetched = public_host
+    host_and_path = target.removeprefix("http://")
+    named = {"raw": target, "encoded": target.replace(":", "%3A").replace("/", "%2F"),
+             "half-encoded": "http%3A//" + host_and_path, "upper-case": "HTTP%3A%2F%2F" + host_and_path,
+             "file=": target.replace(":", "%3A", 1)}[spelling]
+    route = "file=" if spelling == "file=" else "file/"
+    with client("127.0.0.3") as http:
+        answer = http.get(f"{url}gradio_api/{route}{named}")
+    assert answer.status_code == 403 and "fetches no URL" in answer.text
+    assert fetched == [] and "stranger" not in answer.text
+
+
+def test_the_url_check_asks_no_public_resolver(served, monkeypatch):
+    import safehttpx
+
+    asked = []
+    real_get = httpx.AsyncClient.get
+
+    async def spy(self, url, *args, **kwargs):
+        asked.append(str(url))
+        return await real_get(self, url, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.AsyncClient, "get", spy)
+    with pytest.raises(ValueError, match="failed validation"):
+        asyncio.run(safehttpx.async_validate_url("localhost"))  # resolves, but to no public address
+    assert asked == []
+
+
+# --- 2. parallel uploads cannot pass the hourly budget together; the recording route is closed -------
+def test_parallel_uploads_of_one_visitor_stay_within_the_hourly_budget(served):
+    _, url = served
+    body = b'{"x": "' + b"y" * 300_000 + b'"}'  # 0.3 MB: three fit in the 1 MB budget, not four
+
+    def upload(i: int) -> int:
+        with client("127.0.0.6") as http:
+            files = {"files": (f"p{i}.json", body, "application/json")}
+            return http.post(f"{url}gradio_api/upload", files=files).status_code
+
+    with ThreadPoolExecutor(10) as pool:
+        codes = list(pool.map(upload, range(10)))
+    assert codes.count(200) <= 3 and codes.count(429) >= 7, codes
+    with client("127.0.0.7") as http:  # another visitor's budget is their own
+        assert http.post(f"{url}gradio_api/upload", files={"files": ("q.json", body, "application/json")}).status_code == 200
+
+
+def test_the_recording_route_takes_no_upload(served):
+    _, url = served
+    with client("127.0.0.8") as http:
+        answer = http.post(f"{url}gradio_api/process_recording",
+                           files={"video": ("v.mp4", b"\0" * 500_000, "video/mp4")})
+    assert answer.status_code == 404 and "no recordings" in answer.text
+
+
+# --- 5. the open-stream table is bounded -----------------------------------------------------------------
+def test_made_up_session_ids_neither_grow_the_stream_table_nor_pass_when_long(served):
+    demo, url = served
+    readers = demo.dflash_app.readers
+
+    def held() -> int:
+        return len(readers._open) + len(readers._left)
+
+    before = held()
+    with client("127.0.0.9", timeout=30) as http:
+        long_ids = [http.get(f"{url}gradio_api/queue/data", params={"session_hash": f"{i:04d}" + "x" * 14_000})
+                    for i in range(100)]
+        assert {answer.status_code for answer in long_ids} == {400}
+        assert "at most 128 characters" in long_ids[0].text and held() == before
+        readers.max_left = 30
+        try:
+            for i in range(80):  # short ones, each new: the table keeps the newest 30
+                try:
+                    http.get(f"{url}gradio_api/queue/data", params={"session_hash": f"made-up-{i}"})
+                except httpx.RemoteProtocolError:  # Gradio ends an unknown session's stream abruptly
+                    pass
+            assert held() <= 30 and readers.gone(f"made-up-{79}") is False
+            assert "made-up-79" in readers._left and "made-up-0" not in readers._left
+        finally:
+            readers.max_left = 10_000
+
+
+# --- 6. a race runs on the pair the page shows, though the session's state was dropped -------------------
+def _fn(demo, *, elem_id: str | None = None, fn=None) -> int:
+    """The function index of the event the component `elem_id` fires, or of the handler `fn`."""
+    ids = {i for i, block in demo.blocks.items() if getattr(block, "elem_id", None) == elem_id}
+    return next(i for i, f in demo.fns.items()
+                if (elem_id is not None and any(target[0] in ids for target in f.targets)) or
+                (fn is not None and f.fn == fn))
+
+
+def _run_queued(http: httpx.Client, url: str, fn_index: int, data: list, session: str) -> str:
+    """Join the queue as the page does and read the session's stream until the event completes."""
+    joined = http.post(f"{url}gradio_api/queue/join",
+                       json={"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None})
+    assert joined.status_code == 200, joined.text
+    seen = []
+    with http.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}) as events:
+        for line in events.iter_lines():
+            seen.append(line)
+            if "process_completed" in line:
+                break
+    return "\n".join(seen)
+
+
+def test_a_race_runs_on_the_pair_the_page_shows_after_made_up_sessions_drop_the_visitors_state(tiny_dirs):
+    from dataclasses import replace
+
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
+
+    first = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    second = replace(first, id="cli-b", label="the block-4 pair, again")
+    demo = build_demo([first, second], first.id, PairCache("cpu"), Limits(session_capacity=3))
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo))
+    app, url = demo.dflash_app, demo.local_url
+    raced = []
+    race_stream = app.live.race_stream
+    app.live.race_stream = lambda req, *args, **kwargs: (raced.append(req.pair_id), race_stream(req, *args, **kwargs))[1]
+    try:
+        with client("127.0.0.2", timeout=120) as visitor:
+            _run_queued(visitor, url, _fn(demo, fn=app.loading.select_pair), ["cli-b"], "visitor")
+            with client("127.0.0.3") as stranger:  # the Pause button's function, in 20 made-up sessions
+                for i in range(20):
+                    stranger.post(f"{url}gradio_api/run/predict", json={
+                        "data": [], "fn_index": _fn(demo, elem_id="pause"), "session_hash": f"made-up-{i}"})
+            assert "visitor" not in demo.state_holder.session_data  # Gradio dropped the visitor's state
+            # What the page sends: its inputs, the pair its selector shows, the thinking default.
+            data = ["What is 2 + 2?", 4, 4, 0.0, 1.0, 0, [], "cli-b", "default"]
+            _run_queued(visitor, url, _fn(demo, elem_id="run"), data, "visitor")
+        assert raced == ["cli-b"]
+    finally:
+        demo.close()
+        app.traces.close()
+
+
+# --- 4. a race is bounded by its lane-tokens and by the bytes of its frames ------------------------------
+@pytest.fixture(scope="module")
+def served_live(tiny_dirs):
+    """The tiny pair served live, a race streaming at most 1 MB."""
+    from serve import launch_app
+
+    demo, url = launch_app(*tiny_dirs, limits=Limits(max_race_mb=1))
+    yield demo, url
+    demo.close()
+    demo.dflash_app.traces.close()
+
+
+def test_a_race_of_every_lane_at_the_most_tokens_is_refused_by_its_lane_tokens(served_live):
+    demo, url = served_live
+    every_lane = ["scheduled", "dflash2", "fusion", "ar", "lookup"]
+    data = ["Tell me a long story.", 512, 4, 0.0, 1.0, 0, every_lane, None, "default"]
+    with client("127.0.0.2", timeout=120) as http:
+        stream = _run_queued(http, url, _fn(demo, fn=demo.dflash_app.live.compare), data, "lanes")
+    assert "7 lanes x 512 new tokens is 3584 lane-tokens; this server races at most 2048 (--max-lane-tokens)" in stream
+
+
+def test_a_race_stops_at_its_frames_byte_budget_and_says_so(served_live):
+    demo, url = served_live
+    data = ["Count from one to a thousand.", 400, 4, 0.0, 1.0, 0, [], None, "default"]
+    with client("127.0.0.2", timeout=300) as http:
+        stream = _run_queued(http, url, _fn(demo, fn=demo.dflash_app.live.compare), data, "bytes")
+    assert "reached 1 MB, the most one race may stream on this server (--max-race-mb)" in stream
+    assert len(stream.encode()) < 3_000_000  # the budget, the last frames and the JSON around them
+
+
+# --- 3. one upload replayed by many requests at once: places first, then one parse -----------------------
+def _first_answer(url: str, address: str, fn_index: int, data: list, session: str) -> str:
+    """Join the queue from `address` and read the session's stream up to the event's first answer."""
+    with client(address) as http:
+        joined = http.post(f"{url}gradio_api/queue/join",
+                           json={"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None})
+        if joined.status_code != 200:
+            return joined.text
+        with http.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}) as events:
+            for line in events.iter_lines():
+                if "process_generating" in line or "process_completed" in line:
+                    return line
+    return ""
+
+
+def test_parallel_replays_of_one_upload_take_places_before_it_is_parsed_and_parse_it_once(served, monkeypatch):
+    from app.serve import playback
+
+    demo, url = served
+    parsed = []
+    load_trace = playback.load_trace
+    monkeypatch.setattr(playback, "load_trace", lambda path: (parsed.append(path), load_trace(path))[1])
+    with client("127.0.0.10") as http:
+        answer = http.post(f"{url}gradio_api/upload", files={"files": ("mine.json", SHIPPED.read_bytes(), "application/json")})
+        assert answer.status_code == 200, answer.text
+    upload = {"path": answer.json()[0], "meta": {"_type": "gradio.FileData"}}
+    replay = _fn(demo, fn=demo.dflash_app.playback.replay)
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda i: _first_answer(url, "127.0.0.10", replay, [None, upload, 4.0], f"replayer-{i}"),
+                                range(12)))
+    refused = [a for a in answers if "Your address already has" in a]
+    assert len(refused) >= 12 - Limits().per_visitor, answers  # refused before any file was read
+    assert len(parsed) == 1  # the places given share one parse
+
+
+# --- 8. behind a trusted reverse proxy, each visitor has bounds of their own -------------------------------
+def test_a_trusted_proxys_forwarded_address_is_the_visitor_and_anyone_elses_is_ignored():
+    demo = build_demo([], "", None, Limits(upload_mb_per_hour=1, trusted_proxy="127.0.0.11"), live=False)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo))
+    body = {"files": ("t.json", b'{"x": "' + b"y" * 600_000 + b'"}', "application/json")}
+
+    def upload(address: str, forwarded: str) -> int:
+        with client(address) as http:
+            return http.post(f"{demo.local_url}gradio_api/upload", files=body,
+                             headers={"X-Forwarded-For": forwarded}).status_code
+
+    try:
+        # Through the proxy: two visitors, a budget each.
+        assert [upload("127.0.0.11", "203.0.113.1") for _ in range(2)] == [200, 429]
+        assert upload("127.0.0.11", "203.0.113.2") == 200
+        # A client that is not the proxy cannot pick an address to spend: its own is counted.
+        assert [upload("127.0.0.12", f"198.51.100.{i}") for i in range(2)] == [200, 429]
+    finally:
+        demo.close()
+        demo.dflash_app.traces.close()
+
+
+# --- 9. a queued function runs only through the queue, where the per-visitor bounds apply -----------------
+def test_a_queued_function_is_not_run_by_a_direct_call_and_the_controls_still_are(served):
+    demo, url = served
+    replay = _fn(demo, fn=demo.dflash_app.playback.replay)
+    with client("127.0.0.13") as http:
+        for route in ("run/replay", "run/predict"):
+            answer = http.post(f"{url}gradio_api/{route}",
+                               json={"data": ["math-greedy", None, 4.0], "fn_index": replay, "session_hash": "direct"})
+            assert answer.status_code == 404 and "join the queue" in answer.text
+        pause = http.post(f"{url}gradio_api/run/predict",
+                          json={"data": [], "fn_index": _fn(demo, elem_id="pause"), "session_hash": "direct"})
+        assert pause.status_code == 200  # the page's controls skip the queue on purpose
+    assert "process_generating" in _first_answer(url, "127.0.0.13", replay, ["math-greedy", None, 4.0], "queued")
