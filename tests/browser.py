@@ -42,6 +42,7 @@ LAUNCH_ARGS = [
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that returns True when n is a prime number."
 LANE_LABELS = {"scheduled": "DFlash, scheduled block", "dflash2": "DFlash2", "fusion": "input fusion", "ar": "AR drafter",
                "lookup": "prompt lookup"}  # the start of each checkbox's label
+RESEARCH = ("dflash2", "fusion")  # under "More lanes"
 
 
 def chromium_path() -> str | None:
@@ -63,6 +64,29 @@ def open_page(url: str, timeout_s: float, height: int = 1000):
             yield page
         finally:
             browser.close()
+
+
+def open_panel(page, panel: str, inside: str) -> None:
+    """Open the folded panel `panel` (a selector) unless `inside` (a selector in it) already shows."""
+    if not page.locator(inside).first.is_visible():
+        page.locator(f"{panel} > button").first.click()
+        page.locator(inside).first.wait_for(state="visible")
+
+
+def set_max_new_tokens(page, value: int) -> None:
+    """The max-new-tokens slider's box, in the folded settings panel."""
+    open_panel(page, "#settings", "#max-new-tokens input[type=number]")
+    box = page.locator("#max-new-tokens input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def tick_lane(page, lane: str) -> None:
+    """Tick an added lane: the basics in the settings panel, the research lanes under "More lanes"."""
+    open_panel(page, "#settings", "#lanes-basic")
+    if lane in RESEARCH:
+        open_panel(page, "#more-lanes", "#lanes-more label")
+    page.locator("#lanes-choice label", has_text=LANE_LABELS[lane]).first.click()
 
 
 def screenshot_between(page, first: str, last: str, out: Path) -> None:
@@ -87,11 +111,9 @@ def run_race_in_browser(
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
         if max_new_tokens is not None:
-            box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
-            box.fill(str(max_new_tokens))
-            box.press("Enter")
+            set_max_new_tokens(page, max_new_tokens)
         for lane in lanes:
-            page.locator("#lanes-choice label", has_text=LANE_LABELS[lane]).click()
+            tick_lane(page, lane)
         page.locator("#prompt textarea").fill(prompt)
         clicked = time.perf_counter()
         page.locator("#run").click()
@@ -234,9 +256,7 @@ def doctor_screenshot(url: str, out: Path, max_new_tokens: int = 48, timeout_s: 
     the panel's text and the seconds from the click to the report."""
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
-        box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
-        box.fill(str(max_new_tokens))
-        box.press("Enter")
+        set_max_new_tokens(page, max_new_tokens)
         page.locator("#prompt textarea").fill(DEFAULT_PROMPT)
         page.locator("#run").click()
         page.wait_for_selector("#summary :text('speedup')")

@@ -133,8 +133,8 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
     paused = seen["paused_at"]
     assert seen["still_paused_at"] == paused  # nothing moves while paused
     assert seen["after_steps"] == [paused + 1, paused + 2, paused + 3]  # one DFlash cycle per Step
-    # The cycle view follows the current cycle: the last one stepped to (0-based index).
-    assert seen["cycle_title"].startswith(f"Cycle {paused + 2} of ")
+    # The cycle view follows the current cycle: the last one stepped to (cycles count from 1).
+    assert seen["cycle_title"].startswith(f"Cycle {paused + 3} of {paused + 3} ")
     for part in ("noisy block", "injected into every drafter layer", "single pass", "where the time went", "one plain decoding step"):
         assert part in seen["cycle_text"]
     # The hover box of a rejected draft: block and slot, both top-k lists, and why.

@@ -39,6 +39,9 @@ class Viewer:
 # Why a race was let go (`Control.released`): paused for its whole pause budget, the session table
 # dropped its viewer to make room for newer ones, or it reached its wall-clock budget.
 PAUSE_EXPIRED, EVICTED, TIME_UP = "pause expired", "evicted", "time up"
+# "Start paused" holds for a run that starts this soon after it (a race may wait in the queue); a
+# later run, started by someone who has forgotten it, plays.
+ARM_S = 60.0
 
 
 class Control:
@@ -64,15 +67,24 @@ class Control:
         self._held_at_start = 0.0  # `_held` when the run started: the run's pause time is the growth
         self.run = 0  # which run of this viewer the control drives; a newer one supersedes the rest
         self.active = False  # a run is playing (the session table keeps such a control)
+        self._armed_at: float | None = None  # when "start paused" was asked for the next run
         self.viewer = Viewer()
 
     def clock(self) -> float:
         return self._clock() - self._held
 
-    def reset(self) -> int:
-        """A new race starts playing (not paused); returns its run number."""
+    def arm(self) -> None:
+        """The next run (started within `ARM_S`) starts paused before its first cycle."""
         with self._lock:
-            self.paused, self.limit, self.stopped, self.released = False, None, False, None
+            self._armed_at = self._clock()
+
+    def reset(self) -> int:
+        """A new race starts playing, or paused before cycle 1 when `arm` was called just before;
+        returns its run number."""
+        with self._lock:
+            armed = self._armed_at is not None and self._clock() - self._armed_at <= ARM_S
+            self._armed_at = None
+            self.paused, self.limit, self.stopped, self.released = armed, 0 if armed else None, False, None
             self._started, self._held_at_start = self._clock(), self._held
             self.run += 1
             self.active = True
