@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import gradio as gr
@@ -34,6 +33,7 @@ from .race.thinking import DEFAULT
 from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
 from .serve.lecture import Lecture
+from .serve.lessons import LESSONS, Lessons
 from .serve.live import LiveRace
 from .serve.loading import PairLoading
 from .serve.playback import MAX_SPEED, MIN_SPEED, Playback
@@ -75,6 +75,7 @@ class App:
         self.diagnosis = Diagnosis(self.loading, limits, self.readers, self.live.runs_in_process)
         self.serving = Serving(self.loading.pairs, limits, self.readers)
         self.lecture = Lecture(self.controls)
+        self.lessons = Lessons(self.controls)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
         self.stops = self.live.stops  # the Stop button's requests
         # The handlers, by the names the wiring (and the `compare` / `select_pair` endpoints) use.
@@ -181,6 +182,8 @@ class ReplayTab:
     inputs: list  # the `replay` inputs: the recorded run, an uploaded trace, the speed
     replay_button: gr.Button
     start_paused: gr.Checkbox | None = None
+    lessons: dict | None = None  # lesson key -> its button
+    lesson_parts: tuple = ()  # the callout, Previous, Next, the lesson's state
 
 
 @dataclass
@@ -266,6 +269,18 @@ def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits, device_for=
 
 
 def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
+    offered = {name for _, name in recorded}
+    lessons = {}
+    with gr.Row(elem_id="lessons", equal_height=True):
+        gr.Markdown(texts.LESSONS, elem_id="lessons-intro")
+        for lesson in LESSONS:
+            if lesson.trace in offered:
+                lessons[lesson.key] = gr.Button(lesson.title, elem_id=f"lesson-{lesson.key}", size="sm", scale=0,
+                                                min_width=150)
+    with gr.Row(elem_id="lesson-row", equal_height=True):
+        callout = gr.Markdown("", elem_id="lesson-callout")
+        lesson_prev = gr.Button("◀ Previous", elem_id="lesson-prev", size="sm", scale=0, min_width=110)
+        lesson_next = gr.Button("Next ▶", elem_id="lesson-next", size="sm", scale=0, min_width=110)
     gr.Markdown(texts.REPLAY_TAB)
     with gr.Row():
         trace_choice = gr.Dropdown(
@@ -281,7 +296,8 @@ def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
         with gr.Column(min_width=170):
             replay_button = gr.Button("Replay ▶", variant="primary", elem_id="replay-run")
             start_paused = gr.Checkbox(False, label=texts.START_PAUSED, elem_id="replay-start-paused")
-    return ReplayTab([trace_choice, trace_upload, speed], replay_button, start_paused)
+    return ReplayTab([trace_choice, trace_upload, speed], replay_button, start_paused, lessons,
+                     (callout, lesson_prev, lesson_next, gr.State(None)))
 
 
 def serving_tab(serving: Serving) -> ServingTab:
@@ -413,6 +429,7 @@ def build_demo(
             with gr.Tab("How it works", id="howto") as tabs["howto"]:
                 howto_tab()
         area = race_area(app.diagnosis.intro() if live else None)
+        _wire_before_runs(app, live_inputs if live else None, replay_inputs, area)
         _wire(demo, app, limits, live_inputs if live else None, replay_inputs, area, play_on_load=bool(replay))
         if live:
             _wire_serving(app, limits, live_inputs, serving)
@@ -534,6 +551,20 @@ def _wire_serving(app: App, limits: Limits, live: LiveTab, serving: ServingTab) 
     )
 
 
+def _wire_before_runs(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceArea) -> None:
+    """Race and Replay first clear what an earlier run left (an error then stands alone) and, with
+    "Start paused" ticked, hold the run they start before cycle 1. Wired before the runs themselves:
+    the page sends a button's events in the order they were wired, each once the one before has
+    answered, so these reach the server first."""
+    outputs = [area.outputs[name] for name in FRAME_FIELDS]
+    sources = [(replay.replay_button, replay.start_paused)]
+    if live is not None:
+        sources.append((live.run_button, live.start_paused))
+    for button, start_paused in sources:
+        button.click(app.lecture.before_run, inputs=[start_paused], outputs=outputs, queue=False,
+                     api_visibility="private", show_progress="hidden")
+
+
 def _shown():
     return gr.Column(visible=True)
 
@@ -555,11 +586,10 @@ def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceA
         basic, more = live.lane_picks
         lanes = live.inputs[-1]
         for group in (basic, more):
-            group.input(None, inputs=[basic, more], outputs=[lanes], js="(a, b) => [...a, ...b]", **now)
+            group.input(None, inputs=[basic, more], outputs=[lanes], js="(a, b) => [[...a, ...b]]", **now)
         sources.append((live.run_button, live.start_paused))
         live.pair_choice.change(app.lecture.clear, outputs=outputs, **now)
-    for button, start_paused in sources:
-        button.click(app.lecture.before_run, inputs=[start_paused], outputs=outputs, **now)
+    for button, _ in sources:
         button.click(None, js=lecture.SCROLL_TO_LANES_JS, **now)
     control_status = area.outputs["control_status"]
     area.step_button.click(app.lecture.step_when_idle, outputs=[control_status], **now).then(
@@ -577,8 +607,27 @@ def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceA
         races = name in ("live", "replay")
         tab.select(_shown if races else _hidden, outputs=[area.column], **now)
         if races:
-            tab.select(partial(app.lecture.switch_source, name), inputs=[shown], outputs=[shown, *outputs], **now)
+            tab.select(app.lecture.switcher(name), inputs=[shown], outputs=[shown, *outputs], **now)
+    _wire_lessons(app, replay, area)
     large_text, block_bars = switches
     large_text.input(None, inputs=[large_text], js=lecture.toggle_js("large-text"), **now)
     block_bars.input(None, inputs=[block_bars], js=lecture.toggle_js("no-block-bars", when_on=False), **now)
+
+
+def _wire_lessons(app: App, replay: ReplayTab, area: RaceArea) -> None:
+    """A lesson's button picks its recording and replays it, held at its first stop (one click);
+    Previous / Next go between its stops."""
+    outputs = [area.outputs[name] for name in FRAME_FIELDS]
+    callout, previous, following, state = replay.lesson_parts
+    trace_choice, _, speed = replay.inputs
+    for key, button in (replay.lessons or {}).items():
+        button.click(app.lessons.opener(key), outputs=[trace_choice, speed, callout, state], queue=False,
+                     api_visibility="private", show_progress="hidden").then(
+            app.lecture.before_run, inputs=[gr.State(False)], outputs=outputs, queue=False, api_visibility="private",
+            show_progress="hidden").then(
+            app.playback.replay, inputs=replay.inputs, outputs=outputs, api_visibility="private",
+            concurrency_limit=None, concurrency_id="replay", show_progress="hidden")
+    moved = [callout, state, area.outputs["cycle_view"], area.outputs["cycle_pick"], area.follow, area.cycle_panel]
+    for button, move in ((previous, app.lessons.previous), (following, app.lessons.next)):
+        button.click(move, inputs=[state], outputs=moved, queue=False, api_visibility="private", show_progress="hidden")
 

@@ -15,7 +15,7 @@ import gradio as gr
 import pytest
 
 from app.race.control import ARM_S, Control
-from app.serve.replay import shipped_traces
+from app.serve.replay import load_trace, shipped_traces
 from app.ui import App, recorded_runs
 from app.view import texts
 from app.view.cycle_view import cycle_html
@@ -50,6 +50,15 @@ def test_start_paused_holds_the_next_run_before_cycle_one_and_only_a_run_started
     now[0] += ARM_S + 1  # armed, then forgotten: a later run plays
     control.reset()
     assert not control.paused and control.limit is None
+    now[0] += 1  # the run's request came first: the pause asked for with it still lands before cycle 1
+    control.arm()
+    assert control.paused and control.limit == 0 and control.holding(0)
+    control.resume()
+    now[0] += 5  # a run long under way is not paused by it; the next one is
+    control.arm()
+    assert not control.paused
+    control.reset()
+    assert control.paused and control.limit == 0
 
 
 def test_cycles_are_labelled_in_words_and_the_range_covers_every_slot_shown():
@@ -125,3 +134,26 @@ def test_step_with_nothing_playing_arms_the_next_run(app):
     control = app.controls.find("idle")
     control.reset()
     assert control.paused and control.limit == 0
+
+
+def test_a_lesson_opens_held_at_its_first_stop_and_moves_between_stops(app):
+    viewer = SimpleNamespace(session_hash="lesson")
+    trace, speed, callout, state = app.lessons.open("one-cycle", viewer)
+    assert (trace, state) == ("code-greedy", {"key": "one-cycle", "stop": 0})
+    assert "**Lesson: One cycle** · stop 1 of 4 (cycle 1) · recorded by this app on cpu" in callout
+    stream = app.replay(trace, None, 4.0, viewer)
+    frame = {}
+    while "Paused" not in str(frame.get("control_status", "")):
+        frame = frame_of(next(stream))
+    assert frame["control_status"].startswith("**Paused** after cycle 1:")
+    callout, state, *_ = app.lessons.next(state, viewer)
+    assert "stop 2 of 4 (cycle 2)" in callout and state["stop"] == 1
+    while "after cycle 2" not in str(frame.get("control_status", "")):
+        frame = frame_of(next(stream))
+    callout, state, view, slider, follow, _ = app.lessons.previous(state, viewer)
+    assert "stop 1 of 4" in callout and "Cycle 1 of 2 " in view and slider["value"] == 1 and follow is False
+    stream.close()
+    # The last stop's figures are the recording's own.
+    end = app.lessons.callout("one-cycle", 3)
+    report = load_trace(str(SHIPPED[0][0].with_name("code-greedy.json"))).report()
+    assert f"tau {report.tau:.2f} tokens per cycle, {report.speedup:.2f}× plain decoding" in end

@@ -53,6 +53,14 @@ class Lecture:
             return (shown, *(gr.skip() for _ in blank_frame().values()))
         return (None, *self.clear(request))
 
+    def switcher(self, source: str):
+        """`switch_source` for the tab of `source`, as a handler (Gradio passes the request by annotation)."""
+
+        def switch(shown, request: gr.Request = None):
+            return self.switch_source(source, shown, request)
+
+        return switch
+
     def previous_cycle(self, number, request: gr.Request = None):
         return self.shift_cycle(-1, number, request)
 

@@ -32,6 +32,8 @@ GLOSSARY = (
     "tokens committed per cycle, the bonus counted; *bonus*: the target's own token after the kept drafts."
 )
 
+LESSONS = "**Lessons** (one click: a recorded race, paused where it teaches; *Next* goes on):"
+
 REPLAY_TAB = (
     "No model needed: replay a race recorded on the default pair (or upload a trace a race "
     "downloaded), paced by its recorded compute clocks. Every view works as in a live race."
