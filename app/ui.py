@@ -214,6 +214,7 @@ class RaceArea:
     cycle_prev: gr.Button | None = None  # the cycle view one cycle back / on
     cycle_next: gr.Button | None = None
     cycle_panel: gr.Accordion | None = None
+    cycle_extremes: tuple = ()  # the cycle view at the best / the worst cycle
 
 
 def pair_choices(pairs: list[PairSpec], device_for) -> list[tuple[str, str]]:
@@ -356,6 +357,8 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
                 cycle_prev = gr.Button("◀ cycle (←)", elem_id="cycle-prev", size="sm", scale=0, min_width=100)
                 cycle_pick = gr.Slider(1, 2, value=1, step=1, label="Cycle", elem_id="cycle-pick", scale=3)
                 cycle_next = gr.Button("cycle ▶", elem_id="cycle-next", size="sm", scale=0, min_width=100)
+                cycle_best = gr.Button("best cycle", elem_id="cycle-best", size="sm", scale=0, min_width=100)
+                cycle_worst = gr.Button("worst cycle", elem_id="cycle-worst", size="sm", scale=0, min_width=100)
                 follow = gr.Checkbox(value=True, label="Follow the current cycle", elem_id="cycle-follow", scale=1)
                 cycle_lane = gr.Radio([(LABELS[lane], lane) for lane in CYCLE_LANES], value="dflash", label="Lane",
                                       elem_id="cycle-lane", scale=2)
@@ -382,7 +385,7 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
         "report": report_json, "trace_file": trace_file, "trace_csv": trace_csv,
     }
     return RaceArea(outputs, pause_button, step_button, resume_button, follow, doctor, cycle_lane, column,
-                    cycle_prev, cycle_next, cycle_panel)
+                    cycle_prev, cycle_next, cycle_panel, (cycle_best, cycle_worst))
 
 
 def build_demo(
@@ -598,6 +601,8 @@ def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceA
     for button, shift in ((area.cycle_prev, app.lecture.previous_cycle), (area.cycle_next, app.lecture.next_cycle)):
         button.click(lambda: gr.Accordion(open=True), outputs=[area.cycle_panel], **now)
         button.click(shift, inputs=[area.outputs["cycle_pick"]], outputs=cycle_outputs, **now)
+    for button, jump in zip(area.cycle_extremes, (app.lecture.best_cycle, app.lecture.worst_cycle)):
+        button.click(jump, outputs=cycle_outputs, **now)
     # The area shows the run of one source (Live race or Replay): under the other, it starts empty.
     shown = gr.State(None)
     for name, button in (("replay", replay.replay_button), ("live", live.run_button if live else None)):

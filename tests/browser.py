@@ -363,6 +363,31 @@ def open_lessons(url: str, keys: tuple[str, ...], timeout_s: float = 120.0) -> d
     return seen
 
 
+def step_when_idle_and_switches(url: str, timeout_s: float = 90.0) -> dict:
+    """In an app without models: Step with nothing playing, Step again, then the large-text and
+    block-bar switches and the "How it works" tab. Returns what each showed."""
+    seen = {}
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#replay-run")
+        page.locator("#step").click()
+        page.wait_for_selector("#control-status :text('before cycle 1')")
+        seen["idle_step"] = (page.locator("#control-status").inner_text(), _bonus_count(page))
+        page.locator("#step").click()
+        page.wait_for_selector("#control-status :text('after cycle 1')")
+        seen["step"] = (page.locator("#control-status").inner_text(), _bonus_count(page))
+        page.locator("#large-text label").click()
+        page.wait_for_function("document.body.classList.contains('large-text')")
+        pane = page.locator("#dflash-tokens .dflash-pane")
+        seen["token_px"] = float(pane.evaluate("e => getComputedStyle(e).fontSize")[:-2])
+        seen["bar"] = page.locator("#dflash-tokens .tok-bonus").first.evaluate("e => getComputedStyle(e).boxShadow")
+        page.locator("#block-bars label").click()
+        page.wait_for_function("document.body.classList.contains('no-block-bars')")
+        page.get_by_role("tab", name="How it works").click()
+        page.wait_for_selector("#race-area", state="hidden")
+        seen["area_under_howto"] = page.locator("#race-area").is_visible()
+    return seen
+
+
 def replay_screenshots(url: str, out: Path, cycles: int = 16, timeout_s: float = 180.0) -> None:
     """The README's pictures: a replay paused after `cycles` DFlash cycles with a rejected draft's
     hover box open (out/replay.png), and that cycle's "inside a cycle" view (out/inside-a-cycle.png)."""

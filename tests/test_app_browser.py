@@ -181,6 +181,17 @@ def test_browser_what_if_model_redraws_from_its_sliders_without_the_server(repla
 
 
 @pytest.mark.slow
+def test_browser_step_when_idle_starts_paused_and_the_page_switches_work(replay_url):
+    from browser import step_when_idle_and_switches
+
+    seen = step_when_idle_and_switches(replay_url)
+    assert seen["idle_step"] == ("Paused before cycle 1: Step (→) shows cycle 1, Continue (space) plays.", 0)
+    assert seen["step"][0].startswith("Paused after cycle 1:") and seen["step"][1] == 1
+    assert seen["token_px"] >= 20 and "154, 103, 0" in seen["bar"]  # a bonus token's bar: #9a6700
+    assert seen["area_under_howto"] is False
+
+
+@pytest.mark.slow
 def test_browser_each_tab_shows_only_its_own_outputs(app_url):
     from browser import tabs_own_outputs
 
@@ -217,7 +228,9 @@ def lessons_url():
 
     if not shipped_traces():
         pytest.skip("no shipped traces")
-    demo = build_demo([], "", None, replay=None, live=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("app.ui.shipped_traces", shipped_traces)  # `replay_url` may have put one slow trace there
+        demo = build_demo([], "", None, replay=None, live=False)
     demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     yield demo.local_url
     demo.close()

@@ -117,6 +117,12 @@ def test_the_cycle_view_steps_back_and_on_within_the_run_counted_from_one(app):
     assert f"Cycle {n} of {n} " in view and slider["value"] == n
     view, slider, _ = app.lecture.previous_cycle(1, viewer)
     assert "Cycle 1 of " in view and slider["value"] == 1
+    # Best and worst: the first cycle that committed the most / the fewest tokens.
+    lengths = [b.acceptance_length for b in load_trace(str(SHIPPED[0][0])).dflash.blocks]
+    for jump, pick in ((app.lecture.best_cycle, max), (app.lecture.worst_cycle, min)):
+        view, slider, _ = jump(viewer)
+        k = lengths.index(pick(lengths)) + 1
+        assert slider["value"] == k and f"Cycle {k} of {n} " in view and f"→ {pick(lengths)} token" in view
     # Another source's tab empties the area; the same source's keeps it.
     kept = app.lecture.switch_source("replay", "replay", viewer)
     assert kept[0] == "replay" and all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1

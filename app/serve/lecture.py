@@ -61,6 +61,23 @@ class Lecture:
 
         return switch
 
+    def best_cycle(self, request: gr.Request = None):
+        """The cycle view at the lane's cycle that committed the most tokens (the first such)."""
+        return self._extreme(max, request)
+
+    def worst_cycle(self, request: gr.Request = None):
+        """The cycle view at the lane's cycle that committed the fewest tokens (the first such)."""
+        return self._extreme(min, request)
+
+    def _extreme(self, pick, request):
+        control = self.controls.find(getattr(request, "session_hash", None))
+        snap = control.viewer.latest if control is not None else None
+        view = snap.lanes.get(control.viewer.lane) if snap is not None else None
+        if view is None or not view.blocks:
+            return gr.skip(), gr.skip(), gr.skip()
+        lengths = [block.acceptance_length for block in view.blocks]
+        return self.shift_cycle(0, lengths.index(pick(lengths)) + 1, request)
+
     def previous_cycle(self, number, request: gr.Request = None):
         return self.shift_cycle(-1, number, request)
 
