@@ -432,11 +432,11 @@ def build_demo(
             with gr.Tab("How it works", id="howto") as tabs["howto"]:
                 howto_tab()
         area = race_area(app.diagnosis.intro() if live else None)
-        _wire_before_runs(app, live_inputs if live else None, replay_inputs, area)
+        shown = _wire_before_runs(app, live_inputs if live else None, replay_inputs, area)
         _wire(demo, app, limits, live_inputs if live else None, replay_inputs, area, play_on_load=bool(replay))
         if live:
             _wire_serving(app, limits, live_inputs, serving)
-        _wire_lecture(app, live_inputs if live else None, replay_inputs, area, tabs, (large_text, block_bars))
+        _wire_lecture(app, live_inputs if live else None, replay_inputs, area, tabs, (large_text, block_bars), shown)
     demo.queue()
     bound_queue(demo, limits)  # per queue and per visitor: one client cannot fill it for everyone
     refuse_url_inputs(demo)  # no input makes the server fetch a URL
@@ -554,18 +554,22 @@ def _wire_serving(app: App, limits: Limits, live: LiveTab, serving: ServingTab) 
     )
 
 
-def _wire_before_runs(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceArea) -> None:
-    """Race and Replay first clear what an earlier run left (an error then stands alone) and, with
-    "Start paused" ticked, hold the run they start before cycle 1. Wired before the runs themselves:
-    the page sends a button's events in the order they were wired, each once the one before has
-    answered, so these reach the server first."""
+def _wire_before_runs(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceArea) -> gr.State:
+    """Race and Replay first clear what an earlier run left (an error then stands alone), with
+    "Start paused" ticked hold the run they start before cycle 1, bring the lanes into view and note
+    which source's run the area shows (returned). Wired before the runs themselves: the page sends a
+    button's events in the order they were wired, each once the one before has ended."""
     outputs = [area.outputs[name] for name in FRAME_FIELDS]
-    sources = [(replay.replay_button, replay.start_paused)]
+    now = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
+    shown = gr.State(None)
+    sources = [("replay", replay.replay_button, replay.start_paused)]
     if live is not None:
-        sources.append((live.run_button, live.start_paused))
-    for button, start_paused in sources:
-        button.click(app.lecture.before_run, inputs=[start_paused], outputs=outputs, queue=False,
-                     api_visibility="private", show_progress="hidden")
+        sources.append(("live", live.run_button, live.start_paused))
+    for name, button, start_paused in sources:
+        button.click(None, js=lecture.SCROLL_TO_LANES_JS, **now)
+        button.click(lambda name=name: name, outputs=[shown], **now)
+        button.click(app.lecture.before_run, inputs=[start_paused], outputs=outputs, **now)
+    return shown
 
 
 def _shown():
@@ -576,24 +580,21 @@ def _hidden():
     return gr.Column(visible=False)
 
 
-def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceArea, tabs: dict, switches) -> None:
-    """What a class needs beside the race's own events: the lane checkboxes gathered, Race and Replay
-    (optionally starting paused) clearing what an earlier run left and bringing the lanes into view,
-    Step with nothing playing starting a paused run, the cycle view stepped back and on, the race
-    area only under the tabs that race (emptied when the source or the pair changes), and the page's
-    switches. Every event here answers at once (no queue) or runs in the browser only."""
+def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceArea, tabs: dict, switches,
+                  shown: gr.State) -> None:
+    """What a class needs beside the race's own events (and `_wire_before_runs`): the lane checkboxes
+    gathered, Step with nothing playing starting a paused run, the cycle view stepped back and on
+    and to the best / worst cycle, the race area only under the tabs that race (emptied when the
+    source, `shown`, or the pair changes), the lessons, and the page's switches. Every event here
+    answers at once (no queue) or runs in the browser only."""
     outputs = [area.outputs[name] for name in FRAME_FIELDS]
     now = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
-    sources = [(replay.replay_button, replay.start_paused)]
     if live is not None:
         basic, more = live.lane_picks
         lanes = live.inputs[-1]
         for group in (basic, more):
             group.input(None, inputs=[basic, more], outputs=[lanes], js="(a, b) => [[...a, ...b]]", **now)
-        sources.append((live.run_button, live.start_paused))
         live.pair_choice.change(app.lecture.clear, outputs=outputs, **now)
-    for button, _ in sources:
-        button.click(None, js=lecture.SCROLL_TO_LANES_JS, **now)
     control_status = area.outputs["control_status"]
     area.step_button.click(app.lecture.step_when_idle, outputs=[control_status], **now).then(
         None, inputs=[control_status], js=lecture.START_PAUSED_JS, **now)
@@ -604,10 +605,6 @@ def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceA
     for button, jump in zip(area.cycle_extremes, (app.lecture.best_cycle, app.lecture.worst_cycle)):
         button.click(jump, outputs=cycle_outputs, **now)
     # The area shows the run of one source (Live race or Replay): under the other, it starts empty.
-    shown = gr.State(None)
-    for name, button in (("replay", replay.replay_button), ("live", live.run_button if live else None)):
-        if button is not None:
-            button.click(lambda name=name: name, outputs=[shown], **now)
     for name, tab in tabs.items():
         races = name in ("live", "replay")
         tab.select(_shown if races else _hidden, outputs=[area.column], **now)
