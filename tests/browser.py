@@ -224,12 +224,18 @@ def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: floa
         return seen
 
 
+def _status(page) -> str:
+    """The control status line, without the timer Gradio shows over it while a Step is answered."""
+    lines = [line.strip() for line in page.locator("#control-status").inner_text().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def _numbers(page) -> dict:
     """Every place that numbers the cycles on screen: the control status, DFlash's bonus tokens (one
     per cycle), the strip's newest row, the cycle view's title and the cycle picker."""
     strip = page.locator("#dflash-strip .strip-head")
     return {
-        "status": page.locator("#control-status").inner_text(),
+        "status": _status(page),
         "bonus": _bonus_count(page),
         "strip": strip.last.inner_text() if strip.count() else "",  # the newest row is drawn last
         "title": page.locator("#cycle-view .cycle h4").first.inner_text() if page.locator("#cycle-view .cycle h4").count() else "",
@@ -319,7 +325,7 @@ def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
         page.wait_for_selector("#summary :text('Run a prompt')")
         seen["live_tokens"] = page.locator("#dflash-tokens .tok").count()
         seen["live_summary"] = page.locator("#summary").inner_text()
-        seen["live_status"] = page.locator("#control-status").inner_text()
+        seen["live_status"] = _status(page)
     return seen
 
 
@@ -359,7 +365,7 @@ def open_lessons(url: str, keys: tuple[str, ...], timeout_s: float = 120.0) -> d
             page.wait_for_selector("#lesson-callout :text('Lesson:')")
             page.wait_for_selector("#control-status :text-matches('Paused after|Finished')")
             seen[key] = {"callout": page.locator("#lesson-callout").inner_text(),
-                         "status": page.locator("#control-status").inner_text(), "bonus": _bonus_count(page)}
+                         "status": _status(page), "bonus": _bonus_count(page)}
     return seen
 
 
@@ -371,10 +377,10 @@ def step_when_idle_and_switches(url: str, timeout_s: float = 90.0) -> dict:
         page.wait_for_selector("#replay-run")
         page.locator("#step").click()
         page.wait_for_selector("#control-status :text('before cycle 1')")
-        seen["idle_step"] = (page.locator("#control-status").inner_text(), _bonus_count(page))
+        seen["idle_step"] = (_status(page), _bonus_count(page))
         page.locator("#step").click()
         page.wait_for_selector("#control-status :text('after cycle 1')")
-        seen["step"] = (page.locator("#control-status").inner_text(), _bonus_count(page))
+        seen["step"] = (_status(page), _bonus_count(page))
         page.locator("#large-text label").click()
         page.wait_for_function("document.body.classList.contains('large-text')")
         pane = page.locator("#dflash-tokens .dflash-pane")
