@@ -27,19 +27,21 @@ from .guard.limits import Limits
 from .guard.queue_bounds import bound_queue
 from .guard.readers import Readers
 from .guard.traces import TraceStore
-from .pairs.registry import PairSpec
+from .pairs.registry import PairSpec, unavailable_here
 from .race.control import Controls
-from .race.lanes import CHOICES, CYCLE_LANES, LABELS, LANES
+from .race.lanes import CHOICES, CYCLE_LANES, LABELS, LANES, RESEARCH_LANES
 from .race.thinking import DEFAULT
 from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
+from .serve.lecture import Lecture
+from .serve.lessons import LESSONS, Lessons
 from .serve.live import LiveRace
 from .serve.loading import PairLoading
-from .serve.playback import Playback
+from .serve.playback import MAX_SPEED, MIN_SPEED, Playback
 from .serve.replay import ReplayError, load_trace, shipped_traces
 from .serve.serving import LEVELS, Serving
 from .serve.stepping import Stepping
-from .view import charts, render, texts
+from .view import charts, lecture, render, texts
 from .view.cycle_view import cycle_html
 from .view.frames import FRAME_FIELDS
 from .view.howto import howto_html
@@ -73,6 +75,8 @@ class App:
         self.stepping = Stepping(self.controls)
         self.diagnosis = Diagnosis(self.loading, limits, self.readers, self.live.runs_in_process)
         self.serving = Serving(self.loading.pairs, limits, self.readers)
+        self.lecture = Lecture(self.controls)
+        self.lessons = Lessons(self.controls)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
 
     def end_session(self, request: gr.Request = None) -> None:
@@ -163,12 +167,17 @@ class LiveTab:
     thinking: gr.Radio  # the chat template's thinking switch; shown where the pair's template has one
     run_button: gr.Button
     stop_button: gr.Button
+    start_paused: gr.Checkbox | None = None  # the race starts paused before cycle 1
+    lane_picks: tuple = ()  # the visible lane checkboxes (basics, "More lanes"), gathered into `lanes`
 
 
 @dataclass
 class ReplayTab:
     inputs: list  # the `replay` inputs: the recorded run, an uploaded trace, the speed
     replay_button: gr.Button
+    start_paused: gr.Checkbox | None = None
+    lessons: dict | None = None  # lesson key -> its button
+    lesson_parts: tuple = ()  # the callout, Previous, Next, the lesson's state
 
 
 @dataclass
@@ -195,37 +204,78 @@ class RaceArea:
     follow: gr.Checkbox
     doctor: DoctorPanel | None  # only where pairs race live
     cycle_lane: gr.Radio  # whose cycles "Inside a cycle" lays out
+    column: gr.Column | None = None  # the whole area, hidden under the tabs that have no race
+    cycle_prev: gr.Button | None = None  # the cycle view one cycle back / on
+    cycle_next: gr.Button | None = None
+    cycle_panel: gr.Accordion | None = None
+    cycle_extremes: tuple = ()  # the cycle view at the best / the worst cycle
 
 
-def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits) -> LiveTab:
+def pair_choices(pairs: list[PairSpec], device_for) -> list[tuple[str, str]]:
+    """(label, id) of the pairs, those this machine cannot race last and marked with why (`device_for`:
+    a pair's device, None where nothing is loaded here)."""
+    usable, marked = [], []
+    for p in pairs:
+        why = None if device_for is None else unavailable_here(p, device_for(p))
+        (usable if why is None else marked).append((p.label if why is None else f"⊘ {p.label} ({why})", p.id))
+    return usable + marked
+
+
+def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits, device_for=None) -> LiveTab:
+    """The prompt and Race first, the pair beside them; the settings and the added lanes folded."""
     pair_state = gr.State(default_id)
-    with gr.Row():
-        pair_choice = gr.Dropdown(choices=[(p.label, p.id) for p in pairs], value=default_id, label="Model pair", scale=2)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=5):
+            prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something…", elem_id="prompt")
+        with gr.Column(scale=1, min_width=170):
+            run_button = gr.Button("Race ▶", variant="primary", elem_id="run")
+            with gr.Row():
+                stop_button = gr.Button("Stop ■", variant="stop", elem_id="stop", size="sm", min_width=60)
+                start_paused = gr.Checkbox(False, label=texts.START_PAUSED, elem_id="start-paused", min_width=90)
+    with gr.Row(equal_height=False, elem_id="pair-row"):
+        pair_choice = gr.Dropdown(choices=pair_choices(pairs, device_for), value=default_id, label="Model pair",
+                                  scale=2, elem_id="pair-choice")
         status = gr.Markdown(texts.PAIRS_LOADING, elem_id="pair-status")
-    with gr.Row():
-        with gr.Column(scale=3):
-            prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Ask something…", elem_id="prompt")
-            gr.Examples(EXAMPLES, inputs=[prompt], label="Examples: math, code, chat, story")
-        with gr.Column(scale=2):
+    basics = [(label, lane) for label, lane in CHOICES if lane not in RESEARCH_LANES]
+    research = [(label, lane) for label, lane in CHOICES if lane in RESEARCH_LANES]
+    with gr.Accordion(texts.SETTINGS_PANEL, open=False, elem_id="settings"):
+        gr.Examples(EXAMPLES, inputs=[prompt], label="Examples: math, code, chat, story")
+        with gr.Column(elem_id="lanes-choice"):
+            basic_lanes = gr.CheckboxGroup(basics, value=[], label=texts.LANES_CHOICE, elem_id="lanes-basic")
+            with gr.Accordion(texts.MORE_LANES, open=False, elem_id="more-lanes"):
+                more_lanes = gr.CheckboxGroup(research, value=[], show_label=False, elem_id="lanes-more")
+        with gr.Row():
             max_new_tokens = gr.Slider(
                 1, limits.max_new_tokens, value=min(128, limits.max_new_tokens), step=1, label="Max new tokens",
+                elem_id="max-new-tokens",
             )
-            block_size = gr.Slider(1, 16, value=16, step=1, label="Block size (1 = no drafting)")
-            with gr.Row():
-                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+            block_size = gr.Slider(1, 16, value=16, step=1, label="Block size (1 = no drafting)", elem_id="block-size")
+        with gr.Row():
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
             seed = gr.Number(value=0, precision=0, label="Seed (sampling only)")
-            lanes = gr.CheckboxGroup(CHOICES, value=[], label=texts.LANES_CHOICE, elem_id="lanes-choice")
-            thinking = gr.Radio(texts.THINKING_CHOICES, value=DEFAULT, label=texts.THINKING_CHOICE, visible=False,
-                                elem_id="thinking-choice")
-            with gr.Row():
-                run_button = gr.Button("Race ▶", variant="primary", elem_id="run", scale=3)
-                stop_button = gr.Button("Stop ■", variant="stop", elem_id="stop", scale=1)
+        thinking = gr.Radio(texts.THINKING_CHOICES, value=DEFAULT, label=texts.THINKING_CHOICE, visible=False,
+                            elem_id="thinking-choice")
+    # What `compare` reads: both groups' ticks, gathered in the page (`_wire_lecture`).
+    lanes = gr.CheckboxGroup(CHOICES, value=[], visible=False, elem_id="lanes-all")
     inputs = [prompt, max_new_tokens, block_size, temperature, top_p, seed, lanes]
-    return LiveTab(pair_state, pair_choice, status, inputs, block_size, thinking, run_button, stop_button)
+    return LiveTab(pair_state, pair_choice, status, inputs, block_size, thinking, run_button, stop_button,
+                   start_paused, (basic_lanes, more_lanes))
 
 
 def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
+    offered = {name for _, name in recorded}
+    lessons = {}
+    with gr.Row(elem_id="lessons", equal_height=True):
+        gr.Markdown(texts.LESSONS, elem_id="lessons-intro")
+        for lesson in LESSONS:
+            if lesson.trace in offered:
+                lessons[lesson.key] = gr.Button(lesson.title, elem_id=f"lesson-{lesson.key}", size="sm", scale=0,
+                                                min_width=150)
+    with gr.Row(elem_id="lesson-row", equal_height=True):
+        callout = gr.Markdown("", elem_id="lesson-callout")
+        lesson_prev = gr.Button("◀ Previous", elem_id="lesson-prev", size="sm", scale=0, min_width=110)
+        lesson_next = gr.Button("Next ▶", elem_id="lesson-next", size="sm", scale=0, min_width=110)
     gr.Markdown(texts.REPLAY_TAB)
     with gr.Row():
         trace_choice = gr.Dropdown(
@@ -236,9 +286,13 @@ def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
             label="…or upload a trace (.json)", file_types=[".json"], scale=2, height=110, elem_id="trace-upload"
         )
     with gr.Row():
-        speed = gr.Slider(0.25, 4.0, value=1.0, step=0.25, label="Replay speed (× real time)", elem_id="replay-speed")
-        replay_button = gr.Button("Replay ▶", variant="primary", elem_id="replay-run")
-    return ReplayTab([trace_choice, trace_upload, speed], replay_button)
+        speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Replay speed (× real time)",
+                          elem_id="replay-speed")
+        with gr.Column(min_width=170):
+            replay_button = gr.Button("Replay ▶", variant="primary", elem_id="replay-run")
+            start_paused = gr.Checkbox(False, label=texts.START_PAUSED, elem_id="replay-start-paused")
+    return ReplayTab([trace_choice, trace_upload, speed], replay_button, start_paused, lessons,
+                     (callout, lesson_prev, lesson_next, gr.State(None)))
 
 
 def serving_tab(serving: Serving) -> ServingTab:
@@ -257,64 +311,75 @@ def serving_tab(serving: Serving) -> ServingTab:
 
 
 def howto_tab() -> None:
+    gr.Markdown(texts.INTRO, elem_id="intro")
     gr.HTML(howto_html(), elem_id="howto")
 
 
 def race_area(doctor_intro: str | None = None) -> RaceArea:
-    """Under the tabs: the controls, the lanes' panes, the cycle view, the charts, the summary and the
-    downloads; beside the summary, with `doctor_intro` (live pairs only), the "Why this tau?" panel."""
-    with gr.Row(elem_id="race-controls"):
-        pause_button = gr.Button("Pause", elem_id="pause", size="sm")
-        step_button = gr.Button("Step one cycle", elem_id="step", size="sm")
-        resume_button = gr.Button("Continue", elem_id="continue", size="sm")
-        control_status = gr.Markdown("", elem_id="control-status")
-    gr.HTML(render.legend_html())
-    doctor = None
-    with gr.Row(equal_height=False):
-        summary = gr.HTML(render.summary_html(None), elem_id="summary", scale=6)
+    """Under the tabs: the controls, the summary and the lanes' panes first (in view while they race),
+    then the legend, the cycle view, the charts, the what-if model and the downloads; beside the
+    summary, with `doctor_intro` (live pairs only), the "Why this tau?" panel."""
+    with gr.Column(elem_id="race-area") as column:
+        with gr.Row(elem_id="race-controls", equal_height=True):
+            pause_button = gr.Button("Pause (space)", elem_id="pause", size="sm", scale=0, min_width=120)
+            step_button = gr.Button("Step one cycle (→)", elem_id="step", size="sm", scale=0, min_width=150)
+            resume_button = gr.Button("Continue", elem_id="continue", size="sm", scale=0, min_width=100)
+            control_status = gr.Markdown("", elem_id="control-status")
+        panes = {}
+        with gr.Row(equal_height=False, elem_id="lanes"):
+            for lane in LANES:  # every lane's pane exists; a race shows those it races (`frames.start_frame`)
+                with gr.Column(visible=lane in ("dflash", "plain"), elem_id=f"{lane}-pane", min_width=280) as pane:
+                    panes[f"{lane}_column"] = pane
+                    panes[f"{lane}_stats"] = gr.HTML(elem_id=f"{lane}-stats")
+                    panes[f"{lane}_tokens"] = gr.HTML(elem_id=f"{lane}-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
+                    panes[f"{lane}_strip"] = gr.HTML(elem_id=f"{lane}-strip", css_template=TIP_CSS, js_on_load=TIP_JS,
+                                                     visible=lane != "plain")
+        # Under the lanes, so that they stay where they are when the finished race's numbers arrive.
+        doctor = None
+        with gr.Row(equal_height=False):
+            summary = gr.HTML(render.summary_html(None), elem_id="summary", scale=6)
+            if doctor_intro is not None:
+                button = gr.Button(texts.DOCTOR_BUTTON, elem_id="doctor-run", size="sm", scale=0, min_width=140)
+        gr.HTML(render.legend_html())
         if doctor_intro is not None:
-            button = gr.Button(texts.DOCTOR_BUTTON, elem_id="doctor-run", size="sm", scale=0, min_width=140)
-    if doctor_intro is not None:
-        with gr.Accordion(texts.DOCTOR_PANEL, open=False, elem_id="doctor-panel") as accordion:
-            report_html = gr.HTML(doctor_intro, elem_id="doctor")
-            with gr.Accordion(texts.DOCTOR_JSON, open=False):
-                doctor = DoctorPanel(button, accordion, report_html, gr.JSON(show_label=False, elem_id="doctor-json"))
-    panes = {}
-    with gr.Row(equal_height=False, elem_id="lanes"):
-        for lane in LANES:  # every lane's pane exists; a race shows those it races (`frames.start_frame`)
-            with gr.Column(visible=lane in ("dflash", "plain"), elem_id=f"{lane}-pane", min_width=280) as column:
-                panes[f"{lane}_column"] = column
-                panes[f"{lane}_stats"] = gr.HTML(elem_id=f"{lane}-stats")
-                panes[f"{lane}_tokens"] = gr.HTML(elem_id=f"{lane}-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
-                panes[f"{lane}_strip"] = gr.HTML(elem_id=f"{lane}-strip", css_template=TIP_CSS, js_on_load=TIP_JS,
-                                                 visible=lane != "plain")
-    with gr.Accordion(texts.CYCLE_PANEL, open=False, elem_id="cycle-panel"):
+            with gr.Accordion(texts.DOCTOR_PANEL, open=False, elem_id="doctor-panel") as accordion:
+                report_html = gr.HTML(doctor_intro, elem_id="doctor")
+                with gr.Accordion(texts.DOCTOR_JSON, open=False):
+                    doctor = DoctorPanel(button, accordion, report_html, gr.JSON(show_label=False, elem_id="doctor-json"))
+        with gr.Accordion(texts.CYCLE_PANEL, open=False, elem_id="cycle-panel") as cycle_panel:
+            with gr.Row():
+                cycle_prev = gr.Button("◀ cycle (←)", elem_id="cycle-prev", size="sm", scale=0, min_width=100)
+                cycle_pick = gr.Slider(1, 2, value=1, step=1, label="Cycle", elem_id="cycle-pick", scale=3)
+                cycle_next = gr.Button("cycle ▶", elem_id="cycle-next", size="sm", scale=0, min_width=100)
+                cycle_best = gr.Button("best cycle", elem_id="cycle-best", size="sm", scale=0, min_width=100)
+                cycle_worst = gr.Button("worst cycle", elem_id="cycle-worst", size="sm", scale=0, min_width=100)
+                follow = gr.Checkbox(value=True, label="Follow the current cycle", elem_id="cycle-follow", scale=1)
+                cycle_lane = gr.Radio([(LABELS[lane], lane) for lane in CYCLE_LANES], value="dflash", label="Lane",
+                                      elem_id="cycle-lane", scale=2)
+            cycle_view = gr.HTML(cycle_html(None, None, None, str), elem_id="cycle-view", js_on_load=None)
+            gr.Markdown(texts.GLOSSARY, elem_id="glossary")
+        # Empty figures at page load also make the browser fetch plotly before the first race.
         with gr.Row():
-            cycle_pick = gr.Slider(0, 1, value=0, step=1, label="Cycle", elem_id="cycle-pick", scale=3)
-            follow = gr.Checkbox(value=True, label="Follow the current cycle", elem_id="cycle-follow", scale=1)
-            cycle_lane = gr.Radio([(LABELS[lane], lane) for lane in CYCLE_LANES], value="dflash", label="Lane",
-                                  elem_id="cycle-lane", scale=2)
-        cycle_view = gr.HTML(cycle_html(None, None, None, str), elem_id="cycle-view", js_on_load=None)
-    # Empty figures at page load also make the browser fetch plotly before the first race.
-    with gr.Row():
-        acc_plot = gr.Plot(charts.acceptance_figure({}), label="Acceptance length", elem_id="chart-acceptance")
-        speed_plot = gr.Plot(charts.speed_figure({}), label="Tokens/s", elem_id="chart-speed")
-    with gr.Row():
-        hist_plot = gr.Plot(charts.histogram_figure({}), label="Histogram", elem_id="chart-histogram")
-        pos_plot = gr.Plot(charts.position_figure({}), label="Per-position acceptance", elem_id="chart-positions")
-    speedup_plot = gr.Plot(speedup_figure(None, None), label="Speedup model", elem_id="chart-speedup")
-    gr.Markdown(FORMULA_MD, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
-    with gr.Row():
-        report_json = gr.JSON(label="Summary (JSON)", elem_id="report")
-        trace_file = gr.File(label="Trace download (JSON)", elem_id="trace")
-        trace_csv = gr.File(label="Per-block metrics (CSV)", elem_id="trace-csv")
+            acc_plot = gr.Plot(charts.acceptance_figure({}), label="Acceptance length", elem_id="chart-acceptance")
+            speed_plot = gr.Plot(charts.speed_figure({}), label="Tokens/s", elem_id="chart-speed")
+        with gr.Row():
+            hist_plot = gr.Plot(charts.histogram_figure({}), label="Histogram", elem_id="chart-histogram")
+            pos_plot = gr.Plot(charts.position_figure({}), label="Per-position acceptance", elem_id="chart-positions")
+        speedup_plot = gr.Plot(speedup_figure(None, None), label="Speedup model", elem_id="chart-speedup")
+        gr.Markdown(FORMULA_MD, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
+        gr.HTML(lecture.whatif_html(), elem_id="whatif", js_on_load=lecture.WHATIF_JS)
+        with gr.Row():
+            report_json = gr.JSON(label="Summary (JSON)", elem_id="report")
+            trace_file = gr.File(label="Trace download (JSON)", elem_id="trace")
+            trace_csv = gr.File(label="Per-block metrics (CSV)", elem_id="trace-csv")
     outputs = {
         "summary": summary, **panes, "acceptance_chart": acc_plot, "speed_chart": speed_plot,
         "histogram_chart": hist_plot, "positions_chart": pos_plot, "speedup_chart": speedup_plot,
         "cycle_pick": cycle_pick, "cycle_view": cycle_view, "control_status": control_status,
         "report": report_json, "trace_file": trace_file, "trace_csv": trace_csv,
     }
-    return RaceArea(outputs, pause_button, step_button, resume_button, follow, doctor, cycle_lane)
+    return RaceArea(outputs, pause_button, step_button, resume_button, follow, doctor, cycle_lane, column,
+                    cycle_prev, cycle_next, cycle_panel, (cycle_best, cycle_worst))
 
 
 def build_demo(
@@ -342,22 +407,30 @@ def build_demo(
     # Uploads (and the copies of traces handed out) older than an hour go, checked every 10 minutes,
     # and all of them at shutdown.
     with gr.Blocks(title="DFlash Studio", analytics_enabled=False, delete_cache=(600, 3600)) as demo:
-        gr.Markdown(texts.INTRO)
+        gr.HTML(lecture.page_head_html(), elem_id="page-head", js_on_load=lecture.PAGE_JS, padding=False)
+        with gr.Row(elem_id="header", equal_height=True):
+            gr.Markdown(texts.HEADER, elem_id="headline")
+            large_text = gr.Checkbox(False, label=texts.LARGE_TEXT, elem_id="large-text", scale=0, min_width=220)
+            block_bars = gr.Checkbox(True, label=texts.BLOCK_BARS, elem_id="block-bars", scale=0, min_width=130)
         with gr.Tabs(selected="live" if live and not replay else "replay", elem_id="source-tabs"):
+            tabs = {}
             if live:
-                with gr.Tab("Live race", id="live"):
-                    live_inputs = live_tab(pairs, app.default_id, limits)
-            with gr.Tab("Replay a recorded run", id="replay"):
+                with gr.Tab("Live race", id="live") as tabs["live"]:
+                    device_for = getattr(cache, "device_for", None)
+                    live_inputs = live_tab(pairs, app.default_id, limits, device_for)
+            with gr.Tab("Replay a recorded run", id="replay") as tabs["replay"]:
                 replay_inputs = replay_tab(recorded)
             if live:
-                with gr.Tab(texts.SERVING_TAB, id="serving"):
+                with gr.Tab(texts.SERVING_TAB, id="serving") as tabs["serving"]:
                     serving = serving_tab(app.serving)
-            with gr.Tab("How it works", id="howto"):
+            with gr.Tab("How it works", id="howto") as tabs["howto"]:
                 howto_tab()
         area = race_area(app.diagnosis.intro() if live else None)
+        shown = _wire_before_runs(app, live_inputs if live else None, replay_inputs, area)
         _wire(demo, app, limits, live_inputs if live else None, replay_inputs, area, play_on_load=bool(replay))
         if live:
             _wire_serving(app, limits, live_inputs, serving)
+        _wire_lecture(app, live_inputs if live else None, replay_inputs, area, tabs, (large_text, block_bars), shown)
     # A queued function runs only through the queue, where the bounds per visitor apply; Gradio
     # would otherwise run it on /gradio_api/run/<name> as well, up to its first frame.
     demo.queue(api_open=False)
@@ -477,3 +550,84 @@ def _wire_serving(app: App, limits: Limits, live: LiveTab, serving: ServingTab) 
         api_visibility="undocumented", show_progress="minimal", show_progress_on=[serving.outputs[2]],
         concurrency_limit=limits.concurrency, concurrency_id="race",
     )
+
+
+def _wire_before_runs(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceArea) -> gr.State:
+    """Race and Replay first clear what an earlier run left (an error then stands alone), with
+    "Start paused" ticked hold the run they start before cycle 1, bring the lanes into view and note
+    which source's run the area shows (returned). Wired before the runs themselves: the page sends a
+    button's events in the order they were wired, each once the one before has ended."""
+    outputs = [area.outputs[name] for name in FRAME_FIELDS]
+    now = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
+    shown = gr.State(None)
+    sources = [("replay", replay.replay_button, replay.start_paused)]
+    if live is not None:
+        sources.append(("live", live.run_button, live.start_paused))
+    for name, button, start_paused in sources:
+        button.click(None, js=lecture.SCROLL_TO_LANES_JS, **now)
+        button.click(lambda name=name: name, outputs=[shown], **now)
+        button.click(app.lecture.before_run, inputs=[start_paused], outputs=outputs, **now)
+    return shown
+
+
+def _shown():
+    return gr.Column(visible=True)
+
+
+def _hidden():
+    return gr.Column(visible=False)
+
+
+def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceArea, tabs: dict, switches,
+                  shown: gr.State) -> None:
+    """What a class needs beside the race's own events (and `_wire_before_runs`): the lane checkboxes
+    gathered, Step with nothing playing starting a paused run, the cycle view stepped back and on
+    and to the best / worst cycle, the race area only under the tabs that race (emptied when the
+    source, `shown`, or the pair changes), the lessons, and the page's switches. Every event here
+    answers at once (no queue) or runs in the browser only."""
+    outputs = [area.outputs[name] for name in FRAME_FIELDS]
+    now = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
+    if live is not None:
+        basic, more = live.lane_picks
+        lanes = live.inputs[-1]
+        for group in (basic, more):
+            group.input(None, inputs=[basic, more], outputs=[lanes], js="(a, b) => [[...a, ...b]]", **now)
+        live.pair_choice.change(app.lecture.clear, outputs=outputs, **now)
+    control_status = area.outputs["control_status"]
+    area.step_button.click(app.lecture.step_when_idle, outputs=[control_status], **now).then(
+        None, inputs=[control_status], js=lecture.START_PAUSED_JS, **now)
+    cycle_outputs = [area.outputs["cycle_view"], area.outputs["cycle_pick"], area.follow]
+    for button, shift in ((area.cycle_prev, app.lecture.previous_cycle), (area.cycle_next, app.lecture.next_cycle)):
+        button.click(lambda: gr.Accordion(open=True), outputs=[area.cycle_panel], **now)
+        button.click(shift, inputs=[area.outputs["cycle_pick"]], outputs=cycle_outputs, **now)
+    for button, jump in zip(area.cycle_extremes, (app.lecture.best_cycle, app.lecture.worst_cycle)):
+        button.click(jump, outputs=cycle_outputs, **now)
+    # The area shows the run of one source (Live race or Replay): under the other, it starts empty.
+    for name, tab in tabs.items():
+        races = name in ("live", "replay")
+        tab.select(_shown if races else _hidden, outputs=[area.column], **now)
+        if races:
+            tab.select(app.lecture.switcher(name), inputs=[shown], outputs=[shown, *outputs], **now)
+    _wire_lessons(app, replay, area)
+    large_text, block_bars = switches
+    large_text.input(None, inputs=[large_text], js=lecture.toggle_js("large-text"), **now)
+    block_bars.input(None, inputs=[block_bars], js=lecture.toggle_js("no-block-bars", when_on=False), **now)
+
+
+def _wire_lessons(app: App, replay: ReplayTab, area: RaceArea) -> None:
+    """A lesson's button picks its recording and replays it, held at its first stop (one click);
+    Previous / Next go between its stops."""
+    outputs = [area.outputs[name] for name in FRAME_FIELDS]
+    callout, previous, following, state = replay.lesson_parts
+    trace_choice, _, speed = replay.inputs
+    for key, button in (replay.lessons or {}).items():
+        button.click(app.lessons.opener(key), outputs=[trace_choice, speed, callout, state], queue=False,
+                     api_visibility="private", show_progress="hidden").then(
+            app.lecture.before_run, inputs=[gr.State(False)], outputs=outputs, queue=False, api_visibility="private",
+            show_progress="hidden").then(
+            app.playback.replay, inputs=replay.inputs, outputs=outputs, api_visibility="private",
+            concurrency_limit=None, concurrency_id="replay", show_progress="hidden")
+    moved = [callout, state, area.outputs["cycle_view"], area.outputs["cycle_pick"], area.follow, area.cycle_panel]
+    for button, move in ((previous, app.lessons.previous), (following, app.lessons.next)):
+        button.click(move, inputs=[state], outputs=moved, queue=False, api_visibility="private", show_progress="hidden")
+

@@ -50,6 +50,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as the app on a 2-core loopback)")
     parser.add_argument("--lanes", default="ar,lookup", help="lanes added to DFlash and plain decoding (comma-separated)")
+    parser.add_argument("--only", default="", help="record only these, e.g. code-greedy (comma-separated); "
+                        "index.json is then left as it is")
+    parser.add_argument("--suffix", default="", help="added to each file's name, e.g. -b16 (a lesson's trace)")
     args = parser.parse_args(argv)
     if len(EXAMPLES) != len(CATEGORIES):
         raise SystemExit(f"app/serve/examples.py has {len(EXAMPLES)} examples; this script names {len(CATEGORIES)}")
@@ -62,8 +65,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     index = []
+    only = {name for name in args.only.split(",") if name}
     for category, (prompt,) in zip(CATEGORIES, EXAMPLES):
         for label, temperature in TEMPERATURES.items():
+            if only and f"{category}-{label}" not in only:
+                continue
             t0 = time.perf_counter()
             frame = None
             lanes = [name for name in args.lanes.split(",") if name]
@@ -72,7 +78,7 @@ def main(argv=None) -> int:
                 pass
             source = frame[FRAME_FIELDS.index("trace_file")]
             trace = validate_trace(source)
-            name = f"{category}-{label}.json"
+            name = f"{category}-{label}{args.suffix}.json"
             shutil.copyfile(source, out / name)
             size = (out / name).stat().st_size
             if size > SIZE_LIMIT:
@@ -87,7 +93,8 @@ def main(argv=None) -> int:
             })
             lanes_text = ", ".join(f"{lane} {r['tau']:.2f} {r['speedup']:.2f}x" for lane, r in report["lanes"].items())
             print(f"{name}: {lanes_text}; {size} bytes, {time.perf_counter() - t0:.0f} s", flush=True)
-    (out / "index.json").write_text(json.dumps({"pair": pair_id, "traces": index}, indent=1) + "\n")
+    if not only:
+        (out / "index.json").write_text(json.dumps({"pair": pair_id, "traces": index}, indent=1) + "\n")
     return 0
 
 

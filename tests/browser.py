@@ -9,6 +9,7 @@ Used by the browser test and to make the README screenshot::
     python app.py --replay assets/traces/math-greedy.json --port 7862 &
     python tests/browser.py http://127.0.0.1:7862 assets --replay-shots   # replay.png, inside-a-cycle.png
     python tests/browser.py http://127.0.0.1:7861 assets/doctor-panel.png --doctor-shot   # "Why this tau?"
+    python tests/browser.py http://127.0.0.1:7861 assets --lecture-shots   # lecture-1920x1080.png, lecture-1280x720.png
     python app.py --vllm-url http://127.0.0.1:8765 --port 7863 &   # bash scripts/serve_vllm.sh
     python tests/browser.py http://127.0.0.1:7863 assets/serving-view.png --serving-shot   # the serving view
     python app.py --port 7867 --target default:smollm2 --drafter assets/drafters/smollm2-135m-instruct-dflash \
@@ -42,6 +43,7 @@ LAUNCH_ARGS = [
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that returns True when n is a prime number."
 LANE_LABELS = {"scheduled": "DFlash, scheduled block", "dflash2": "DFlash2", "fusion": "input fusion", "ar": "AR drafter",
                "lookup": "prompt lookup"}  # the start of each checkbox's label
+RESEARCH = ("dflash2", "fusion")  # under "More lanes"
 
 
 def chromium_path() -> str | None:
@@ -49,20 +51,43 @@ def chromium_path() -> str | None:
 
 
 @contextmanager
-def open_page(url: str, timeout_s: float, height: int = 1000):
-    """A chromium page 1400 wide at `url`, every wait on it bounded by `timeout_s` (a busy shared
+def open_page(url: str, timeout_s: float, height: int = 1000, width: int = 1400):
+    """A chromium page `width` wide (default 1400) at `url`, every wait on it bounded by `timeout_s` (a busy shared
     CPU can hold up a click for seconds); the browser is closed after."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=LAUNCH_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": height})
+            page = browser.new_page(viewport={"width": width, "height": height})
             page.set_default_timeout(timeout_s * 1000)
             page.goto(url)
             yield page
         finally:
             browser.close()
+
+
+def open_panel(page, panel: str, inside: str) -> None:
+    """Open the folded panel `panel` (a selector) unless `inside` (a selector in it) already shows."""
+    if not page.locator(inside).first.is_visible():
+        page.locator(f"{panel} > button").first.click()
+        page.locator(inside).first.wait_for(state="visible")
+
+
+def set_max_new_tokens(page, value: int) -> None:
+    """The max-new-tokens slider's box, in the folded settings panel."""
+    open_panel(page, "#settings", "#max-new-tokens input[type=number]")
+    box = page.locator("#max-new-tokens input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def tick_lane(page, lane: str) -> None:
+    """Tick an added lane: the basics in the settings panel, the research lanes under "More lanes"."""
+    open_panel(page, "#settings", "#lanes-basic")
+    if lane in RESEARCH:
+        open_panel(page, "#more-lanes", "#lanes-more label")
+    page.locator("#lanes-choice label", has_text=LANE_LABELS[lane]).first.click()
 
 
 def screenshot_between(page, first: str, last: str, out: Path) -> None:
@@ -87,11 +112,9 @@ def run_race_in_browser(
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
         if max_new_tokens is not None:
-            box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
-            box.fill(str(max_new_tokens))
-            box.press("Enter")
+            set_max_new_tokens(page, max_new_tokens)
         for lane in lanes:
-            page.locator("#lanes-choice label", has_text=LANE_LABELS[lane]).click()
+            tick_lane(page, lane)
         page.locator("#prompt textarea").fill(prompt)
         clicked = time.perf_counter()
         page.locator("#run").click()
@@ -201,6 +224,176 @@ def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: floa
         return seen
 
 
+def _status(page) -> str:
+    """The control status line, without the timer Gradio shows over it while a Step is answered."""
+    lines = [line.strip() for line in page.locator("#control-status").inner_text().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _numbers(page) -> dict:
+    """Every place that numbers the cycles on screen: the control status, DFlash's bonus tokens (one
+    per cycle), the strip's newest row, the cycle view's title and the cycle picker."""
+    strip = page.locator("#dflash-strip .strip-head")
+    return {
+        "status": _status(page),
+        "bonus": _bonus_count(page),
+        "strip": strip.last.inner_text() if strip.count() else "",  # the newest row is drawn last
+        "title": page.locator("#cycle-view .cycle h4").first.inner_text() if page.locator("#cycle-view .cycle h4").count() else "",
+        "picker": page.locator("#cycle-pick input[type=number]").input_value(),
+    }
+
+
+def _key(page, key: str) -> None:
+    """A key pressed on the page, nothing focused (a focused field keeps its keys)."""
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    page.keyboard.press(key)
+
+
+def step_replay_with_keys(url: str, timeout_s: float = 90.0) -> list[dict]:
+    """In an app without models: Replay with "Start paused", then right arrow three times, left arrow
+    twice and space. Returns what numbered the cycles after each key (`_numbers`), the first entry
+    before any key."""
+    seen = []
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#replay-run")
+        page.locator("#replay-start-paused label").click()
+        page.locator("#replay-run").click()
+        page.wait_for_selector("#control-status :text('before cycle 1')")
+        page.locator("#cycle-panel > button").first.click()  # "Inside a cycle" open
+        seen.append(_numbers(page))
+        for k in (1, 2, 3):
+            _key(page, "ArrowRight")
+            page.wait_for_selector(f"#control-status :text('after cycle {k}:')")
+            page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {k} of {k} ')")
+            seen.append(_numbers(page))
+        for k in (2, 1):
+            _key(page, "ArrowLeft")
+            page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {k} of 3 ')")
+            page.wait_for_function(f"document.querySelector('#cycle-pick input[type=number]').value === '{k}'")
+            seen.append(_numbers(page))
+        _key(page, " ")
+        page.wait_for_selector("#control-status :text('Playing')")
+        seen.append(_numbers(page))
+    return seen
+
+
+def move_whatif(url: str, timeout_s: float = 60.0) -> dict:
+    """The what-if model: its DFlash curve (speedup at B = 1..16) before and after moving the
+    acceptance and verify-cost sliders and clicking the GPU preset, and the requests the page sent
+    meanwhile."""
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#whatif svg polyline#wi-dflash", state="attached")
+        page.wait_for_timeout(1000)  # the page's own start-up requests are over
+        sent = []
+        page.on("request", lambda request: sent.append(request.url))
+        curve = lambda: page.locator("#whatif svg").get_attribute("data-dflash")  # noqa: E731
+        seen = {"start": curve()}
+        for name, value in (("wi-a", "0.8"), ("wi-v", "4")):
+            page.locator(f"#{name}").evaluate(
+                "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }", value)
+            seen[name] = curve()
+        page.locator("#whatif button[data-preset=gpu]").click()
+        seen["gpu"] = curve()
+        seen["readout"] = page.locator("#whatif .readout").inner_text()
+        seen["sliders"] = {name: page.locator(f"#{name}").input_value() for name in ("wi-a", "wi-v", "wi-c")}
+        page.wait_for_timeout(500)
+        seen["requests"] = sent
+    return seen
+
+
+def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
+    """In an app with a live pair: replay the first recorded run to its end, open "How it works",
+    then "Live race". Returns whether the race area shows under each, and what it holds."""
+    seen = {}
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#pair-status :text('ready')")
+        page.get_by_role("tab", name="Replay a recorded run").click()
+        box = page.locator("#replay-speed input[type=number]")
+        box.fill("4")
+        box.press("Enter")
+        page.locator("#replay-run").click()
+        page.wait_for_selector("#summary :text('speedup')")
+        seen["replayed_tokens"] = page.locator("#dflash-tokens .tok").count()
+        page.get_by_role("tab", name="How it works").click()
+        page.wait_for_selector("#race-area", state="hidden")
+        seen["area_under_howto"] = page.locator("#race-area").is_visible()
+        page.get_by_role("tab", name="Replay a recorded run").click()
+        page.wait_for_selector("#race-area", state="visible")
+        page.wait_for_timeout(800)
+        seen["kept_under_replay"] = page.locator("#dflash-tokens .tok").count()
+        page.get_by_role("tab", name="Live race").click()
+        page.wait_for_selector("#summary :text('Run a prompt')")
+        seen["live_tokens"] = page.locator("#dflash-tokens .tok").count()
+        seen["live_summary"] = page.locator("#summary").inner_text()
+        seen["live_status"] = _status(page)
+    return seen
+
+
+def lecture_screenshots(url: str, out: Path, sizes=((1920, 1080), (1280, 720)), timeout_s: float = 300.0) -> dict:
+    """For each window size: race the default prompt and, while both lanes are still decoding, save the
+    first screen (out/lecture-WxH.png). Returns, per size, whether the prompt, Race and both lanes'
+    first tokens lay inside the window then."""
+    seen = {}
+    for width, height in sizes:
+        with open_page(url, timeout_s, height=height, width=width) as page:
+            page.wait_for_selector("#pair-status :text('ready')")
+            page.locator("#prompt textarea").fill(DEFAULT_PROMPT)
+            page.locator("#run").click()
+            page.wait_for_function("document.querySelectorAll('#dflash-tokens .tok').length >= 16"
+                                   " && document.querySelectorAll('#plain-tokens .tok').length >= 8")
+            page.screenshot(path=str(out / f"lecture-{width}x{height}.png"))
+            inside = {}
+            for name, selector in (("prompt", "#prompt textarea"), ("race", "#run"),
+                                   ("dflash", "#dflash-tokens .tok"), ("plain", "#plain-tokens .tok")):
+                box = page.locator(selector).first.bounding_box()
+                inside[name] = box is not None and box["y"] >= 0 and box["y"] + box["height"] <= height
+            inside["running"] = "running" in page.locator("#plain-stats").inner_text()
+            seen[f"{width}x{height}"] = inside
+    return seen
+
+
+def open_lessons(url: str, keys: tuple[str, ...], timeout_s: float = 120.0) -> dict:
+    """For each lesson, on a fresh page: one click on its button, then wait for its recording to be
+    held at its first stop (or to finish, where that stop is the end). Returns each one's callout,
+    control status and DFlash cycles on screen."""
+    seen = {}
+    with open_page(url, timeout_s) as page:
+        for key in keys:
+            page.goto(url)
+            page.wait_for_selector("#replay-run")
+            page.locator(f"#lesson-{key}").click()
+            page.wait_for_selector("#lesson-callout :text('Lesson:')")
+            page.wait_for_selector("#control-status :text-matches('Paused after|Finished')")
+            seen[key] = {"callout": page.locator("#lesson-callout").inner_text(),
+                         "status": _status(page), "bonus": _bonus_count(page)}
+    return seen
+
+
+def step_when_idle_and_switches(url: str, timeout_s: float = 90.0) -> dict:
+    """In an app without models: Step with nothing playing, Step again, then the large-text and
+    block-bar switches and the "How it works" tab. Returns what each showed."""
+    seen = {}
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#replay-run")
+        page.locator("#step").click()
+        page.wait_for_selector("#control-status :text('before cycle 1')")
+        seen["idle_step"] = (_status(page), _bonus_count(page))
+        page.locator("#step").click()
+        page.wait_for_selector("#control-status :text('after cycle 1')")
+        seen["step"] = (_status(page), _bonus_count(page))
+        page.locator("#large-text label").click()
+        page.wait_for_function("document.body.classList.contains('large-text')")
+        pane = page.locator("#dflash-tokens .dflash-pane")
+        seen["token_px"] = float(pane.evaluate("e => getComputedStyle(e).fontSize")[:-2])
+        seen["bar"] = page.locator("#dflash-tokens .tok-bonus").first.evaluate("e => getComputedStyle(e).boxShadow")
+        page.locator("#block-bars label").click()
+        page.wait_for_function("document.body.classList.contains('no-block-bars')")
+        page.get_by_role("tab", name="How it works").click()
+        page.wait_for_selector("#race-area", state="hidden")
+        seen["area_under_howto"] = page.locator("#race-area").is_visible()
+    return seen
+
+
 def replay_screenshots(url: str, out: Path, cycles: int = 16, timeout_s: float = 180.0) -> None:
     """The README's pictures: a replay paused after `cycles` DFlash cycles with a rejected draft's
     hover box open (out/replay.png), and that cycle's "inside a cycle" view (out/inside-a-cycle.png)."""
@@ -234,9 +427,7 @@ def doctor_screenshot(url: str, out: Path, max_new_tokens: int = 48, timeout_s: 
     the panel's text and the seconds from the click to the report."""
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
-        box = page.locator("input[type=number]").first  # the max-new-tokens slider's box
-        box.fill(str(max_new_tokens))
-        box.press("Enter")
+        set_max_new_tokens(page, max_new_tokens)
         page.locator("#prompt textarea").fill(DEFAULT_PROMPT)
         page.locator("#run").click()
         page.wait_for_selector("#summary :text('speedup')")
@@ -286,6 +477,10 @@ def main(argv=None) -> None:
         help="the app serves a replay (python app.py --replay FILE): save replay.png and inside-a-cycle.png in OUTPUT (a folder)",
     )
     parser.add_argument(
+        "--lecture-shots", action="store_true",
+        help="race the default prompt at 1920x1080 and 1280x720 and save the first screens in OUTPUT (a folder)",
+    )
+    parser.add_argument(
         "--doctor-shot", action="store_true",
         help="after a short race, click \"Why this tau?\" and save the summary and the doctor's panel as OUTPUT "
         "(a PNG)",
@@ -297,6 +492,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.serving_shot:
         print(json.dumps(serving_screenshot(args.url, args.output, args.max_new_tokens or 24)))
+        return
+    if args.lecture_shots:
+        args.output.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(lecture_screenshots(args.url, args.output)))
         return
     if args.doctor_shot:
         print(json.dumps(doctor_screenshot(args.url, args.output)))

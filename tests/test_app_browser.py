@@ -133,8 +133,8 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
     paused = seen["paused_at"]
     assert seen["still_paused_at"] == paused  # nothing moves while paused
     assert seen["after_steps"] == [paused + 1, paused + 2, paused + 3]  # one DFlash cycle per Step
-    # The cycle view follows the current cycle: the last one stepped to (0-based index).
-    assert seen["cycle_title"].startswith(f"Cycle {paused + 2} of ")
+    # The cycle view follows the current cycle: the last one stepped to (cycles count from 1).
+    assert seen["cycle_title"].startswith(f"Cycle {paused + 3} of {paused + 3} ")
     for part in ("noisy block", "injected into every drafter layer", "single pass", "where the time went", "one plain decoding step"):
         assert part in seen["cycle_text"]
     # The hover box of a rejected draft: block and slot, both top-k lists, and why.
@@ -146,3 +146,91 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
     assert "Playing" in seen["control_status"]
     for name in ("replay-paused.png", "inside-a-cycle.png", "hover-rejected.png"):
         assert (ARTIFACTS / name).stat().st_size > 5_000
+
+
+@pytest.mark.slow
+def test_browser_steps_a_paused_replay_from_cycle_one_with_the_keyboard(replay_url):
+    from browser import step_replay_with_keys
+
+    before, *stepped, back2, back1, playing = step_replay_with_keys(replay_url)
+    assert before["status"].startswith("Paused before cycle 1") and before["bonus"] == 0 and not before["strip"]
+    for k, seen in enumerate(stepped, start=1):  # every place numbers the cycle on screen the same way
+        assert seen["status"].startswith(f"Paused after cycle {k}: Step (→) shows cycle {k + 1}")
+        assert seen["bonus"] == k and seen["strip"].startswith(f"#{k} · ")
+        assert seen["title"].startswith(f"Cycle {k} of {k} ") and seen["picker"] == str(k)
+        assert " drafts: " in seen["title"] and " kept + 1 bonus" in seen["title"]
+    for k, seen in ((2, back2), (1, back1)):  # back through the cycles shown; the race stays at cycle 3
+        assert seen["title"].startswith(f"Cycle {k} of 3 ") and seen["picker"] == str(k)
+        assert seen["status"].startswith("Paused after cycle 3") and seen["bonus"] == 3
+    assert playing["bonus"] >= 3 and "Paused" not in playing["status"]
+
+
+@pytest.mark.slow
+def test_browser_what_if_model_redraws_from_its_sliders_without_the_server(replay_url):
+    from browser import move_whatif
+
+    seen = move_whatif(replay_url)
+    curves = [[float(x) for x in seen[key].split(",")] for key in ("start", "wi-a", "wi-v", "gpu")]
+    assert all(len(c) == 16 and c[0] == 1.0 for c in curves)  # B = 1: no drafting, plain speed
+    start, more_accepted, dearer_verify, gpu = curves
+    assert more_accepted[15] > start[15]  # a = 0.8 against 0.5 at B = 16
+    assert dearer_verify[15] < more_accepted[15] and max(dearer_verify) > dearer_verify[15]  # a peak, then down
+    assert gpu[15] > 4 and seen["sliders"] == {"wi-a": "0.86", "wi-v": "1", "wi-c": "0.15"}
+    assert f"{gpu[15]:.2f}×" in seen["readout"]
+    assert seen["requests"] == []  # drawn in the page
+
+
+@pytest.mark.slow
+def test_browser_step_when_idle_starts_paused_and_the_page_switches_work(replay_url):
+    from browser import step_when_idle_and_switches
+
+    seen = step_when_idle_and_switches(replay_url)
+    assert seen["idle_step"] == ("Paused before cycle 1: Step (→) shows cycle 1, Continue (space) plays.", 0)
+    assert seen["step"][0].startswith("Paused after cycle 1:") and seen["step"][1] == 1
+    assert seen["token_px"] >= 20 and "154, 103, 0" in seen["bar"]  # a bonus token's bar: #9a6700
+    assert seen["area_under_howto"] is False
+
+
+@pytest.mark.slow
+def test_browser_each_tab_shows_only_its_own_outputs(app_url):
+    from browser import tabs_own_outputs
+
+    seen = tabs_own_outputs(app_url)
+    assert seen["replayed_tokens"] > 0 and seen["area_under_howto"] is False
+    assert seen["kept_under_replay"] == seen["replayed_tokens"]  # back on its own tab, the replay is kept
+    assert seen["live_tokens"] == 0 and "Run a prompt" in seen["live_summary"] and seen["live_status"] == ""
+
+
+@pytest.mark.slow
+def test_browser_each_lesson_opens_from_one_click(lessons_url):
+    from browser import open_lessons
+
+    from app.serve.lessons import END, LESSONS
+
+    seen = open_lessons(lessons_url, tuple(lesson.key for lesson in LESSONS))
+    for lesson in LESSONS:
+        got, first = seen[lesson.key], lesson.stops[0].cycle
+        assert got["callout"].startswith(f"Lesson: {lesson.title} · stop 1 of {len(lesson.stops)}")
+        assert "recorded by this app on cpu" in got["callout"]
+        if first == END:
+            assert got["status"].startswith("Finished")
+        else:  # held at its first stop, numbered the same in the status and the panes
+            assert got["status"].startswith(f"Paused after cycle {first}:") and got["bonus"] == first
+
+
+@pytest.fixture(scope="module")
+def lessons_url():
+    """An app with no model offering the shipped recordings (the lessons need them)."""
+    from serve import free_port
+
+    from app.serve.replay import shipped_traces
+    from app.ui import build_demo
+
+    if not shipped_traces():
+        pytest.skip("no shipped traces")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("app.ui.shipped_traces", shipped_traces)  # `replay_url` may have put one slow trace there
+        demo = build_demo([], "", None, replay=None, live=False)
+    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield demo.local_url
+    demo.close()

@@ -80,8 +80,8 @@ def test_the_cycle_view_lays_out_the_picked_lane_with_the_walk_highlighted(app, 
     trace = validate_trace(raced["trace_file"])
     blocks = trace["runs"]["dflash2"]["blocks"]
     last = blocks[-1]
-    assert f"DFlash2 lane · Cycle {len(blocks) - 1} of {len(blocks)}" in view
-    assert slider["maximum"] == len(blocks) - 1 and slider["value"] == len(blocks) - 1
+    assert f"DFlash2 lane · Cycle {len(blocks)} of {len(blocks)}" in view  # cycles count from 1
+    assert slider["maximum"] == len(blocks) and slider["value"] == len(blocks)
     assert "3 · the selector's path: each slot's candidates" in view
     assert view.count('<tr class="walk">') == len(last["draft_ids"]) == view.count("◀ walked")
     # The highlighted row of each slot is the walked candidate: its rank and the draft's text.
@@ -92,8 +92,8 @@ def test_the_cycle_view_lays_out_the_picked_lane_with_the_walk_highlighted(app, 
     assert f"the walk left the head's first choice in <b>{left}</b> of {len(last['draft_ids'])} slots" in view
     assert "✓ accepted" in view or "✗ rejected" in view  # the target's verdict per slot, as for DFlash
     # Picking a cycle keeps the lane; the fusion lane's features enter at its input; DFlash has no walk.
-    first, _ = app.stepping.pick_cycle(0)
-    assert f"DFlash2 lane · Cycle 0 of {len(blocks)}" in first
+    first, _ = app.stepping.pick_cycle(1)
+    assert f"DFlash2 lane · Cycle 1 of {len(blocks)}" in first
     fusion, _ = app.stepping.pick_lane("fusion")
     assert "input fusion lane · Cycle" in fusion and "fed <b>once</b>, at the drafter's input" in fusion
     assert '<tr class="walk">' not in fusion

@@ -119,7 +119,10 @@ def test_the_scheduled_lane_races_losslessly_and_its_trace_records_each_verified
     unverified = sum(d + 1 - n for n, d in zip(lengths, drafted))
     assert unverified > 0  # a random drafter's drafts are rarely worth a verify: the schedule cut some
     assert out["scheduled_strip"].count('class="chip chip-unverified"') == unverified
-    assert f"#0 {run['blocks'][0]['accepted'] + 1}/{lengths[0]}" in out["scheduled_strip"]
+    first, verified = run["blocks"][0], lengths[0] - 1
+    label = (f"{verified} of {drafted[0]} drafts verified" if verified < drafted[0] else f"{drafted[0]} drafts")
+    label = f"{label}: {first['accepted']} kept + 1 bonus" if verified else "no drafts: 1 bonus"
+    assert f"#1 · {label}" in out["scheduled_strip"]
 
 
 def test_a_scheduled_race_replays_from_its_trace_as_it_was_shown(tiny_dirs, one_thread):

@@ -92,7 +92,7 @@ def test_draft_strip_shows_rejected_drafts():
     strip = render.draft_strip_html(v, text_of)
     assert strip.count("chip-rejected") == 2 and strip.count("chip-accepted") == 4
     assert "&lt;b&gt;&amp;amp;" in strip and "⏎" in strip  # escaped, and newlines made visible
-    assert "#0 2/4" in strip and "#1 4/4" in strip
+    assert "#1 · 3 drafts: 1 kept + 1 bonus" in strip and "#2 · 3 drafts: 3 kept + 1 bonus" in strip
 
 
 def test_draft_strip_marks_the_drafts_a_block_schedule_left_unverified():
@@ -103,8 +103,9 @@ def test_draft_strip_marks_the_drafts_a_block_schedule_left_unverified():
     whole = replace(block(2, [2, 2, 2, 2, 2], accepted=5, bonus=9), verify_len=6)
     v = view([cut, rejected, whole], block_size=6, name="scheduled")
     strip = render.draft_strip_html(v, text_of, tips=True)
-    # The label is accepted + bonus over the tokens verified, never the drafted block.
-    assert "#0 3/3" in strip and "#1 1/3" in strip and "#2 6/6" in strip
+    # The label names the drafts verified and kept, cycles counted from 1.
+    assert "#1 · 2 of 5 drafts verified: 2 kept + 1 bonus" in strip
+    assert "#2 · 2 of 5 drafts verified: 0 kept + 1 bonus" in strip and "#3 · 5 drafts: 5 kept + 1 bonus" in strip
     assert strip.count('class="chip chip-unverified"') == 6 and strip.count('class="chip chip-rejected"') == 2
     assert strip.count('class="chip chip-accepted"') == 7
     assert "not verified" in strip.split("</summary>")[0]
@@ -114,7 +115,7 @@ def test_draft_strip_marks_the_drafts_a_block_schedule_left_unverified():
     assert "Not verified: the block schedule verified 2 of this cycle&#x27;s 5 drafts" in strip
     # A fixed block's strip has no unverified chips and the old labels.
     fixed = render.draft_strip_html(view([block(0, [2, 1, 4], accepted=1, bonus=5)]), text_of)
-    assert "chip-unverified" not in fixed and "#0 2/4" in fixed and "not verified" not in fixed
+    assert "chip-unverified" not in fixed and "#1 · 3 drafts: 1 kept + 1 bonus" in fixed and "not verified" not in fixed
     assert "draft not verified" in render.legend_html()
 
 
@@ -133,7 +134,7 @@ def test_acceptance_chart_draws_the_scheduled_lanes_verified_length_per_cycle():
 def test_draft_strip_shows_a_lookup_lane_whose_first_cycle_found_no_match():
     v = view([block(0, [], 0, 5), block(1, [2, 3], 2, 9)], name="lookup")
     strip = render.draft_strip_html(v, text_of)
-    assert strip.count("chip-accepted") == 2 and "#1 3/3" in strip and "#0 1/1" in strip
+    assert strip.count("chip-accepted") == 2 and "#2 · 2 drafts: 2 kept + 1 bonus" in strip and "#1 · no drafts: 1 bonus" in strip
     assert render.draft_strip_html(view([block(0, [], 0, 5)], name="lookup"), text_of) == ""
 
 

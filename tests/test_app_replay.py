@@ -85,7 +85,7 @@ def test_a_trace_of_one_side_is_not_a_race(app, live, tmp_path):
 
 
 def test_replay_speed_and_missing_file_are_checked(app, live, tmp_path):
-    with pytest.raises(gr.Error, match="between 0.25x and 4x"):
+    with pytest.raises(gr.Error, match="between 0.1x and 4x"):
         list(app.playback.replay(live["trace_file"], None, 8.0))
     with pytest.raises(gr.Error, match="not found"):
         list(app.playback.replay(str(tmp_path / "none.json"), None, 1.0))
@@ -164,7 +164,7 @@ def test_a_live_race_pauses_steps_one_cycle_and_stays_lossless(app):
     while "Paused" not in str(frame["control_status"]):
         frame = dict(zip(FRAME_FIELDS, next(frames)))
     paused = bonus_count(frame)
-    assert "block 0 · slot" in frame["dflash_tokens"]  # paused frames carry the hover boxes
+    assert "cycle 1 · slot" in frame["dflash_tokens"]  # paused frames carry the hover boxes
     for k in (1, 2):
         assert app.stepping.step(request) == gr.update()  # the race's next frame says where it paused
         frame = dict(zip(FRAME_FIELDS, next(frames)))

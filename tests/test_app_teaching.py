@@ -72,9 +72,9 @@ def test_hover_boxes_show_block_slot_topk_and_why_all_escaped():
     out = render.tokens_html(render.lane_marks(view), [text_of(t) for t in view.output_ids], text_of, None, tips)
     assert "<img" not in out and "&lt;img src=x onerror=alert(1)&gt;" in out
     accepted, bonus = tips[1], tips[2]
-    assert "block 0 · slot 1" in accepted and "drafter top-2" in accepted and "target top-2" in accepted
+    assert "cycle 1 · slot 1" in accepted and "drafter top-2" in accepted and "target top-2" in accepted
     assert "70.0%" in accepted and "91.0%" in accepted and "Accepted: the draft" in accepted
-    assert "block 0 · slot 2" in bonus and "bonus token" in bonus and "60.0%" in bonus
+    assert "cycle 1 · slot 2" in bonus and "bonus token" in bonus and "60.0%" in bonus
     assert "Rejected: the target chose" in bonus
     # A tooltip replaces the title attribute (no double hover).
     assert 'title="' not in out.split('class="tok tok-bonus"')[1].split(">")[0]
@@ -193,7 +193,7 @@ def test_inside_a_dflash2_cycle_shows_each_slots_candidates_and_the_path_walked(
     block = Block(0, 10, (2, 4, 5), 1, 6, (2, 6), 0.01, 0.03, 0.092, explain=CycleExplanation.from_dict(data))
     view = SideView("dflash2", Prefill(10, 1, 0.05), (block,), None, 0.092, 4, ())
     out = cycle_html(view, plain_view(), 0, text_of, lane="dflash2")
-    assert "DFlash2 lane · Cycle 0 of 1" in out and "its selector walks one path through them" in out
+    assert "DFlash2 lane · Cycle 1 of 1" in out and "its selector walks one path through them" in out
     assert "3 · the selector's path: each slot's candidates" in out and "drafter's one pass: top-3" not in out
     walked = re.findall(r'<tr class="walk"><td class="rank">#(\d+)</td><td>(.*?)</td><td>\s*([\d.]+)%', out)
     assert walked == [("1", " ok", "50.0"), ("2", "x", "70.0"), ("8", "y", "35.0")]

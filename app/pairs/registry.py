@@ -141,6 +141,17 @@ def availability(spec: PairSpec, device: str) -> str | None:
     return None
 
 
+def unavailable_here(spec: PairSpec, device: str) -> str | None:
+    """`availability`'s reason in a few words, for the pair's entry in a list; None when it can race here."""
+    if availability(spec, device) is None:
+        return None
+    if spec.needs_gpu and not device.startswith("cuda"):
+        return "needs a CUDA GPU; this machine has none"
+    if spec.is_hub and os.environ.get("HF_HUB_OFFLINE") == "1" and not _cached_on_hub(spec):
+        return "not downloaded, and the Hub is offline"
+    return "its drafter is not there yet"
+
+
 def _cached_on_hub(spec: PairSpec) -> bool:
     try:
         from huggingface_hub import try_to_load_from_cache

@@ -39,6 +39,11 @@ class Viewer:
 # Why a race was let go (`Control.released`): paused for its whole pause budget, the session table
 # dropped its viewer to make room for newer ones, or it reached its wall-clock budget.
 PAUSE_EXPIRED, EVICTED, TIME_UP = "pause expired", "evicted", "time up"
+# "Start paused" holds for a run that starts this soon after it (a race may wait in the queue); a
+# later run, started by someone who has forgotten it, plays.
+ARM_S = 60.0
+# The button's two requests (start paused, the run) travel apart: the run may start first.
+ARM_LATE_S = 3.0
 
 
 class Control:
@@ -64,15 +69,39 @@ class Control:
         self._held_at_start = 0.0  # `_held` when the run started: the run's pause time is the growth
         self.run = 0  # which run of this viewer the control drives; a newer one supersedes the rest
         self.active = False  # a run is playing (the session table keeps such a control)
+        self._armed_at: float | None = None  # when "start paused" was asked for the next run
+        self._armed_cycles = 0  # the cycles it shows before it holds
         self.viewer = Viewer()
 
     def clock(self) -> float:
         return self._clock() - self._held
 
-    def reset(self) -> int:
-        """A new race starts playing (not paused); returns its run number."""
+    def arm(self, at: int = 0) -> None:
+        """The next run (started within `ARM_S`) starts paused after `at` DFlash cycles (0: before
+        cycle 1); a run that started at most `ARM_LATE_S` ago (one click sent both) pauses there, or
+        where it is when it has shown more already."""
         with self._lock:
-            self.paused, self.limit, self.stopped, self.released = False, None, False, None
+            if self.active and self._clock() - self._started <= ARM_LATE_S:
+                self.paused = True
+                self.limit = at if self.limit is None else self.limit
+            else:
+                self._armed_at, self._armed_cycles = self._clock(), at
+
+    def advance_to(self, cycles: int) -> None:
+        """Paused, with `cycles` DFlash cycles allowed on screen (never fewer than allowed already)."""
+        with self._lock:
+            self.paused = True
+            self.limit = max(self.limit or 0, cycles)
+        self._wake.set()
+
+    def reset(self) -> int:
+        """A new race starts playing, or paused before cycle 1 when `arm` was called just before;
+        returns its run number."""
+        with self._lock:
+            armed = self._armed_at is not None and self._clock() - self._armed_at <= ARM_S
+            self._armed_at = None
+            self.paused, self.limit = armed, self._armed_cycles if armed else None
+            self.stopped, self.released = False, None
             self._started, self._held_at_start = self._clock(), self._held
             self.run += 1
             self.active = True

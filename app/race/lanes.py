@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dflash_core.trace import RUNS as LANES
 
-__all__ = ["CHOICES", "COLORS", "CYCLE_LANES", "DRAFTER_LANES", "LABELS", "LANES", "lane_title"]
+__all__ = ["CHOICES", "COLORS", "CYCLE_LANES", "DRAFTER_LANES", "LABELS", "LANES", "RESEARCH_LANES", "lane_title"]
 
 LABELS = {"dflash": "DFlash", "scheduled": "DFlash, scheduled block", "dflash2": "DFlash2", "fusion": "input fusion",
           "ar": "AR drafter", "lookup": "prompt lookup", "plain": "plain decoding"}
@@ -19,6 +19,8 @@ CHOICES = [("DFlash, scheduled block (verifies what each cycle's drafts are wort
 DRAFTER_LANES = {"dflash2": "DFlash2 drafter", "fusion": "input-fusion drafter", "ar": "autoregressive drafter"}
 # The lanes whose cycles "Inside a cycle" lays out: one drafter pass per cycle, a whole block verified.
 CYCLE_LANES = ("dflash", "dflash2", "fusion")
+# Lanes of research interest (ablations, a newer drafter): offered under "More lanes", not beside the basics.
+RESEARCH_LANES = ("dflash2", "fusion")
 
 
 def lane_title(lane: str, block_size: int) -> str:

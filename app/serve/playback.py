@@ -43,6 +43,7 @@ BLOCKS_CHARTED_PER_S = 20_000
 # frame of a shipped replay, 235 KB every FRAME_S of 0.08 s, is 2.9 MB/s and never slowed; four
 # replays of crafted traces that fill every budget send 3 MB/s in all, not four times that).
 BYTES_DRAWN_PER_S = 3_000_000
+MIN_SPEED, MAX_SPEED = 0.1, 4.0  # a class can follow each cycle at 0.1x
 WAIT_POLL_S = 1.0  # a replay waiting for a slot says so this often (and notices a client that left)
 
 
@@ -56,7 +57,7 @@ def _speed(value) -> float:
         speed = float(value)
     except (TypeError, ValueError, OverflowError):
         raise ReplayError(texts.BAD_SPEED_TYPE.format(value=str(value)[:40])) from None
-    if not 0.25 <= speed <= 4.0:  # NaN included
+    if not MIN_SPEED <= speed <= MAX_SPEED:  # NaN included
         raise ReplayError(texts.BAD_SPEED.format(speed=speed))
     return speed
 

@@ -9,6 +9,16 @@ from ..race.control import Control, Controls
 from ..race.lanes import CYCLE_LANES
 from ..view import texts
 from ..view.cycle_view import lane_cycle_html
+from ..view.frames import cycle_slider, paused_line
+
+
+def cycle_index(number):
+    """The 0-based index of the cycle the picker names (counted from 1); anything else is passed on,
+    and the cycle view shows the latest cycle for it."""
+    try:
+        return int(number) - 1
+    except (TypeError, ValueError, OverflowError):
+        return number
 
 
 class Stepping:
@@ -24,7 +34,7 @@ class Stepping:
         if not control.active:
             return texts.NOTHING_TO_PAUSE
         control.pause(control.viewer.shown)
-        return texts.PAUSED.format(cycle=control.viewer.shown)
+        return paused_line(control.viewer.shown)
 
     def step(self, request: gr.Request = None):
         """One more cycle; the status is left to the race's next frame ("Paused after cycle N").
@@ -40,11 +50,11 @@ class Stepping:
         self.control(request).resume()
         return texts.PLAYING
 
-    def pick_cycle(self, index, request: gr.Request = None):
-        """Show the chosen cycle of the run on screen, and stop following the latest one."""
+    def pick_cycle(self, number, request: gr.Request = None):
+        """Show cycle `number` (counted from 1) of the run on screen, and stop following the latest one."""
         viewer = self.control(request).viewer
         viewer.follow = False
-        return lane_cycle_html(viewer.latest, viewer.lane, index, viewer.text_of), False
+        return lane_cycle_html(viewer.latest, viewer.lane, cycle_index(number), viewer.text_of), False
 
     def follow_latest(self, follow, request: gr.Request = None):
         viewer = self.control(request).viewer
@@ -60,6 +70,5 @@ class Stepping:
         viewer.lane = lane if lane in CYCLE_LANES else "dflash"
         snap = viewer.latest
         view = None if snap is None else snap.lanes.get(viewer.lane)
-        slider = gr.skip() if view is None or not view.blocks else gr.update(
-            maximum=max(len(view.blocks) - 1, 1), value=len(view.blocks) - 1)
+        slider = gr.skip() if view is None or not view.blocks else cycle_slider(len(view.blocks))
         return lane_cycle_html(snap, viewer.lane, None, viewer.text_of), slider

@@ -21,7 +21,7 @@ from dflash_core.events import CycleExplanation
 
 from ..race.lanes import LABELS
 from .budget import CYCLE_BYTES, first_within
-from .render import COLORS
+from .render import COLORS, cycle_label
 from .tips import prob, slot_decision, topk_rows, visible, why
 
 PATH_SHOWN = 6  # a DFlash2 slot's candidates drawn, in the head's order (the one walked to always is)
@@ -124,10 +124,12 @@ def cycle_html(dflash, plain, index, text_of: Callable[[int], str], ar=None, lan
         else '<p style="color:#a61e4d">This run was recorded without explanations: top-k lists, injection and caches are not available.</p>'
     )
     whose = "" if lane == "dflash" else f"{_esc(LABELS[lane])} lane · "
+    # The bonus column (every draft kept) lies one position past the block: the range shown covers it.
+    end = positions[0] + drafts + (1 if block.accepted == drafts else 0)
     head = (
-        f'{style}<div class="cycle" id="cycle-{_esc(block.index)}">'
-        f"<h4>{whose}Cycle {_esc(block.index)} of {last + 1} · block at positions {_esc(positions[0])}–{_esc(positions[0] + drafts)} · "
-        f"acceptance length {n} of {drafts + 1}</h4>{note}"
+        f'{style}<div class="cycle" id="cycle-{_esc(block.index + 1)}">'
+        f"<h4>{whose}Cycle {_esc(block.index + 1)} of {last + 1} · positions {_esc(positions[0])}–{_esc(end)} · "
+        f"{cycle_label(block)} → {n} token{'s' if n > 1 else ''}</h4>{note}"
     )
     fused = lane == "fusion"
     how = "fused once at the drafter's input" if fused else "injected into every drafter layer"

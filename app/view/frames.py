@@ -22,6 +22,7 @@ from ..race.report import RaceReport
 from . import charts, render, texts
 from .cycle_view import lane_cycle_html
 from .speedup import speedup_figure
+from .why_speed import cycle_cost, why_html
 
 CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
 
@@ -117,6 +118,19 @@ def start_frame(text: str, lanes=("dflash", "plain")) -> Frame:
     )
 
 
+def blank_frame(text: str = "") -> Frame:
+    """Every output back to its state on a fresh page: no tokens, numbers, charts or cycle, so that
+    nothing of an earlier run stays beside what comes next."""
+    panes = {lane: Pane(gr.update(visible=lane in ("dflash", "plain")), "", "", "") for lane in LANES}
+    return Frame(
+        summary=render.summary_html(None, text), panes=panes, acceptance_chart=charts.acceptance_figure({}),
+        speed_chart=charts.speed_figure({}), histogram_chart=charts.histogram_figure({}),
+        positions_chart=charts.position_figure({}), speedup_chart=speedup_figure(None, None),
+        cycle_pick=cycle_slider(1), cycle_view=lane_cycle_html(None, "dflash", None, str), control_status="",
+        report=gr.update(value=None), trace_file=gr.update(value=None), trace_csv=gr.update(value=None),
+    )
+
+
 def released_text(snapshot: Snapshot | None, control: Control | None) -> str | None:
     """The line saying why a paused race was let go, when that is how `snapshot` ended."""
     if snapshot is None or snapshot.released is None:
@@ -126,6 +140,17 @@ def released_text(snapshot: Snapshot | None, control: Control | None) -> str | N
     if snapshot.released == TIME_UP:
         return texts.TIME_UP.format(seconds=getattr(control, "max_run_s", None) or 0)
     return texts.EVICTED
+
+
+def paused_line(cycles: int) -> str:
+    """The control status of a run paused with `cycles` DFlash cycles on screen (cycles count from 1)."""
+    return texts.PAUSED.format(cycle=cycles, next=cycles + 1) if cycles else texts.PAUSED_BEFORE
+
+
+def cycle_slider(cycles: int, value: int | None = None):
+    """The cycle picker's update over `cycles` cycles, numbered from 1, at `value` (default: the last).
+    A slider needs two ends: over one cycle it spans 0 to 1 (0 shows the latest cycle too)."""
+    return gr.update(minimum=1 if cycles > 1 else 0, maximum=max(cycles, 1), value=cycles if value is None else value)
 
 
 def note_frame(text: str) -> Frame:
@@ -151,6 +176,8 @@ def race_frame(
     if report is not None and report.stopped:
         note = texts.STOPPED_SHOWN.format(dflash=d.num_tokens, plain=p.num_tokens) + note
     frame.summary = render.summary_html(report, note) if report else render.summary_html(None, running or texts.RACING)
+    if report is not None:
+        frame.summary += why_html(cycle_cost(d.as_summary(), p.as_summary()), report.speedup)
     lanes = snap.lanes
     drafted = {name: view for name, view in lanes.items() if name != "plain"}
     if with_charts:
@@ -208,8 +235,8 @@ def _show_to(viewer: Viewer, frame: Frame, snap: Snapshot, text_of, report: Race
     # The cycle view goes out with the charts (a few times a second), not with every frame.
     if viewer.follow and shown.blocks and with_charts:
         frame.cycle_view = lane_cycle_html(snap, viewer.lane, None, text_of)
-        frame.cycle_pick = gr.update(maximum=max(len(shown.blocks) - 1, 1), value=len(shown.blocks) - 1)
+        frame.cycle_pick = cycle_slider(len(shown.blocks))
     if snap.paused:
-        frame.control_status = texts.PAUSED_AT.format(cycle=len(d.blocks))
+        frame.control_status = paused_line(len(d.blocks))
     elif report is not None:
         frame.control_status = texts.FINISHED

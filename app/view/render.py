@@ -118,7 +118,7 @@ def _title(mark: TokenMark, position: int, text_of: Callable[[int], str], diff: 
         parts = [f"token {position}, decoded by the target alone"]
     else:
         what = "accepted draft token" if mark.kind == "accepted" else "bonus token (the target's own)"
-        parts = [f"block {mark.block}, slot {mark.slot}: {what}"]
+        parts = [f"cycle {mark.block + 1}, slot {mark.slot}: {what}"]
         if mark.rejected:
             parts.append(f"drafter proposed {text_of(mark.rejected[0])!r} here (rejected)")
     if diff:
@@ -207,6 +207,15 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
     )
 
 
+def cycle_label(block) -> str:
+    """What a cycle committed, in words: "3 drafts: 2 kept + 1 bonus" (a schedule's cut named too)."""
+    drafts, verified = len(block.draft_ids), block.verified
+    if not drafts or not verified:
+        return "no drafts: 1 bonus"
+    checked = f"{verified} of {drafts} drafts verified" if verified < drafts else f"{drafts} draft{'s' if drafts > 1 else ''}"
+    return f"{checked}: {block.accepted} kept + 1 bonus"
+
+
 def _strip_row(block, text_of, left: int, tips_left: int) -> tuple[str | None, int, int]:
     """(the block's row, or None when not even its label and bonus fit in `left` bytes; the bytes
     and the hover-box bytes left after it)."""
@@ -222,8 +231,8 @@ def _strip_row(block, text_of, left: int, tips_left: int) -> tuple[str | None, i
     bonus_slot = block.accepted + 1
     bonus_tip = tip(bonus_slot, "bonus token", block.bonus_id)
     bonus = _chip(block, bonus_slot, block.bonus_id, "bonus", text_of, bonus_tip, "bonus token")
-    head = (f'<div style="white-space:nowrap"><span style="color:#667;display:inline-block;min-width:6em">'
-            f"#{_text(block.index)} {_text(block.acceptance_length)}/{_text(block.verified + 1)}</span>")
+    head = (f'<div style="white-space:nowrap"><span class="strip-head" style="color:#556;display:inline-block;'
+            f'min-width:17em">#{_text(block.index + 1)} · {html.escape(cycle_label(block))}</span>')
     left -= len(head.encode()) + len(bonus.encode()) - len(bonus_tip.encode()) + len("</div>")
     if left < 0:
         return None, 0, tips_left
@@ -252,7 +261,7 @@ def _chip(block, slot: int, token: int, kind: str, text_of, tip: str, what: str)
         deco = "" if kind == "accepted" else ";text-decoration:line-through;opacity:%s" % (
             "1" if slot == block.accepted + 1 else "0.55")
         style = f"background:{COLORS[kind]};border-radius:3px;padding:0 2px;margin-right:2px{deco}"
-    hover = "" if tip else f' title="{html.escape(f"block {block.index}, slot {slot}: {what}", quote=True)}"'
+    hover = "" if tip else f' title="{html.escape(f"cycle {block.index + 1}, slot {slot}: {what}", quote=True)}"'
     return (
         f'<span class="chip chip-{kind}" data-block="{_text(block.index)}" data-slot="{slot}"{hover} '
         f'style="{style}">{html.escape(_visible(text_of(token)))}{tip}</span>'

@@ -16,6 +16,24 @@ CPU verifying 16 tokens costs several plain steps (4 cost one to one and a half)
 faster one; on a GPU a 16-token verify costs about what one token does, the setting of the paper. The
 *scheduled block* lane lets DFlash choose each cycle how many of its drafts to verify."""
 
+HEADER = (
+    "**⚡ DFlash Studio** · a block-diffusion drafter proposes a block in one pass, the target verifies it in one "
+    "pass · *How it works* explains"
+)
+LARGE_TEXT = "Large text, high contrast"
+BLOCK_BARS = "Block bars"
+START_PAUSED = "Start paused"
+SETTINGS_PANEL = "Settings: example prompts, more lanes, tokens, block size, sampling"
+MORE_LANES = "More lanes (research: DFlash2, input fusion)"
+GLOSSARY = (
+    "**Glossary.** *slot*: a position of the block (slot 0 holds the last committed token); *mask_id*: the "
+    "token id the drafter reads in a slot it must fill; *target layers*: the target's hidden layers whose "
+    "features the drafter is given; *fc + hidden_norm*: the drafter's projection of those features; *tau*: "
+    "tokens committed per cycle, the bonus counted; *bonus*: the target's own token after the kept drafts."
+)
+
+LESSONS = "**Lessons** (one click: a recorded race, paused where it teaches; *Next* goes on):"
+
 REPLAY_TAB = (
     "No model needed: replay a race recorded on the default pair (or upload a trace a race "
     "downloaded), paced by its recorded compute clocks. Every view works as in a live race."
@@ -75,8 +93,8 @@ VLLM_THINKING = (
 )
 
 # --- a replay ---------------------------------------------------------------------------------------
-BAD_SPEED = "replay speed must be between 0.25x and 4x, got {speed:g}x"
-BAD_SPEED_TYPE = "replay speed must be a number between 0.25 and 4, got {value!r}"
+BAD_SPEED = "replay speed must be between 0.1x and 4x, got {speed:g}x"
+BAD_SPEED_TYPE = "replay speed must be a number between 0.1 and 4, got {value!r}"
 NO_URLS = "A trace is uploaded as a file; this server does not download URLs."
 UNKNOWN_RECORDING = "unknown recorded run {name!r}: pick one from the list or upload a trace file (.json)"
 NOT_YOURS = "{name}: that trace belongs to another visitor's session; replay your own or a recorded run"
@@ -100,14 +118,15 @@ RECORDED_THINKING = "Raced with {words}."
 REPLAY_FAILED = "{name} could not be replayed ({error}): the file holds something the trace checks did not foresee."
 
 # --- pause / step / continue ------------------------------------------------------------------------
-PAUSED = "**Paused** after cycle {cycle}: *Step* shows one more DFlash cycle, *Continue* resumes."
+PAUSED = "**Paused** after cycle {cycle}: *Step* (→) shows cycle {next}, *Continue* (space) resumes."
+PAUSED_BEFORE = "**Paused** before cycle 1: *Step* (→) shows cycle 1, *Continue* (space) plays."
 PLAYING = "**Playing.**"
-PAUSED_AT = "**Paused** after cycle {cycle}: *Step* shows one more, *Continue* resumes."
 FINISHED = "**Finished**: pick any cycle under *Inside a cycle* to look inside it."
 PAUSE_EXPIRED = (
     "Ended: paused for {seconds:g} s in all, this server's pause budget per race (--max-pause-s), so the "
     "race ended to free the model for other visitors; what was shown is kept."
 )
+STARTING_PAUSED = "Starting paused before cycle 1…"
 NOTHING_TO_PAUSE = "Nothing to pause: start a race or a replay first."
 TIME_UP = (
     "Ended: the race reached this server's limit of {seconds:g} s from its start, pauses included "

@@ -135,7 +135,7 @@ def why(block, slot: int, text_of: Callable[[int], str]) -> str:
 def token_tip(block, slot: int, what: str, text_of: Callable[[int], str], chosen: int) -> str:
     """The hover box for the token `chosen` in `slot` (1..B) of `block`; `what` names its kind."""
     explain = block.explain
-    head = f"<b>block {html.escape(str(block.index))} · slot {slot}</b> · {html.escape(what)}"
+    head = f"<b>cycle {html.escape(str(block.index + 1))} · slot {slot}</b> · {html.escape(what)}"
     if explain is None:
         return f'<span class="tip">{head}<div class="why">{html.escape(why(block, slot, text_of))}</div></span>'
     draft_rows, target_rows = explain.draft_topk, explain.target_topk
