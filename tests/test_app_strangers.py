@@ -156,12 +156,13 @@ def test_made_up_session_ids_neither_grow_the_stream_table_nor_pass_when_long(se
 
 
 # --- 6. a race runs on the pair the page shows, though the session's state was dropped -------------------
-def _fn(demo, *, elem_id: str | None = None, fn=None) -> int:
-    """The function index of the event the component `elem_id` fires, or of the handler `fn`."""
+def _fn(demo, *, elem_id: str | None = None, fn=None, api_name: str | None = None) -> int:
+    """The function index of the first event with a handler that the component `elem_id` fires, of
+    the handler `fn`, or of the event named `api_name`."""
     ids = {i for i, block in demo.blocks.items() if getattr(block, "elem_id", None) == elem_id}
     return next(i for i, f in demo.fns.items()
-                if (elem_id is not None and any(target[0] in ids for target in f.targets)) or
-                (fn is not None and f.fn == fn))
+                if (elem_id is not None and f.fn is not None and any(target[0] in ids for target in f.targets)) or
+                (fn is not None and f.fn == fn) or (api_name is not None and f.api_name == api_name))
 
 
 def _run_queued(http: httpx.Client, url: str, fn_index: int, data: list, session: str) -> str:
@@ -203,7 +204,7 @@ def test_a_race_runs_on_the_pair_the_page_shows_after_made_up_sessions_drop_the_
             assert "visitor" not in demo.state_holder.session_data  # Gradio dropped the visitor's state
             # What the page sends: its inputs, the pair its selector shows, the thinking default.
             data = ["What is 2 + 2?", 4, 4, 0.0, 1.0, 0, [], "cli-b", "default"]
-            _run_queued(visitor, url, _fn(demo, elem_id="run"), data, "visitor")
+            _run_queued(visitor, url, _fn(demo, api_name="compare_from_page"), data, "visitor")
         assert raced == ["cli-b"]
     finally:
         demo.close()
