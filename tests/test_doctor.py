@@ -163,7 +163,7 @@ def test_quantization_grids_are_told_apart_from_trained_weights():
     blocks = w.reshape(-1, 32)
     low, step = blocks.amin(1, keepdim=True), (blocks.amax(1, keepdim=True) - blocks.amin(1, keepdim=True)) / 15
     q4 = (((blocks - low) / step).round() * step + low).reshape(64, 128)
-    assert quantization_grid(q4) == "4-bit blocks of 32 (like GGUF Q4_1)"
+    assert quantization_grid(q4) == "4-bit blocks of 32, a scale and a minimum each (like GGUF Q4_1 or Q4_K)"
     assert quantization_grid(torch.zeros(64, 128)) is None and quantization_grid(torch.ones(64, 128)) is None
 
 

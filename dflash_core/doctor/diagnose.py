@@ -24,6 +24,7 @@ from ..loading.prompting import encode_prompt
 from ..lossless import compare
 from ..models.drafter import DFlashDrafter
 from . import acceptance, numerics, server, template, wiring
+from .formats import stored_formats
 from .measure import DoctorPrompt, Measurement, measure, prompt_set_path, read_prompts, variant
 from .quantization import quantization_grid, quantized_tensors
 from .report import Check, Report, skipped
@@ -203,8 +204,10 @@ def _template(tokenizer, prompts, args: dict, base: Measurement, tau_of_ids, log
 
 
 def _quantized(drafter, tensors: dict, head: torch.Tensor, raw: dict) -> Check:
-    """The drafter's stored tensors, and the first rows of the head it drafts with, tested for a grid."""
-    own = {k: v for k, v in tensors.items() if k not in ("lm_head.weight", "d2t", "draft_vocab")}
+    """The formats the drafter's files store quantized; its other tensors, and the first rows of the head
+    it drafts with, tested for a grid."""
+    stored = stored_formats(raw, tensors)
+    own = {k: v for k, v in tensors.items() if k not in ("lm_head.weight", "d2t", "draft_vocab", *stored)}
     grids = quantized_tensors(own)
     ids = None
     if "d2t" in tensors:
@@ -220,8 +223,8 @@ def _quantized(drafter, tensors: dict, head: torch.Tensor, raw: dict) -> Check:
     copy_grid = None if copy is None else quantization_grid(copy[:HEAD_ROWS_TESTED])
     dflash2 = getattr(drafter, "dflash2", None) is not None or raw.get("architectures") == ["DFlash2DraftModel"]
     if head_grid is None and copy_grid is not None:
-        return numerics.quantized_check(grids, copy_grid, head_is_targets=False, dflash2=dflash2)
-    return numerics.quantized_check(grids, head_grid, head_is_targets=True, dflash2=dflash2)
+        return numerics.quantized_check(grids, copy_grid, head_is_targets=False, dflash2=dflash2, stored=stored)
+    return numerics.quantized_check(grids, head_grid, head_is_targets=True, dflash2=dflash2, stored=stored)
 
 
 def _dtype(target, model, drafter_dir: Path, base: Measurement, tau_of, log, block_size) -> Check:
