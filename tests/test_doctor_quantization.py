@@ -161,6 +161,14 @@ def test_each_stored_layout_is_named(weights):
     assert stored_formats({"quantization_config": int8}, {"l.weight": q, "l.weight_scale": scale}) == {
         "config.json": "int8 in groups of 128, symmetric (quant_method compressed-tensors, int-quantized)",
         "l.weight": "int8, one scale per group of 128 (weight_scale)"}
+    # llm-compressor's FP8-dynamic: float8 weights, one scale per output row.
+    row_scale = w.abs().amax(1, keepdim=True) / 448
+    fp8_dynamic = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}}}}
+    assert stored_formats({"quantization_config": fp8_dynamic},
+                          {"l.weight": (w / row_scale).to(torch.float8_e4m3fn), "l.weight_scale": row_scale}) == {
+        "config.json": "fp8 one scale per channel (quant_method compressed-tensors, float-quantized)",
+        "l.weight": "fp8 e4m3, one scale per row (weight_scale)"}
     assert stored_formats({}, {"l.weight": w, "l.bias": w[0]}) == {}
 
 
