@@ -94,7 +94,7 @@ def tensor_formats(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
             if stem + "SCB" in tensors:
                 found[name] = "int8, one scale per row (bitsandbytes SCB)"
             else:
-                kind = "int8" if tensor.dtype == torch.int8 else f"fp8 {str(tensor.dtype)[12:16]}"  # e4m3 / e5m2
+                kind = "int8" if tensor.dtype == torch.int8 else f"fp8 {str(tensor.dtype).split('_')[1][:4]}"
                 found[name] = f"{kind}, {_per(tensor, tensors.get(stem + 'weight_scale'))}"
         elif leaf == "absmax" and prefix.endswith("weight"):
             found[prefix] = "4-bit blocks (bitsandbytes absmax)"
