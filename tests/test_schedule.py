@@ -9,6 +9,8 @@ import time
 
 import pytest
 import torch
+from tiny import build_drafter
+
 from dflash_core import DFlashDrafter, PromptLookup, SamplingParams, Target, decoding, run
 from dflash_core import trace as tr
 from dflash_core.__main__ import main
@@ -16,10 +18,19 @@ from dflash_core.bench.cycle import TARGETS
 from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.errors import GenerationInputError
 from dflash_core.schedule import (
-    DECAY, HEADROOM, MAX_PAUSE, PATIENCE, PRIOR, WINDOW, BlockSchedule, Calibration, CostProfile, best_length,
-    expected_accepted, measured_costs,
+    DECAY,
+    HEADROOM,
+    MAX_PAUSE,
+    PATIENCE,
+    PRIOR,
+    WINDOW,
+    BlockSchedule,
+    Calibration,
+    CostProfile,
+    best_length,
+    expected_accepted,
+    measured_costs,
 )
-from tiny import build_drafter
 
 
 def linear_profile(block: int, verify_over_plain: float, other_over_plain: float = 0.0) -> CostProfile:
