@@ -169,6 +169,11 @@ def test_each_stored_layout_is_named(weights):
                           {"l.weight": (w / row_scale).to(torch.float8_e4m3fn), "l.weight_scale": row_scale}) == {
         "config.json": "fp8 one scale per channel (quant_method compressed-tensors, float-quantized)",
         "l.weight": "fp8 e4m3, one scale per row (weight_scale)"}
+    # compressed-tensors' pack-quantized int4: eight values to an int32 along each row.
+    q, zero, scale = int4_groups(w)
+    packed = {"l.weight_packed": pack(q), "l.weight_scale": scale, "l.weight_zero_point": zero,
+              "l.weight_shape": torch.tensor(w.shape)}
+    assert stored_formats({}, packed) == {"l.weight": "int4 in groups of 128, with a zero point (weight_packed)"}
     assert stored_formats({}, {"l.weight": w, "l.bias": w[0]}) == {}
 
 
