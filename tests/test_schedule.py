@@ -261,13 +261,19 @@ class ScaledClock:
         return self.start + (time.perf_counter() - self.start) * self.rate
 
 
-def test_a_seeded_sampled_run_repeats_whatever_the_clock_reads(golden_pair, golden_expected, monkeypatch):
+# A verify of L tokens costs 10 ms + 2 ms a draft, the rest of a cycle left to the run: the choice turns on
+# the confidences.
+GIVEN_VERIFY = CostProfile(tuple(0.01 + 0.002 * (length - 1) for length in range(1, 9)))
+
+
+@pytest.mark.parametrize("costs", [None, GIVEN_VERIFY], ids=["measured", "given-verify"])
+def test_a_seeded_sampled_run_repeats_whatever_the_clock_reads(golden_pair, golden_expected, monkeypatch, costs):
     target, drafter = golden_pair
     prompt = golden_expected["prompts"][0]["prompt_ids"]
     sampling = SamplingParams(temperature=1.0, seed=5)
 
     def scheduled():
-        out = run(target, prompt, drafter, max_new_tokens=48, block_size="auto", sampling=sampling)
+        out = run(target, prompt, drafter, max_new_tokens=48, block_size="auto", sampling=sampling, costs=costs)
         return list(out.output_ids), [(len(b.draft_ids), b.verify_len, b.accepted) for b in out.blocks]
 
     first = scheduled()
@@ -275,7 +281,8 @@ def test_a_seeded_sampled_run_repeats_whatever_the_clock_reads(golden_pair, gold
         monkeypatch.setattr(decoding, "time", ScaledClock(rate))
         assert scheduled() == first
     monkeypatch.undo()
-    assert len({verified for _, verified, _ in first[1]}) > 1  # the schedule did choose
+    if costs is not None:  # a measured profile on a loaded machine may favour one length throughout
+        assert len({verified for _, verified, _ in first[1]}) > 1  # the schedule did choose
 
 
 def test_the_measured_profile_covers_every_length_and_is_kept_with_the_target(golden_pair):
