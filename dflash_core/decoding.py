@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 import torch
@@ -30,7 +30,7 @@ from .explain import explain_cycle
 from .models.drafter import DFlashDrafter, method_name
 from .models.target import Target
 from .sampling import SamplingParams, make_generator, probabilities, sample
-from .schedule import AUTO, BlockSchedule, CostProfile, measured_costs
+from .schedule import AUTO, BlockSchedule, CostProfile, fixed_draft_costs, measured_costs
 from .tree import ancestor_mask, grow, walk
 from .verify import accept
 
@@ -189,15 +189,22 @@ class _Decoding:
         self.session = self.schedule = None
         scheduled = scheduled and self.drafter is not None
         if self.drafter is not None:
-            self.session = open_session(self.drafter, RunSettings(
+            settings = RunSettings(
                 target=target, block_size=block_size, sampling=sampling, generator=self.generator,
                 sample_drafts=not sampling.greedy and draft_mode != "argmax", capacity=capacity,
                 graphs=target.graphs,  # the verify step replays inside target.forward; the draft step in the session
                 confidence=scheduled, tree_width=tree_budget,
-            ))
+            )
+            self.session = open_session(self.drafter, settings)
         target.tap_layers(self.session.target_layer_ids if self.session is not None else ())
         if scheduled:
-            self.schedule = BlockSchedule(costs or measured_costs(target, block_size), block_size)
+            costs = costs or measured_costs(target, block_size)
+            if sampling.seed is not None and not sampling.greedy and costs.other_s is None:
+                # A seeded run repeats only if its choices never read the clock (schedule.py). The
+                # measuring sessions capture no graphs: those are keyed to the run's own cache.
+                own = replace(settings, generator=torch.Generator(device=self.device).manual_seed(0), graphs=None)
+                costs = fixed_draft_costs(costs, target, self.drafter, lambda: open_session(self.drafter, own))
+            self.schedule = BlockSchedule(costs, block_size)
             target.reset(capacity)  # a measurement leaves its context in the cache
 
     def choose(self, logits: torch.Tensor) -> int:

@@ -34,6 +34,13 @@ included), the schedule pauses the drafter: the next cycles are plain steps (len
 takes their features when it drafts again), 1, 2, 4, ... up to `MAX_PAUSE` cycles while the drafter
 keeps losing. The length depends only on earlier cycles, never on this cycle's draws, so sampling
 stays exact.
+
+A seeded sampled run must repeat draw for draw, so its choices may not read the clock mid-run
+(the learned costs vary with the machine's load, and with them the verified lengths, the number of
+draws and the output). Without a given `other_s` it fixes its costs at its start instead
+(`fixed_draft_costs`): the verify profile as above, and a draft's seconds measured once per target,
+drafter and block on fresh sessions of their own (`measure_draft`), taken as the whole rest of a
+cycle. Unseeded runs keep learning from their cycles.
 """
 
 from __future__ import annotations
@@ -257,6 +264,44 @@ def measured_costs(target, longest: int, context: int = 64) -> CostProfile:
     if key not in per_target:
         per_target[key] = measure_costs(target, longest, context)
     return per_target[key]
+
+
+def fixed_draft_costs(costs: CostProfile, target, drafter, new_session) -> CostProfile:
+    """`costs` with a draft's seconds as the rest of a cycle, for a run whose choices must not read the
+    clock (module doc): measured by `measure_draft(target, new_session, len(costs.verify_s))` on first
+    use and kept with the target, per drafter, thread count and device."""
+    key = ("draft", weakref.ref(drafter), costs.longest, torch.get_num_threads(), str(target.device))
+    per_target = _MEASURED.setdefault(target, {})
+    if key not in per_target:
+        per_target[key] = measure_draft(target, new_session, costs.longest)
+    draft_s = per_target[key]
+    return CostProfile(costs.verify_s, other_s=draft_s, draft_s=draft_s)
+
+
+@torch.inference_mode()
+def measure_draft(target, new_session, longest: int, context: int = 4, rounds: int = 3) -> float:
+    """Seconds of a drafter's whole-block draft (`longest` - 1 drafts, read back to the host) after
+    `context` random tokens of the target, which a cycle's draft injects as features: the least of
+    `rounds` timings after one warm-up, each on a fresh session from `new_session()` (so the run's
+    own session and random generator are untouched). Leaves the target's cache holding the context;
+    the caller resets it."""
+    device = target.device
+    ids = torch.randint(0, target.vocab_size, (1, context), generator=torch.Generator().manual_seed(0)).to(device)
+    best = math.inf
+    for round_ in range(rounds + 1):
+        target.reset(context + longest)
+        logits, features = target.forward(ids, last_logits_only=True)
+        bonus = int(logits[-1].argmax())
+        session = new_session()
+        session.prefill(ids[0].tolist(), bonus, features)
+        bonus_ids = torch.tensor([bonus], device=device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        session.draft(bonus_ids, context, False).ids.tolist()
+        if round_:  # the first round warms up kernels and the allocator
+            best = min(best, time.perf_counter() - t0)
+    return best
 
 
 @torch.inference_mode()

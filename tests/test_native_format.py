@@ -17,6 +17,7 @@ from tiny import build_dflash2_drafter, build_drafter, build_target
 
 from dflash_core import DFlashDrafter, Target, load_pair, run
 from dflash_core.errors import ConfigError
+from dflash_core.loading import export_native as export_module
 from dflash_core.loading.export_native import export_native, main
 from dflash_core.models.native_format import from_native_state, released_config, to_native_state
 
@@ -83,7 +84,6 @@ def test_exported_reference_drafter_runs_in_transformers_with_the_reference_acce
     assert any(1 < length < 8 for r in golden_expected["prompts"] for length in r["runs"][0]["acceptance_lengths"])
 
 
-@needs_native
 @pytest.mark.parametrize("block_size", [8, 4])
 def test_native_checkpoint_decodes_here_with_the_reference_drafts(golden_dir, golden_expected, golden_native, block_size):
     target = Target.from_pretrained(golden_dir / "target")
@@ -98,7 +98,6 @@ def test_native_checkpoint_decodes_here_with_the_reference_drafts(golden_dir, go
         assert [list(b.draft_ids) for b in summary.blocks][:-1] == ref["draft_blocks"][:-1]
 
 
-@needs_native
 def test_native_round_trip_keeps_every_weight(golden_dir, golden_native):
     original = load_file(golden_dir / "drafter" / "model.safetensors")
     native = load_file(golden_native / "model.safetensors")
@@ -146,7 +145,6 @@ def test_draft_vocabulary_drafter_exports_and_stays_lossless_both_ways(vocab_pai
         assert list(run(pair.target, prompt, pair.drafter, max_new_tokens=24).output_ids) == list(ours.output_ids)
 
 
-@needs_native
 def test_native_config_without_vocab_size_takes_the_targets(golden_dir, golden_native, tmp_path):
     directory = tmp_path / "no-vocab"
     directory.mkdir()
@@ -159,7 +157,6 @@ def test_native_config_without_vocab_size_takes_the_targets(golden_dir, golden_n
     assert load_pair(golden_dir / "target", directory).drafter.config.vocab_size == 512
 
 
-@needs_native
 def test_native_config_defaults_are_transformers(golden_native):
     raw = json.loads((golden_native / "config.json").read_text())
     for key in ("layer_types", "sliding_window", "rope_parameters"):
@@ -170,6 +167,25 @@ def test_native_config_defaults_are_transformers(golden_native):
     assert released["rope_parameters"]["rope_theta"] == 500000.0
 
 
+def test_export_without_the_native_runtime_writes_the_same_checkpoint(golden_dir, golden_native, tmp_path,
+                                                                      monkeypatch):
+    # A transformers before 5.25 has no native classes: the export writes the config from the same fields.
+    monkeypatch.setattr(export_module, "native_classes", lambda: None)
+    export_native(golden_dir / "drafter", tmp_path / "bare")
+    bare, full = load_file(tmp_path / "bare" / "model.safetensors"), load_file(golden_native / "model.safetensors")
+    assert set(bare) == set(full) and all(torch.equal(bare[k], full[k]) for k in full)
+    raw = json.loads((tmp_path / "bare" / "config.json").read_text())
+    assert (raw["model_type"], raw["architectures"], raw["dtype"]) == (
+        "muse_glimmer_assistant", ["MuseGlimmerAssistantModel"], "float32")
+    assert released_config(raw) == released_config(json.loads((golden_native / "config.json").read_text()))
+    if hasattr(transformers, "MuseGlimmerAssistantConfig"):
+        monkeypatch.undo()
+        bare_config, full_config = (transformers.AutoConfig.from_pretrained(d).to_dict()
+                                    for d in (tmp_path / "bare", golden_native))
+        assert bare_config.pop("_name_or_path") != full_config.pop("_name_or_path")
+        assert bare_config == full_config  # transformers reads both as the same model
+
+
 def test_state_names_map_both_ways():
     state = {"fc.weight": 1, "hidden_norm.weight": 2, "layers.0.mlp.up_proj.weight": 3, "norm.weight": 4, "draft_vocab": 5}
     native = to_native_state(state)
@@ -178,7 +194,6 @@ def test_state_names_map_both_ways():
     assert from_native_state(native) == {k: v for k, v in state.items() if k != "draft_vocab"}
 
 
-@needs_native
 def test_drafters_without_a_native_form_are_refused(tmp_path, tiny_dirs):
     target_dir, _ = tiny_dirs
     dflash2 = build_dflash2_drafter(tmp_path / "dflash2", target_dir)

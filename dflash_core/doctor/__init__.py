@@ -7,7 +7,7 @@
 - measured acceptance (tau, per slot) against the drafter card's figure (`acceptance.py`);
 - tau with thinking on and off where the chat template has the switch (`template.py`);
 - quantized drafter or head weights, and the drafter's dtype against float32 (`numerics.py`,
-  `quantization.py`);
+  `quantization.py`: grids of weights cast back; `formats.py`: formats the files store quantized);
 - target_layer_ids against the target's depth and probed one layer off, RoPE settings in both
   config fields, the mask token, the draft vocabulary map (`wiring.py`);
 - against a vLLM server: its block, its tau and its outputs on the same prompt ids (`server.py`).

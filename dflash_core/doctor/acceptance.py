@@ -48,6 +48,18 @@ def stated_acceptance(drafter_dir: str | Path) -> Stated | None:
     return Stated(float(block["tau"]), block.get("prompts"), block.get("max_new_tokens"), block.get("block_size"))
 
 
+def stated_mask_token_id(drafter_dir: str | Path) -> int | None:
+    """The mask token id the card's front matter names (`dflash: mask_token_id: ...`), or None."""
+    card = Path(drafter_dir) / "README.md"
+    if not card.is_file():
+        return None
+    from huggingface_hub import metadata_load
+
+    block = (metadata_load(card) or {}).get("dflash")
+    value = block.get("mask_token_id") if isinstance(block, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 TEXT = (
     "tau is how many tokens each cycle commits: the drafts the target accepted plus the one token the "
     "target adds itself, so 1.0 means no draft was ever accepted and the drafter only costs time. The "

@@ -24,6 +24,7 @@ from ..loading.prompting import encode_prompt
 from ..lossless import compare
 from ..models.drafter import DFlashDrafter
 from . import acceptance, numerics, server, template, wiring
+from .formats import stored_formats
 from .measure import DoctorPrompt, Measurement, measure, prompt_set_path, read_prompts, variant
 from .quantization import quantization_grid, quantized_tensors
 from .report import Check, Report, skipped
@@ -81,6 +82,7 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
     if tokenizer is not None and mask is not None and 0 <= int(mask) < target.vocab_size:
         text = tokenizer.convert_ids_to_tokens(int(mask))
     checks.append(wiring.mask_token_check(mask, target.vocab_size, text))
+    mask_at = len(checks) - 1  # probed once the pair has decoded
     head = target.head.weight.detach()  # in its own dtype: the grid test allows for its rounding
     checks.append(wiring.vocab_map_check(raw, tensors, head))
     checks.append(_quantized(drafter, tensors, head, raw))
@@ -118,6 +120,10 @@ def diagnose(target, drafter_dir: str | Path, prompts: list[DoctorPrompt], *, dr
     else:
         checks.append(skipped("wiring.rope", "RoPE theta and scaling", "the drafter has no RoPE of its own",
                               wiring.ROPE_TEXT))
+    if mask is not None and 0 <= int(mask) < target.vocab_size and model is not None \
+            and not getattr(model, "autoregressive", False):
+        checks[mask_at] = _mask_probe(model, int(mask), text, tokenizer, target.vocab_size, drafter_dir, base,
+                                      tau_of, log) or checks[mask_at]
     checks.append(acceptance.acceptance_check(base, acceptance.stated_acceptance(drafter_dir)))
     checks.append(_template(tokenizer, prompts, args, base, lambda ids: tau_of(drafter, ids), log))
     checks.append(_dtype(target, model, drafter_dir, base, tau_of, log, settings.block_size))
@@ -204,8 +210,10 @@ def _template(tokenizer, prompts, args: dict, base: Measurement, tau_of_ids, log
 
 
 def _quantized(drafter, tensors: dict, head: torch.Tensor, raw: dict) -> Check:
-    """The drafter's stored tensors, and the first rows of the head it drafts with, tested for a grid."""
-    own = {k: v for k, v in tensors.items() if k not in ("lm_head.weight", "d2t", "draft_vocab")}
+    """The formats the drafter's files store quantized; its other tensors, and the first rows of the head
+    it drafts with, tested for a grid."""
+    stored = stored_formats(raw, tensors)
+    own = {k: v for k, v in tensors.items() if k not in ("lm_head.weight", "d2t", "draft_vocab", *stored)}
     grids = quantized_tensors(own)
     ids = None
     if "d2t" in tensors:
@@ -221,8 +229,21 @@ def _quantized(drafter, tensors: dict, head: torch.Tensor, raw: dict) -> Check:
     copy_grid = None if copy is None else quantization_grid(copy[:HEAD_ROWS_TESTED])
     dflash2 = getattr(drafter, "dflash2", None) is not None or raw.get("architectures") == ["DFlash2DraftModel"]
     if head_grid is None and copy_grid is not None:
-        return numerics.quantized_check(grids, copy_grid, head_is_targets=False, dflash2=dflash2)
-    return numerics.quantized_check(grids, head_grid, head_is_targets=True, dflash2=dflash2)
+        return numerics.quantized_check(grids, copy_grid, head_is_targets=False, dflash2=dflash2, stored=stored)
+    return numerics.quantized_check(grids, head_grid, head_is_targets=True, dflash2=dflash2, stored=stored)
+
+
+def _mask_probe(model, mask: int, text: str | None, tokenizer, vocab_size: int, drafter_dir: Path, base: Measurement,
+                tau_of, log) -> Check | None:
+    """The mask token check with tau at each usual mask id (`wiring.mask_candidates`); None when there
+    is no other id to try."""
+    candidates = wiring.mask_candidates(tokenizer, vocab_size, mask, acceptance.stated_mask_token_id(drafter_dir))
+    taus = {}
+    for token_id, why in candidates.items():
+        log(f"decoding with mask token id {token_id}")
+        tau = tau_of(variant(model, mask_token_id=token_id)).tau
+        taus[token_id] = (tau, why, None if tokenizer is None else tokenizer.convert_ids_to_tokens(token_id))
+    return wiring.mask_probe_check(mask, text, vocab_size, base.tau, taus) if taus else None
 
 
 def _dtype(target, model, drafter_dir: Path, base: Measurement, tau_of, log, block_size) -> Check:

@@ -105,14 +105,18 @@ def clearly_better(a: float, b: float) -> bool:
     return a - b >= CLEAR_MARGIN and (a - 1) >= CLEAR_RATIO * max(b - 1, 0.0)
 
 
-def variant(drafter: DFlashDrafter, *, target_layer_ids=None, rope_parameters=None) -> DFlashDrafter:
-    """The same drafter (shared weights) reading other target layers or rotating by other RoPE
-    parameters, for a probe; `drafter` itself is left as it is."""
+def variant(drafter: DFlashDrafter, *, target_layer_ids=None, rope_parameters=None,
+            mask_token_id: int | None = None) -> DFlashDrafter:
+    """The same drafter (shared weights) reading other target layers, rotating by other RoPE
+    parameters or filling its block with another mask token, for a probe; `drafter` itself is left
+    as it is."""
     probe = copy.copy(drafter)
     probe._modules = dict(drafter._modules)  # its own module table: replacing `rotary` must not reach the original
     probe.config = copy.deepcopy(drafter.config)
     if target_layer_ids is not None:
         probe.config.target_layer_ids = [int(i) for i in target_layer_ids]
+    if mask_token_id is not None:
+        probe.config.mask_token_id = int(mask_token_id)
     if rope_parameters is not None:
         probe.config.rope_parameters = dict(rope_parameters)
         probe.rotary = Qwen3RotaryEmbedding(probe.config).to(drafter.fc.weight.device)

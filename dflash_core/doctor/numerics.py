@@ -14,19 +14,34 @@ QUANT_TEXT = (
     "Quantizing stores each weight with fewer bits (8 or 4, or an 8-bit float) to save memory. The "
     "target's verification keeps the output correct either way, but a drafter is small and sensitive: "
     "quantized, its guesses drift from what the target would say, and acceptance can fall to almost "
-    "nothing. The check looks for the tell-tale grid such weights keep even after being cast back to "
-    "bf16 or float32. The LM head turns the drafter's last hidden state into token scores; DFlash2 picks "
-    "its candidates from that head's top scores, so it needs the head unquantized."
+    "nothing. The check reads the formats the drafter's files store quantized (a quantization_config, "
+    "fp8 or int8 weights with their scales, GPTQ / AWQ packed weights), and looks for the tell-tale grid "
+    "such weights keep even after being cast back to bf16 or float32. Quantization a server applies when "
+    "it loads the drafter (vLLM's --quantization, say) is in none of the files, so this check cannot see "
+    "it: the server checks, which compare the server's acceptance with this engine's, are what catch it. "
+    "The LM head turns the drafter's last hidden state into token scores; DFlash2 picks its candidates "
+    "from that head's top scores, so it needs the head unquantized."
 )
 
 
 def quantized_check(drafter_grids: dict[str, str], head_grid: str | None, *, head_is_targets: bool,
-                    dflash2: bool) -> Check:
+                    dflash2: bool, stored: dict[str, str] | None = None) -> Check:
     """drafter_grids: the drafter's own quantized tensors (name -> grid, `quantization.quantized_tensors`);
     head_grid: the grid of the head rows it drafts with; head_is_targets: those rows are the target's
-    own, which verifies with the same values."""
-    numbers = {"drafter_tensors_quantized": drafter_grids, "head": head_grid, "dflash2": dflash2}
+    own, which verifies with the same values; stored: the formats its files store quantized (name ->
+    format, `formats.stored_formats`; "config.json" for its quantization_config)."""
+    stored = stored or {}
+    numbers = {"drafter_stored_quantized": stored, "drafter_tensors_quantized": drafter_grids, "head": head_grid,
+               "dflash2": dflash2}
     title = "quantized weights"
+    if stored:
+        weights = [name for name in stored if name != "config.json"]
+        example = f" ({len(weights)} weights, e.g. {weights[0]})" if weights else ""
+        kinds = list(dict.fromkeys(stored.values()))
+        more = f"; {len(kinds) - 2} more" if len(kinds) > 2 else ""
+        return Check("numerics.quantized", title, "FAIL",
+                     f"the drafter's files store it quantized: {'; '.join(kinds[:2])}{more}{example}",
+                     QUANT_TEXT, "quantized drafter weights", numbers)
     if drafter_grids:
         kinds = sorted(set(drafter_grids.values()))
         return Check("numerics.quantized", title, "FAIL",

@@ -144,8 +144,63 @@ def rope_check(fields: dict, used: dict, target_theta: float | None, probe: dict
 MASK_TEXT = (
     "DFlash fills a block of placeholder slots in one pass; each placeholder is the embedding of the mask "
     "token. Its id must be a row of the target's embedding table: an id past the end cannot be embedded "
-    "(this engine refuses it; others may read memory past the table or clamp it, and draft garbage)."
+    "(this engine refuses it; others may read memory past the table or clamp it, and draft garbage). "
+    "Inside the table, the id must also be the one the drafter was trained with: another token's embedding "
+    "runs, but the drafter reads it as text and drafts far worse. So the check also measures tau with the "
+    "ids drafters are usually trained with (the one the card names, the tokenizer's mask token, special "
+    "tokens named mask, the highest-numbered special token besides bos / eos / pad / unk, the embedding "
+    "rows no token uses) and names one that accepts clearly more."
 )
+
+
+def mask_candidates(tokenizer, vocab_size: int, configured: int | None, card_id: int | None = None) -> dict[int, str]:
+    """The other mask ids a drafter of this target is usually trained with (id -> why), inside the
+    vocabulary and apart from `configured`."""
+    found: dict[int, str] = {}
+
+    def add(token_id, why: str) -> None:
+        if isinstance(token_id, int) and 0 <= token_id < vocab_size and token_id != configured:
+            found.setdefault(token_id, why)
+
+    add(card_id, "the id the drafter's card names")
+    if tokenizer is None:
+        return found
+    add(getattr(tokenizer, "mask_token_id", None), "the tokenizer's mask token")
+    specials = {int(i): getattr(t, "content", str(t)) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+    for token_id, text in sorted(specials.items()):
+        if "mask" in text.lower():
+            add(token_id, f"a special token named {text!r}")
+    reserved = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "unk")}
+    spare = [i for i in specials if i not in reserved]
+    if spare:  # what this project's training picks when no special token is named mask
+        add(max(spare), f"the highest-numbered special token besides bos / eos / pad / unk ({specials[max(spare)]!r})")
+    if len(tokenizer) < vocab_size:  # embedding rows past the tokenizer: released drafters' masks sit there
+        add(len(tokenizer), "the first embedding row no token uses")
+        add(vocab_size - 1, "the last embedding row, which no token uses")
+    return found
+
+
+def mask_probe_check(configured: int, text: str | None, vocab_size: int, base: float,
+                     taus: dict[int, tuple[float, str, str | None]]) -> Check:
+    """The mask token check with its probe: tau at the configured id (`base`) and at each candidate
+    (id -> (tau, why, token text))."""
+    numbers = {"mask_token_id": configured, "vocab_size": vocab_size, "token": text, "tau": base,
+               "tau_by_mask_id": {str(i): t for i, (t, _, _) in taus.items()}}
+    shown = f" ({text!r})" if text is not None else ""
+    words = "; ".join(f"{t:.2f} with id {i}{_text(x)}" for i, (t, _, x) in taus.items())
+    summary = f"id {configured}{shown} inside the vocabulary of {vocab_size}, tau {base:.2f}; {words}"
+    better = [i for i, (t, _, _) in taus.items() if clearly_better(t, base)]
+    if better:
+        best = max(better, key=lambda i: taus[i][0])
+        tau, why, best_text = taus[best]
+        return Check("wiring.mask_token", "mask token", "FAIL",
+                     f"{summary}: the drafter was trained with id {best}{_text(best_text)}, {why}", MASK_TEXT,
+                     f"wrong mask token (id {configured}; trained with {best})", numbers)
+    return Check("wiring.mask_token", "mask token", "PASS", summary, MASK_TEXT, numbers=numbers)
+
+
+def _text(token_text: str | None) -> str:
+    return f" ({token_text!r})" if token_text is not None else ""
 
 
 def mask_token_check(mask_id, vocab_size: int, token_text: str | None) -> Check:

@@ -10,7 +10,9 @@ layout (`native_format.py`), which loads with `AutoModel.from_pretrained(OUT)` a
 The native drafter drafts over the target's whole LM head: a draft vocabulary is dropped, so such a
 drafter's native drafts may differ from this engine's (decoding stays lossless either way). With
 `--target`, the drafter is first checked against that target and the target's special token ids are
-recorded. Needs a transformers with native DFlash (5.25 on).
+recorded. With a transformers that has native DFlash (5.25 on) the config is written through its
+config class and the state's shapes are checked against its model; an older transformers (which
+cannot run the result) still writes the same fields, and transformers fills in its defaults on load.
 """
 
 from __future__ import annotations
@@ -26,20 +28,17 @@ from safetensors.torch import save_file
 from ..errors import ConfigError, DFlashError
 from ..models.drafter import DFlashDrafter
 from ..models.hub import resolve_model_dir
-from ..models.native_format import NATIVE_ARCHITECTURE, native_config, to_native_state
+from ..models.native_format import NATIVE_ARCHITECTURE, NATIVE_MODEL_TYPE, native_config, to_native_state
 from .pair import load_pair, parse_dtype, validate_pair
 
 
 def native_classes():
-    """transformers' native DFlash config and model classes; a `ConfigError` where it has none."""
+    """transformers' native DFlash config and model classes, or None where this transformers has none
+    (they came with 5.25)."""
     try:
         from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
     except ImportError:
-        import transformers
-
-        raise ConfigError(
-            f"transformers {transformers.__version__} has no native DFlash ({NATIVE_ARCHITECTURE}); it came with 5.25"
-        ) from None
+        return None
     return MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
 
@@ -56,7 +55,7 @@ def export_native(src, out, target=None, dtype=None) -> DFlashDrafter:
     `target` (path, Hub id or `default:...`): check the drafter against it first, and record its
     bos/eos/pad ids in the native config.
     """
-    config_class, model_class = native_classes()
+    classes = native_classes()
     directory = resolve_model_dir(src, ("config.json", "model.safetensors"))
     dtype = parse_dtype(dtype) if dtype else stored_dtype(directory)
     drafter = DFlashDrafter.from_pretrained(directory, dtype=dtype)
@@ -66,20 +65,28 @@ def export_native(src, out, target=None, dtype=None) -> DFlashDrafter:
         validate_pair(target_model, drafter)
         target_config = target_model.model.config
         special = {k: getattr(target_config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    config = config_class(**native_config(drafter.config, special))
-    config.architectures = [NATIVE_ARCHITECTURE]
-    config.dtype = dtype
+    fields = native_config(drafter.config, special)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in to_native_state(drafter.state_dict()).items()}
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    if got != expected:
-        # A bug in the mapping, not the user's input: name every key that differs.
-        differ = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
-        raise ConfigError(f"the native state does not match {NATIVE_ARCHITECTURE}'s at {differ}")
+    if classes is not None:
+        config_class, model_class = classes
+        config = config_class(**fields)
+        config.architectures = [NATIVE_ARCHITECTURE]
+        config.dtype = dtype
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in state.items()}
+        if got != expected:
+            # A bug in the mapping, not the user's input: name every key that differs.
+            differ = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+            raise ConfigError(f"the native state does not match {NATIVE_ARCHITECTURE}'s at {differ}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out)
+    if classes is not None:
+        config.save_pretrained(out)
+    else:
+        raw = {"architectures": [NATIVE_ARCHITECTURE], "model_type": NATIVE_MODEL_TYPE,
+               "dtype": str(dtype).removeprefix("torch."), **fields}
+        (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     return drafter
 
