@@ -1,9 +1,10 @@
 """Time every linear layer of a target at a few row counts: oneDNN-packed (for several expected row
-counts), `F.linear` (MKL) and this project's rows kernel (`kernels/cpu_rows.py`, where it runs).
+counts), `F.linear` (MKL) and this project's rows kernel (`kernels/cpu_rows.py`), each of its
+variants this CPU runs.
 Verification multiplies a block of rows by the same weights a plain step multiplies one row by, so
 this is the part of a verify's cost the CPU's GEMM kernels decide.
 
-    python -m dflash_core.bench linear-rows --threads 1 [--rows 1 2 3 4 8 16]
+    python -m dflash_core.bench linear-rows --threads 1 [--rows 1 2 3 4 8 16] [--dtype bfloat16]
     ONEDNN_MAX_CPU_ISA=AVX2 python -m dflash_core.bench linear-rows --threads 1   # AVX2's kernels
 
 Prints one line per row count: the median over interleaved sweeps, in ms per sweep of all layers.
@@ -29,7 +30,7 @@ PACK_HINTS = (None, 1, 4, 16)  # the batch_size oneDNN is told to lay the weight
 
 def sweep(weights: list[torch.Tensor], linear, rows: int) -> float:
     """Milliseconds to run `rows` rows through every layer once, `linear(i, x)` computing layer i."""
-    xs = [torch.randn(rows, w.shape[1]) for w in weights]
+    xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights]
     t0 = time.perf_counter()
     for i, x in enumerate(xs):
         linear(i, x)
@@ -48,15 +49,18 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="row counts to time")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the weights' and rows' dtype (the kernel takes bfloat16 in its avx512 variant)")
     args = parse(p, argv)
-    model = AutoModelForCausalLM.from_pretrained(resolve_target(args.target), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(resolve_target(args.target), dtype=getattr(torch, args.dtype))
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
     paths = {f"oneDNN packed for {hint or 'default'}": packed_path(weights, hint) for hint in PACK_HINTS}
     paths["MKL (F.linear)"] = lambda i, x: F.linear(x, weights[i])
-    if cpu_rows.available():
-        paths["rows kernel"] = lambda i, x: cpu_rows.rows_linear(x, weights[i])
-    print(f"{len(weights)} linear layers, {sum(w.numel() for w in weights) * 4 / 2**20:.0f} MiB, "
-          f"{args.threads} thread(s)")
+    for variant in cpu_rows.variants():
+        if variant == "avx512" or args.dtype == "float32":
+            paths[f"rows kernel {variant}"] = lambda i, x, v=variant: cpu_rows.rows_linear(x, weights[i], variant=v)
+    size = sum(w.numel() * w.element_size() for w in weights) / 2**20
+    print(f"{len(weights)} linear layers, {size:.0f} MiB of {args.dtype}, {args.threads} thread(s)")
     for rows in args.rows:
         times: dict[str, list[float]] = {name: [] for name in paths}
         for rep in range(args.reps + 1):

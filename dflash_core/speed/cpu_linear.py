@@ -16,7 +16,8 @@ both libraries once over a freshly packed model's single-row calls and keeps the
 always runs packed; `off` keeps every layer as it was.
 
 Faster than both on the CPUs measured, where it builds, is this project's rows kernel
-(`kernels/cpu_rows.py`: float32, 1 to 16 rows, each row bitwise as it would be alone).
+(`kernels/cpu_rows.py`: 1 to 16 rows, each row bitwise as it would be alone; float32 on AVX2,
+float32 and bfloat16 on AVX-512, the variant picked by the CPU's features).
 `DFLASH_CPU_ROWS` picks: `auto` (the default) times the kernel against the libraries' choice over
 one-row and four-row calls (a plain step and a verify) and keeps the kernel unless it is slower;
 `on` takes it for every few-row call it can; `off` never.
