@@ -3,7 +3,7 @@
 Exactness: within 1e-5 relative (+1e-6 absolute) of `F.linear` (the sums run in another order;
 bfloat16: within one rounding of the float32 result), and each row of a block bitwise equal to that
 row alone, for every block size the kernel takes, on one thread and on several (outputs past the
-parallel grain). Each variant (avx2, avx512) runs where this CPU has its features and is skipped,
+parallel grain). Each variant (avx2, avx512, avx512_bf16) runs where this CPU has its features and is skipped,
 with the reason, elsewhere. The timed choice is tested with one path made slow on purpose, so it
 cannot go either way by chance.
 """
@@ -41,7 +41,8 @@ def variant_param(variant: str, dtype: torch.dtype = torch.float32):
                         marks=pytest.mark.skipif(reason is not None, reason=f"rows kernel {variant}: {reason}"))
 
 
-VARIANTS = [variant_param("avx2"), variant_param("avx512"), variant_param("avx512", torch.bfloat16)]
+VARIANTS = [variant_param("avx2"), variant_param("avx512"), variant_param("avx512", torch.bfloat16),
+            variant_param("avx512_bf16"), variant_param("avx512_bf16", torch.bfloat16)]
 # The kernel's threads split the outputs in chunks of at least 16 tiles of 4 (cpu_rows.cpp): 301
 # outputs make two chunks or more, the last tile part-full.
 PAST_THE_GRAIN = 301
@@ -108,7 +109,7 @@ def test_the_fastest_variant_here_is_the_default():
     torch.manual_seed(3)
     weight, x = torch.randn(PAST_THE_GRAIN, 64), torch.randn(3, 64)
     assert torch.equal(cpu_rows.rows_linear(x, weight), cpu_rows.rows_linear(x, weight, variant=cpu_rows.variants()[-1]))
-    with pytest.raises(ValueError, match="variants are avx2, avx512, not 'sse'"):
+    with pytest.raises(ValueError, match="variants are avx2, avx512, avx512_bf16, not 'sse'"):
         cpu_rows.variant_missing("sse")
 
 
@@ -121,7 +122,7 @@ def test_kernel_rejects_what_it_cannot_compute():
         cpu_rows.rows_linear(torch.randn(2, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="not Float rows and BFloat16 weights"):
         cpu_rows.rows_linear(torch.randn(2, 16), torch.randn(3, 16).bfloat16())
-    with pytest.raises(RuntimeError, match="the variant must be avx2 or avx512, not 'sse'"):
+    with pytest.raises(RuntimeError, match="the variant must be avx2, avx512 or avx512_bf16, not 'sse'"):
         cpu_rows.rows_linear(torch.randn(2, 16), torch.randn(3, 16), variant="sse")
     assert not cpu_rows.eligible(torch.randn(3, 12))
     assert cpu_rows.eligible(torch.randn(3, 16).bfloat16()) == ("avx512" in cpu_rows.variants())
@@ -175,6 +176,28 @@ def test_the_faster_path_takes_few_rows(monkeypatch, slow):
     keep = choose_rows_kernel(layers, reps=3)
     assert keep == (slow == "libraries")
     assert all(m.rows_kernel == keep for m in layers)
+
+
+@pytest.mark.skipif(len(cpu_rows.variants_for(torch.float32)) < 2, reason="one float32 variant of the kernel here")
+@pytest.mark.parametrize("slow", ["avx2", "avx512"])
+def test_the_faster_variant_takes_few_rows(monkeypatch, slow):
+    layers = [_packed(32, 32) for _ in range(3)]
+    rows_linear = cpu_rows.rows_linear
+
+    def slowed(x, weight, bias=None, variant=None):
+        if variant == slow:
+            time.sleep(1e-3)
+        return rows_linear(x, weight, bias, variant=variant)
+
+    monkeypatch.setattr(cpu_rows, "rows_linear", slowed)
+    monkeypatch.setattr(PackedLinear, "packed_forward", _slow(PackedLinear.packed_forward))
+    monkeypatch.setattr(cpu_linear.F, "linear", _slow(F.linear))
+    assert choose_rows_kernel(layers, reps=3)
+    fast = "avx512" if slow == "avx2" else "avx2"
+    assert all(m.rows_kernel and m.rows_variant == fast for m in layers)
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        assert torch.equal(layers[0](x), rows_linear(x, layers[0].weight, layers[0].bias, variant=fast))
 
 
 def test_a_kernel_that_does_not_build_leaves_the_libraries(monkeypatch):

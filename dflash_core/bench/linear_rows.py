@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="row counts to time")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="the weights' and rows' dtype (the kernel takes bfloat16 in its avx512 variant)")
+                   help="the weights' and rows' dtype (the kernel takes bfloat16 in its AVX-512 variants)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall: the wall clock; cpu: this thread's CPU time (with --threads 1 only)")
     args = parse(p, argv)
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     paths = {f"oneDNN packed for {hint or 'default'}": packed_path(weights, hint) for hint in PACK_HINTS}
     paths["MKL (F.linear)"] = lambda i, x: F.linear(x, weights[i])
     for variant in cpu_rows.variants():
-        if variant == "avx512" or args.dtype == "float32":
+        if (variant == "avx2") == (args.dtype == "float32") or variant == "avx512":  # avx512_bf16: bf16 only
             paths[f"rows kernel {variant}"] = lambda i, x, v=variant: cpu_rows.rows_linear(x, weights[i], variant=v)
     size = sum(w.numel() * w.element_size() for w in weights) / 2**20
     print(f"{len(weights)} linear layers, {size:.0f} MiB of {args.dtype}, {args.threads} thread(s), "

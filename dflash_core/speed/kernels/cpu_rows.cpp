@@ -1,16 +1,18 @@
-// dflash_cpu::rows_linear(x, w, b): y = x @ w.T + b for a few rows on an x86 CPU, in one of two
-// variants chosen at run time by the CPU's features: AVX2 + FMA (float32), or AVX-512 (float32, and
-// bfloat16 inputs and weights with float32 sums).
+// dflash_cpu::rows_linear(x, w, b): y = x @ w.T + b for a few rows on an x86 CPU, in one of three
+// variants chosen at run time by the CPU's features: `avx2` (AVX2 + FMA; float32), `avx512`
+// (float32, and bfloat16 inputs and weights widened to float32 and summed there) and `avx512_bf16`
+// (as `avx512` for float32; bfloat16 pairs multiplied and summed into float32 by vdpbf16ps).
 //
 // A decoding step multiplies 1 to 16 rows by every weight of the model once, so it is bound by
 // reading the weights. The kernel reads each weight row once per call, four rows at a time, and
 // keeps them in L1 while it multiplies them with the input rows a few at a time.
 //
 // Every output element is summed in the same order whatever the number of rows: L lane sums over k
-// in ascending steps of L (8 on AVX2, 16 on AVX-512, whose last step may cover 8), then one fixed
-// horizontal sum, then the bias. Row i of a block is therefore bitwise the output of row i alone, so
-// a verify of B tokens computes its linears exactly as B one-token steps would. Each variant keeps
-// its own order: the two give close, not bitwise equal, outputs.
+// in ascending steps of L (8 on AVX2, 16 on AVX-512, whose last step may cover 8; vdpbf16ps adds
+// two products per lane and step), then one fixed horizontal sum, then the bias. Row i of a block
+// is therefore bitwise the output of row i alone, so a verify of B tokens computes its linears
+// exactly as B one-token steps would. Each variant keeps its own order: variants give close, not
+// bitwise equal, outputs.
 //
 // The variants are compiled with per-function target attributes rather than global -m flags, so
 // one build runs on any x86-64 CPU and only the variant this CPU supports is ever called.
@@ -28,6 +30,7 @@ namespace {
 
 #define AVX2_TARGET __attribute__((target("avx2,fma")))
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define AVX512BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 
 // What a tile loop needs: the rows (float32), the weight (float32 or bfloat16), the output.
 template <typename W, typename Y>
@@ -160,6 +163,58 @@ AVX512_TARGET void tiles_avx512(const Problem<W, Y>& p, int64_t first, int64_t l
   }
 }
 
+// ---------------------------------------------------------------- AVX512-BF16, bfloat16 rows and weights
+
+// As dot_tile_avx512 on bfloat16 pairs: each step multiplies 32 weights by 32 inputs with
+// vdpbf16ps, which adds both products of a pair to its float32 lane sum in one fixed order.
+template <int R>
+AVX512BF16_TARGET inline void dot_tile_dpbf16(const c10::BFloat16* x, int64_t K, const c10::BFloat16* const* w,
+                                              float* out, const c10::BFloat16* next) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? 0xFFFFFFFFu : ((1u << (K - k)) - 1u);
+    if (next != nullptr)
+      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T1);
+    __m512bh xr[R];
+    for (int r = 0; r < R; ++r) xr[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + r * K + k);
+    for (int j = 0; j < 4; ++j) {
+      const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(mask, w[j] + k);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xr[r], v);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) out[r * 4 + j] = _mm512_reduce_add_ps(acc[r][j]);
+}
+
+AVX512BF16_TARGET void tiles_dpbf16(const c10::BFloat16* X, const Problem<c10::BFloat16, c10::BFloat16>& p,
+                                    int64_t first, int64_t last) {
+  const int64_t M = p.M, N = p.N, K = p.K;
+  float out[16];
+  for (int64_t tile = first; tile < last; ++tile) {
+    const int64_t n0 = tile * 4;
+    const int n = static_cast<int>(std::min<int64_t>(4, N - n0));
+    const c10::BFloat16* w[4];
+    for (int j = 0; j < 4; ++j) w[j] = p.w + (n0 + std::min(j, n - 1)) * K;
+    for (int64_t m = 0; m < M;) {
+      const int r = static_cast<int>(std::min<int64_t>(4, M - m));
+      const c10::BFloat16* next = (m == 0 && n0 + 8 <= N) ? p.w + (n0 + 4) * K : nullptr;
+      const c10::BFloat16* xm = X + m * K;
+      switch (r) {
+        case 4: dot_tile_dpbf16<4>(xm, K, w, out, next); break;
+        case 3: dot_tile_dpbf16<3>(xm, K, w, out, next); break;
+        case 2: dot_tile_dpbf16<2>(xm, K, w, out, next); break;
+        default: dot_tile_dpbf16<1>(xm, K, w, out, next); break;
+      }
+      for (int i = 0; i < r; ++i)
+        for (int j = 0; j < n; ++j)
+          p.y[(m + i) * N + n0 + j] = static_cast<c10::BFloat16>(out[i * 4 + j] + (p.bias ? p.bias[n0 + j] : 0.0f));
+      m += r;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- dispatch
 
 bool has_avx2() {
@@ -173,8 +228,14 @@ bool has_avx512() {
          __builtin_cpu_supports("avx512vl");
 }
 
+bool has_avx512_bf16() {
+  __builtin_cpu_init();
+  return has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
 // The variants this CPU runs, comma-separated, the fastest last ("" where none).
 std::string variants() {
+  if (has_avx512_bf16()) return "avx2,avx512,avx512_bf16";
   if (has_avx512()) return "avx2,avx512";
   return has_avx2() ? "avx2" : "";
 }
@@ -189,12 +250,14 @@ void run(const Problem<W, Y>& p, Tiles tiles) {
 at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                             c10::string_view variant) {
   const std::string name(variant);
-  TORCH_CHECK(name == "avx2" || name == "avx512", "rows_linear: the variant must be avx2 or avx512, not '", name, "'");
-  TORCH_CHECK(name == "avx2" ? has_avx2() : has_avx512(), "rows_linear: this CPU cannot run the ", name, " variant");
-  const bool bf16 = weight.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(name == "avx2" || name == "avx512" || name == "avx512_bf16",
+              "rows_linear: the variant must be avx2, avx512 or avx512_bf16, not '", name, "'");
+  TORCH_CHECK(name == "avx2" ? has_avx2() : name == "avx512" ? has_avx512() : has_avx512_bf16(),
+              "rows_linear: this CPU cannot run the ", name, " variant");
+  const bool bf16 = weight.scalar_type() == at::kBFloat16, wide = name != "avx2";
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == weight.scalar_type() &&
-                  (weight.scalar_type() == at::kFloat || (bf16 && name == "avx512")),
-              "rows_linear takes float32 CPU tensors", name == "avx512" ? " or bfloat16 ones" : "", ", not ",
+                  (weight.scalar_type() == at::kFloat || (bf16 && wide)),
+              "rows_linear takes float32 CPU tensors", wide ? " or bfloat16 ones" : "", ", not ",
               x.scalar_type(), " rows and ", weight.scalar_type(), " weights");
   const int64_t K = x.size(-1), N = weight.size(0);
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == K, "rows_linear: weight must be [N, ", K, "]");
@@ -211,10 +274,15 @@ at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const
   at::Tensor y = at::empty({M, N}, x.options());
   const float* X = rows.data_ptr<float>();
   const float* B = b.defined() ? b.data_ptr<float>() : nullptr;
-  if (bf16) {
+  if (bf16 && name == "avx512_bf16") {
+    const at::Tensor xb = x.reshape({-1, K}).contiguous();  // the rows stay bfloat16: pairs for vdpbf16ps
+    const c10::BFloat16* XB = xb.data_ptr<c10::BFloat16>();
+    run(Problem<c10::BFloat16, c10::BFloat16>{X, w.data_ptr<c10::BFloat16>(), B, y.data_ptr<c10::BFloat16>(), M, N, K},
+        [XB](const auto& p, int64_t a, int64_t z) { tiles_dpbf16(XB, p, a, z); });
+  } else if (bf16) {
     run(Problem<c10::BFloat16, c10::BFloat16>{X, w.data_ptr<c10::BFloat16>(), B, y.data_ptr<c10::BFloat16>(), M, N, K},
         [](const auto& p, int64_t a, int64_t z) { tiles_avx512(p, a, z); });
-  } else if (name == "avx512") {
+  } else if (wide) {
     run(Problem<float, float>{X, w.data_ptr<float>(), B, y.data_ptr<float>(), M, N, K},
         [](const auto& p, int64_t a, int64_t z) { tiles_avx512(p, a, z); });
   } else {
@@ -227,7 +295,7 @@ at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const
 }
 
 at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  static const std::string best = has_avx512() ? "avx512" : "avx2";
+  static const std::string best = has_avx512_bf16() ? "avx512_bf16" : has_avx512() ? "avx512" : "avx2";
   return rows_linear_with(x, weight, bias, best);
 }
 

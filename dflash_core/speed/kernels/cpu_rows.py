@@ -6,10 +6,12 @@ row after the first, while this kernel reads each weight once per call (figures:
 "The CPU rows kernel"). Each output row is bitwise the same whatever the number of rows beside it,
 so a verify's linears compute exactly what one-token steps would.
 
-It comes in two variants, chosen at run time by the CPU's features (`variants()`): `avx2` (AVX2 and
-FMA; float32) and `avx512` (AVX-512 F/BW/VL; float32, and bfloat16 rows and weights summed in
-float32, then rounded once). Each keeps the guarantee above; their outputs differ from each other
-in the last bits. `rows_linear` takes the `avx512` variant where the CPU has it, else `avx2`.
+It comes in three variants, chosen at run time by the CPU's features (`variants()`): `avx2` (AVX2
+and FMA; float32), `avx512` (AVX-512 F/BW/VL; float32, and bfloat16 rows and weights widened to
+float32 and summed there, then rounded once) and `avx512_bf16` (AVX512-BF16 too; float32 as
+`avx512`, bfloat16 through vdpbf16ps, which multiplies bfloat16 pairs into float32 sums at twice
+the rate). Each keeps the guarantee above; their outputs differ from each other in the last bits.
+`rows_linear` takes the last variant `variants()` names.
 
 The kernel needs an x86 CPU with at least AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
 compiles it once into its cache (`TORCH_EXTENSIONS_DIR`, by default under
@@ -33,7 +35,7 @@ SOURCE = Path(__file__).with_name("cpu_rows.cpp")
 # CPU. No fast-math either: the sums must keep their written order. OpenMP: at::parallel_for splits
 # the outputs (never a sum) across threads.
 FLAGS = ["-O3", "-fopenmp"]
-VARIANTS = ("avx2", "avx512")
+VARIANTS = ("avx2", "avx512", "avx512_bf16")
 
 
 def unsupported_reason() -> str | None:
@@ -89,8 +91,15 @@ def variant_missing(variant: str) -> str | None:
     return reason
 
 
+def variants_for(dtype: torch.dtype) -> tuple[str, ...]:
+    """The variants here that take `dtype` and compute it their own way (for float32 `avx512_bf16`
+    runs `avx512`'s code, so only `avx2` and `avx512`)."""
+    own = ("avx2", "avx512") if dtype == torch.float32 else ("avx512", "avx512_bf16") if dtype == torch.bfloat16 else ()
+    return tuple(v for v in variants() if v in own)
+
+
 def dtypes() -> tuple[torch.dtype, ...]:
-    """The weight dtypes the kernel takes here: bfloat16 too where the avx512 variant runs."""
+    """The weight dtypes the kernel takes here: bfloat16 too where an AVX-512 variant runs."""
     return (torch.float32, torch.bfloat16) if "avx512" in variants() else (torch.float32,)
 
 
