@@ -113,7 +113,8 @@ AVX512_TARGET inline __m512 load16(const c10::BFloat16* w, __mmask16 mask) {
 // As dot_tile_avx2, 16 lanes wide, for R input rows (1 to 4); the last step of k covers 8 lanes
 // where K is not a multiple of 16 (the masked lanes add nothing). The next tile's weights are
 // prefetched into L2, not L1, at every row count: on the AVX-512 EPYC that ran 1 to 4 rows at the
-// memory's speed, where into L1 (a tile of 1536-wide rows is 24 KiB) or not at all lost 15-40%.
+// memory's speed, where into L1 (a tile of 1536-wide rows is 24 KiB) or not at all was 27-58%
+// slower (docs/benchmarks.md, "On the AVX-512 class").
 template <int R, typename W>
 AVX512_TARGET inline void dot_tile_avx512(const float* x, int64_t K, const W* const* w, float* out, const W* next) {
   constexpr int64_t line = 64 / sizeof(W);  // weights per cache line
@@ -188,6 +189,7 @@ AVX512BF16_TARGET inline void dot_tile_dpbf16(const c10::BFloat16* x, int64_t K,
     for (int j = 0; j < 4; ++j) out[r * 4 + j] = _mm512_reduce_add_ps(acc[r][j]);
 }
 
+// tiles_avx512's loop over vdpbf16ps tiles; X: the rows in bfloat16 (p.x is unused).
 AVX512BF16_TARGET void tiles_dpbf16(const c10::BFloat16* X, const Problem<c10::BFloat16, c10::BFloat16>& p,
                                     int64_t first, int64_t last) {
   const int64_t M = p.M, N = p.N, K = p.K;
@@ -262,8 +264,10 @@ at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const
   const int64_t K = x.size(-1), N = weight.size(0);
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == K, "rows_linear: weight must be [N, ", K, "]");
   TORCH_CHECK(K % 8 == 0, "rows_linear: the inner size must be a multiple of 8, not ", K);
-  // bfloat16 rows widen exactly to float32 once per call: the weights, not the rows, are the traffic.
-  const at::Tensor rows = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  // Rows widen exactly to float32 once per call (the weights, not the rows, are the traffic), but
+  // for vdpbf16ps, which takes bfloat16 pairs.
+  const bool pairs = bf16 && name == "avx512_bf16";
+  const at::Tensor rows = x.reshape({-1, K}).to(pairs ? at::kBFloat16 : at::kFloat).contiguous();
   const at::Tensor w = weight.contiguous();
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
@@ -272,11 +276,10 @@ at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const
   }
   const int64_t M = rows.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  const float* X = rows.data_ptr<float>();
+  const float* X = pairs ? nullptr : rows.data_ptr<float>();
   const float* B = b.defined() ? b.data_ptr<float>() : nullptr;
-  if (bf16 && name == "avx512_bf16") {
-    const at::Tensor xb = x.reshape({-1, K}).contiguous();  // the rows stay bfloat16: pairs for vdpbf16ps
-    const c10::BFloat16* XB = xb.data_ptr<c10::BFloat16>();
+  if (pairs) {
+    const c10::BFloat16* XB = rows.data_ptr<c10::BFloat16>();
     run(Problem<c10::BFloat16, c10::BFloat16>{X, w.data_ptr<c10::BFloat16>(), B, y.data_ptr<c10::BFloat16>(), M, N, K},
         [XB](const auto& p, int64_t a, int64_t z) { tiles_dpbf16(XB, p, a, z); });
   } else if (bf16) {
