@@ -3,9 +3,9 @@
 Exactness: within 1e-5 relative (+1e-6 absolute) of `F.linear` (the sums run in another order;
 bfloat16: within one rounding of the float32 result), and each row of a block bitwise equal to that
 row alone, for every block size the kernel takes, on one thread and on several (outputs past the
-parallel grain). Each variant (avx2, avx512, avx512_bf16) runs where this CPU has its features and is skipped,
-with the reason, elsewhere. The timed choice is tested with one path made slow on purpose, so it
-cannot go either way by chance.
+parallel grain). Each variant (avx2, avx512, avx512_bf16) runs where this CPU has its features and
+is skipped, with the reason, elsewhere. The timed choices (kernel or libraries, which variant) are
+tested with one path made slow on purpose, so they cannot go either way by chance.
 """
 
 from __future__ import annotations
