@@ -4,6 +4,7 @@ oneDNN-packed linears, and refuse what they cannot run."""
 
 from __future__ import annotations
 
+import os
 import re
 from unittest import mock
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from tiny import build_drafter, build_target
 from torch._inductor.graph import GraphLowering
+from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 
 from dflash_core import DFlashDrafter, SamplingParams, Target, load_pair, run
 from dflash_core.__main__ import main as cli_main
@@ -147,8 +149,16 @@ def test_compile_is_a_switch_of_the_loaders(tmp_path, monkeypatch):
     # The library GEMMs compile in seconds; the template's are covered above.
     monkeypatch.setenv("DFLASH_COMPILE_GEMMS", "library")
     target_dir = build_target(tmp_path / "target", num_layers=1)
+    monkeypatch.setenv("DFLASH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     pair = load_pair(target_dir, compiled=True, static_cache=True)
     assert pair.target.graphs is not None and pair.target.static_cache
+    # Inductor's code and timings are kept in the project's cache folder, not the temp folder.
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
+    assert inductor_cache_dir() == str(tmp_path / "cache" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
+    load_pair(target_dir, compiled=True, static_cache=True)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "elsewhere")  # the user's choice stays
     # The CLI's --compile implies the static cache.
     assert cli_main(["generate", "--target", str(target_dir), "--plain", "--prompt-ids", "1,2", "--max-new-tokens",
                      "2", "--compile", "--quiet"]) == 0

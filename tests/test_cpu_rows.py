@@ -1,22 +1,29 @@
 """The CPU rows kernel (dflash_core/speed/kernels/cpu_rows.cpp) and how packed linears take it.
 
-Exactness: within 1e-5 relative (+1e-6 absolute) of `F.linear` (the sums run in another order),
-and each row of a block bitwise equal to that row alone, for every block size the kernel takes.
-The timed choice is tested with one path made slow on purpose, so it cannot go either way by chance.
+Exactness: within 1e-5 relative (+1e-6 absolute) of `F.linear` (the sums run in another order;
+bfloat16: within one rounding of the float32 result), and each row of a block bitwise equal to that
+row alone, for every block size the kernel takes, on one thread and on several (outputs past the
+parallel grain). Each variant (avx2, avx512, avx512_bf16) runs where this CPU has its features and
+is skipped, with the reason, elsewhere. The timed choices (kernel or libraries, which variant) are
+tested with one path made slow on purpose, so they cannot go either way by chance.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
+from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.cpp_extension
 from torch import nn
+from torch._inductor.graph import GraphLowering
 
 from dflash_core.speed import cpu_linear
+from dflash_core.speed.compiled_steps import CompiledBackend
 from dflash_core.speed.cpu_linear import PackedLinear, choose_rows_kernel, pack_linears, single_row_library
 from dflash_core.speed.fallbacks import FallbackWarning
 from dflash_core.speed.kernels import cpu_rows
@@ -27,33 +34,83 @@ needs_kernel = pytest.mark.skipif(
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
 
 
-@needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16, 17, 40])
+def variant_param(variant: str, dtype: torch.dtype = torch.float32):
+    """A test parameter that runs `variant` on `dtype` where this CPU has it, and says why not elsewhere."""
+    reason = cpu_rows.variant_missing(variant)
+    return pytest.param(variant, dtype, id=f"{variant}-{str(dtype).removeprefix('torch.')}",
+                        marks=pytest.mark.skipif(reason is not None, reason=f"rows kernel {variant}: {reason}"))
+
+
+VARIANTS = [variant_param("avx2"), variant_param("avx512"), variant_param("avx512", torch.bfloat16),
+            variant_param("avx512_bf16"), variant_param("avx512_bf16", torch.bfloat16)]
+# The kernel's threads split the outputs in chunks of at least 16 tiles of 4 (cpu_rows.cpp): 301
+# outputs make two chunks or more, the last tile part-full.
+PAST_THE_GRAIN = 301
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def close_to_linear(actual, x, weight, bias):
+    """`actual` is F.linear in float32 (bfloat16 inputs: that result rounded once to bfloat16)."""
+    expected = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    if x.dtype == torch.bfloat16:
+        assert actual.dtype == torch.bfloat16
+        # One rounding of the float32 sum: within half a bfloat16 step, plus the float32 sums' order.
+        torch.testing.assert_close(actual.float(), expected, rtol=2**-8 + 1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant,dtype", VARIANTS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 17, 40])
 @pytest.mark.parametrize("out_features,bias", [(1, False), (5, True), (200, True), (576, False)])
-def test_kernel_matches_linear(rows, out_features, bias):
-    assert cpu_rows.available()
+def test_kernel_matches_linear(variant, dtype, rows, out_features, bias):
     torch.manual_seed(rows * 1000 + out_features)
-    linear = nn.Linear(96, out_features, bias=bias)
-    x = torch.randn(rows, 96)
-    expected = F.linear(x, linear.weight, linear.bias)
-    torch.testing.assert_close(cpu_rows.rows_linear(x, linear.weight, linear.bias), expected, rtol=1e-5, atol=1e-6)
+    linear = nn.Linear(104, out_features, bias=bias).to(dtype)  # 104: the avx512 variant's half-width last step
+    x = torch.randn(rows, 104, dtype=dtype)
+    close_to_linear(cpu_rows.rows_linear(x, linear.weight, linear.bias, variant=variant), x, linear.weight, linear.bias)
     # leading dimensions and a non-contiguous input are kept as F.linear keeps them
-    x3 = torch.randn(96, 2, rows).transpose(0, 2)
-    torch.testing.assert_close(cpu_rows.rows_linear(x3, linear.weight, linear.bias),
-                               F.linear(x3, linear.weight, linear.bias), rtol=1e-5, atol=1e-6)
+    x3 = torch.randn(104, 2, rows, dtype=dtype).transpose(0, 2)
+    out = cpu_rows.rows_linear(x3, linear.weight, linear.bias, variant=variant)
+    assert out.shape == (rows, 2, out_features)
+    close_to_linear(out, x3, linear.weight, linear.bias)
+
+
+@pytest.mark.parametrize("variant,dtype", VARIANTS)
+@pytest.mark.parametrize("in_features", [8, 24, 64, 1536])
+@pytest.mark.parametrize("out_features,num_threads", [(37, 1), (PAST_THE_GRAIN, 1), (PAST_THE_GRAIN, 2)])
+def test_each_row_of_a_block_is_bitwise_the_row_alone(variant, dtype, in_features, out_features, num_threads):
+    torch.manual_seed(in_features)
+    weight, bias = torch.randn(out_features, in_features, dtype=dtype), torch.randn(out_features, dtype=dtype)
+    x = (torch.randn(cpu_rows.MAX_ROWS, in_features) * torch.logspace(-3, 3, in_features)).to(dtype)  # sums that cancel
+    with threads(1):
+        alone = torch.cat([cpu_rows.rows_linear(x[i : i + 1], weight, bias, variant=variant) for i in range(len(x))])
+    with threads(num_threads):
+        for rows in range(1, cpu_rows.MAX_ROWS + 1):
+            assert torch.equal(cpu_rows.rows_linear(x[:rows], weight, bias, variant=variant), alone[:rows]), rows
+            assert torch.equal(cpu_rows.rows_linear(x[-rows:], weight, bias, variant=variant), alone[-rows:]), rows
+    # The rows themselves are right: within float32 rounding of the sum of the terms' sizes.
+    scale = x.float().abs() @ weight.float().abs().T + bias.float().abs()
+    error = (alone.float() - F.linear(x.float(), weight.float(), bias.float())).abs()
+    assert (error <= 1e-5 * scale + (alone.float().abs() * 2**-8 if dtype == torch.bfloat16 else 0)).all()
 
 
 @needs_kernel
-@pytest.mark.parametrize("in_features", [8, 64, 1536])
-def test_each_row_of_a_block_is_bitwise_the_row_alone(in_features):
-    assert cpu_rows.available()
-    torch.manual_seed(in_features)
-    weight, bias = torch.randn(37, in_features), torch.randn(37)
-    x = torch.randn(cpu_rows.MAX_ROWS, in_features) * torch.logspace(-3, 3, in_features)  # sums that cancel
-    alone = torch.cat([cpu_rows.rows_linear(x[i : i + 1], weight, bias) for i in range(len(x))])
-    for rows in range(1, cpu_rows.MAX_ROWS + 1):
-        assert torch.equal(cpu_rows.rows_linear(x[:rows], weight, bias), alone[:rows]), rows
-        assert torch.equal(cpu_rows.rows_linear(x[-rows:], weight, bias), alone[-rows:]), rows
+def test_the_fastest_variant_here_is_the_default():
+    assert cpu_rows.available() and cpu_rows.variants()
+    torch.manual_seed(3)
+    weight, x = torch.randn(PAST_THE_GRAIN, 64), torch.randn(3, 64)
+    assert torch.equal(cpu_rows.rows_linear(x, weight), cpu_rows.rows_linear(x, weight, variant=cpu_rows.variants()[-1]))
+    with pytest.raises(ValueError, match="variants are avx2, avx512, avx512_bf16, not 'sse'"):
+        cpu_rows.variant_missing("sse")
 
 
 @needs_kernel
@@ -61,9 +118,20 @@ def test_kernel_rejects_what_it_cannot_compute():
     assert cpu_rows.available()
     with pytest.raises(RuntimeError, match="inner size must be a multiple of 8, not 12"):
         cpu_rows.rows_linear(torch.randn(2, 12), torch.randn(3, 12))
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(RuntimeError, match="takes float32 CPU tensors.*not Double rows and Double weights"):
         cpu_rows.rows_linear(torch.randn(2, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64))
-    assert not cpu_rows.eligible(torch.randn(3, 12)) and not cpu_rows.eligible(torch.randn(3, 16).bfloat16())
+    with pytest.raises(RuntimeError, match="not Float rows and BFloat16 weights"):
+        cpu_rows.rows_linear(torch.randn(2, 16), torch.randn(3, 16).bfloat16())
+    with pytest.raises(RuntimeError, match="the variant must be avx2, avx512 or avx512_bf16, not 'sse'"):
+        cpu_rows.rows_linear(torch.randn(2, 16), torch.randn(3, 16), variant="sse")
+    assert not cpu_rows.eligible(torch.randn(3, 12))
+    assert cpu_rows.eligible(torch.randn(3, 16).bfloat16()) == ("avx512" in cpu_rows.variants())
+
+
+@pytest.mark.skipif(cpu_rows.variant_missing("avx2") is not None, reason=f"rows kernel avx2: {cpu_rows.variant_missing('avx2')}")
+def test_bfloat16_needs_the_avx512_variant():
+    with pytest.raises(RuntimeError, match="float32 CPU tensors, not BFloat16 rows"):
+        cpu_rows.rows_linear(torch.randn(2, 16).bfloat16(), torch.randn(3, 16).bfloat16(), variant="avx2")
 
 
 def _packed(in_features: int, out_features: int = 24) -> PackedLinear:
@@ -110,6 +178,28 @@ def test_the_faster_path_takes_few_rows(monkeypatch, slow):
     assert all(m.rows_kernel == keep for m in layers)
 
 
+@pytest.mark.skipif(len(cpu_rows.variants_for(torch.float32)) < 2, reason="one float32 variant of the kernel here")
+@pytest.mark.parametrize("slow", ["avx2", "avx512"])
+def test_the_faster_variant_takes_few_rows(monkeypatch, slow):
+    layers = [_packed(32, 32) for _ in range(3)]
+    rows_linear = cpu_rows.rows_linear
+
+    def slowed(x, weight, bias=None, variant=None):
+        if variant == slow:
+            time.sleep(1e-3)
+        return rows_linear(x, weight, bias, variant=variant)
+
+    monkeypatch.setattr(cpu_rows, "rows_linear", slowed)
+    monkeypatch.setattr(PackedLinear, "packed_forward", _slow(PackedLinear.packed_forward))
+    monkeypatch.setattr(cpu_linear.F, "linear", _slow(F.linear))
+    assert choose_rows_kernel(layers, reps=3)
+    fast = "avx512" if slow == "avx2" else "avx2"
+    assert all(m.rows_kernel and m.rows_variant == fast for m in layers)
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        assert torch.equal(layers[0](x), rows_linear(x, layers[0].weight, layers[0].bias, variant=fast))
+
+
 def test_a_kernel_that_does_not_build_leaves_the_libraries(monkeypatch):
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Error building extension 'dflash_cpu_rows': c++: not found")
@@ -143,12 +233,26 @@ def test_the_switch(monkeypatch):
 
 
 @needs_kernel
-def test_a_compiled_step_calls_the_kernel():
-    """Under torch.compile (`library` GEMMs) the kernel is an op in the graph, not a graph break."""
+@pytest.mark.parametrize("gemms", ["library", "template"])
+def test_what_an_inductor_compiled_step_runs(gemms):
+    """With `library` GEMMs, inductor's code calls the kernel (an op in the graph, not a graph
+    break), so each row is bitwise the row alone; with `template` GEMMs the linears are inductor's
+    own (docs/design.md: blocks are then not bitwise one-token steps)."""
     torch.manual_seed(5)
     layer = _packed(64, 40)
     assert layer.rows_kernel
-    x = torch.randn(1, 4, 64)
-    compiled = torch.compile(layer.forward, fullgraph=True, backend="eager")
-    with torch.inference_mode():
-        assert torch.equal(compiled(x), cpu_rows.rows_linear(x, layer.weight, layer.bias))
+    backend, codes = CompiledBackend(gemms), []
+    torch._dynamo.reset()
+    try:
+        with torch.inference_mode(), mock.patch.object(GraphLowering, "save_output_code", codes.append):
+            for rows in (4, 1):
+                x = torch.randn(1, rows, 64)
+                _, out = backend.capture(layer.forward, (x,))
+                if gemms == "library":
+                    assert torch.equal(out, cpu_rows.rows_linear(x, layer.weight, layer.bias))
+                else:
+                    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-6)
+    finally:
+        torch._dynamo.reset()
+    assert len(codes) == 2
+    assert all(("dflash_cpu.rows_linear" in code) == (gemms == "library") for code in codes)

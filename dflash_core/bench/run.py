@@ -20,6 +20,8 @@ decoding on the same prompts (`methods.py`).
 
 `--peer transformers|reference|vllm` (repeatable) also runs the field's engines plain and DFlash on the
 same prompt ids, dtype and threads, and prints one table beside this engine's rows (`peers.py`).
+A peer that fails twice is a row `failed: <reason>` beside the others, and the run exits with
+PEER_FAILED (4) after printing everything and the JSON line.
 
 `--dataset gsm8k,math500,humaneval,mbpp,mt-bench` races plain decoding and DFlash on the reference
 benchmark's datasets with their prompt formats and multi-turn MT-Bench instead, and prints the paper's
@@ -54,13 +56,14 @@ from . import SUBCOMMANDS
 from .concurrency import add_sweep_args
 from .datasets import parse_datasets
 from .methods import DEFAULT_DRAFTERS, METHODS, benchmark_methods, parse_methods, print_methods_table
-from .peers import PEERS, VENVS, peer_rows, print_peer_table, ratios
+from .peers import PEERS, VENVS, peer_rows_or_failure, print_peer_table, ratios
 from .transformers_peer import timed_hf_generate
 from .trees import benchmark_trees, parse_budgets, print_trees_table
 from .venv_peer import PeerUnavailable
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
 DEFAULT_DRAFTER = "assets/drafters/smollm2-135m-instruct-dflash"
+PEER_FAILED = 4  # the exit code of a run whose table has a failed peer's row (all else printed)
 # The generated split (held out from the training prompt sources) and the natural set (written by hand
 # the way people type, plus the app's examples; never trained on).
 PROMPT_SETS = {"generated": PROMPTS_DIR / "heldout.jsonl", "natural": PROMPTS_DIR / "natural.jsonl"}
@@ -253,8 +256,9 @@ def benchmark(args) -> dict:
             for i in range(len(encoded))]
     field = {}
     for name in getattr(args, "peer", ()):
-        field[name] = peer_rows(name, args, encoded, ours, block_sizes[0], eos)
-        ratios(field[name], plain_tok_s, head["tok_s"])
+        field[name] = peer_rows_or_failure(name, args, encoded, ours, block_sizes[0], eos)
+        if "failed" not in field[name]:
+            ratios(field[name], plain_tok_s, head["tok_s"])
     template_gemms = args.compile and target.graphs.backend.gemms == "template" and target.device.type == "cpu"
     return {
         "target": str(args.target),
@@ -271,10 +275,11 @@ def benchmark(args) -> dict:
         # Which library ran the target's one-row (plain decoding) matmuls; chosen per machine. Not
         # the eager layers' when compiled steps run inductor's GEMMs on the CPU.
         "cpu_single_row": None if template_gemms else single_row_library(target.model),
-        # Blocks verified bitwise as one-token steps (identical is then 1.0 by construction).
-        "batch_invariant": is_batch_invariant(target.model),
+        # Blocks verified bitwise as one-token steps (identical is then 1.0 by construction); not
+        # with inductor's template GEMMs, which replace the eager linears (docs/design.md).
+        "batch_invariant": is_batch_invariant(target.model) and not template_gemms,
         "rows_alone_linears": len(rows_alone_layers(target.model)),  # exact but slower on this CPU
-        "numerics": describe(target.model),
+        "numerics": "" if template_gemms else describe(target.model),
         "chat_template": describe_template(tokenizer, chat_args),
         "num_prompts": len(encoded),
         "max_new_tokens": args.max_new_tokens,
@@ -402,7 +407,8 @@ def main(argv=None) -> int:
                         help="also race this engine of the field, plain and DFlash, on the same prompt ids, dtype and "
                              "threads (repeatable): transformers (its native DFlash, with the drafter exported), "
                              "reference (z-lab's dflash package: scripts/setup.sh --reference), vllm "
-                             "(scripts/setup.sh --vllm); one table puts them beside this engine")
+                             "(scripts/setup.sh --vllm); one table puts them beside this engine. A peer that fails is run once "
+                             "more, then shown as failed with its reason: the run still prints the rest and exits 4")
     parser.add_argument("--vllm-eager", action="store_true",
                         help="with --peer vllm: skip vLLM's torch.compile (starts faster; for checks, not timing)")
     parser.add_argument("--versus", metavar="DRAFTER",
@@ -481,4 +487,4 @@ def main(argv=None) -> int:
     result = benchmark(args)
     print_table(result)
     print(json.dumps(result))
-    return 0
+    return PEER_FAILED if any(result[name] and "failed" in result[name] for name in PEERS) else 0

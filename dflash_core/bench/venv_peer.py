@@ -8,8 +8,10 @@ their venvs, and an environment variable names another.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -62,10 +64,17 @@ class PeerVenv:
                 except subprocess.TimeoutExpired:
                     raise self.error(f"{self.label} did not finish within {timeout_s} s: {' '.join(cmd)}") from None
             if done.returncode != 0 or not out.exists():
-                raise self.error(
-                    f"{self.label} failed (exit {done.returncode}): {' '.join(cmd)}\n{log_tail(log.read_text())}"
-                )
+                raise self.error(f"{self.label} failed ({exit_status(done.returncode)}): {' '.join(cmd)}\n"
+                                 f"{log_tail(log.read_text())}")
             return json.loads(out.read_text())
+
+
+def exit_status(returncode: int) -> str:
+    """'exit 1', or for a process a signal ended, 'killed by SIGKILL'."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit {returncode}"
 
 
 def clean_env() -> dict[str, str]:

@@ -5,6 +5,7 @@ Every mismatch is an error that names both values, before any decoding starts.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from ..models.target import Target, wants_batch_invariance
 from ..speed.batch_invariant import describe as describe_numerics
 from ..speed.cpu_linear import pack_linears
 from .chat_template import template_args as chat_template_args
-from .default_target import resolve_target
+from .default_target import cache_root, resolve_target
 from .prompting import encode_prompt
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -188,6 +189,14 @@ def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype)
     return torch.bfloat16 if has_fast_bf16(device) else target_dtype
 
 
+def keep_compiled_code() -> str:
+    """Keep inductor's on-disk cache (generated code, GEMM timings) in the project's cache folder,
+    `inductor/` under $DFLASH_CACHE or ~/.cache/dflash-studio, unless TORCHINDUCTOR_CACHE_DIR
+    names another; return the folder. Inductor's default is under the system's temp folder, which
+    a reboot empties: the next process would compile every step again (minutes on a CPU)."""
+    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+
+
 def load_pair(
     target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None, batch_invariant=None,
     progress=None, static_cache=False, cuda_graphs=False, compiled=False,
@@ -203,6 +212,8 @@ def load_pair(
 
         raise ConfigError(cuda_mismatch() or f"device {device!r} was asked for, but torch sees no CUDA GPU here")
     dtype = parse_dtype(dtype, device)
+    if compiled:
+        keep_compiled_code()
     target = fetch_target(target, progress)
     target_model = Target.from_pretrained(
         target, device=device, dtype=dtype, batch_invariant=batch_invariant, static_cache=static_cache,

@@ -27,8 +27,9 @@ stay valid until the next replay of the key, as a graph's do.
 
 Compiling costs time once per shape and process (minutes for a 30-layer model on a loaded 2-core
 CPU); inductor keeps the generated code and its GEMM timings in its on-disk cache
-(`TORCHINDUCTOR_CACHE_DIR`, by default under the system's temp folder), so a later process with the
-same model and shapes starts in seconds to a minute.
+(`TORCHINDUCTOR_CACHE_DIR`; `load_pair(..., compiled=True)` puts it under the project's cache
+folder, `loading/pair.keep_compiled_code`), so a later process with the same model and shapes
+starts in seconds to a minute.
 """
 
 from __future__ import annotations

@@ -16,9 +16,11 @@ both libraries once over a freshly packed model's single-row calls and keeps the
 always runs packed; `off` keeps every layer as it was.
 
 Faster than both on the CPUs measured, where it builds, is this project's rows kernel
-(`kernels/cpu_rows.py`: float32, 1 to 16 rows, each row bitwise as it would be alone).
-`DFLASH_CPU_ROWS` picks: `auto` (the default) times the kernel against the libraries' choice over
-one-row and four-row calls (a plain step and a verify) and keeps the kernel unless it is slower;
+(`kernels/cpu_rows.py`: 1 to 16 rows, each row bitwise as it would be alone; float32 on AVX2,
+float32 and bfloat16 on AVX-512, the variant picked by the CPU's features).
+`DFLASH_CPU_ROWS` picks: `auto` (the default) times each of the kernel's variants that runs here
+against the libraries' choice over one-row and four-row calls (a plain step and a verify) and
+keeps the fastest variant unless the libraries are faster;
 `on` takes it for every few-row call it can; `off` never.
 
 Models whose weights fit in a cache (under 64 MB) are not timed: there the comparison would not
@@ -74,6 +76,7 @@ class PackedLinear(nn.Linear):
     packed_key: tuple[int, int]  # which weight storage, at which in-place version, was packed
     single_row_packed: bool = True  # False: one-row inputs take F.linear (see choose_single_row_path)
     rows_kernel: bool = False  # True: inputs of up to cpu_rows.MAX_ROWS rows take the rows kernel
+    rows_variant: str | None = None  # the kernel's variant (None: the one cpu_rows.rows_linear takes)
 
     @classmethod
     def convert(cls, linear: nn.Linear) -> "PackedLinear":
@@ -98,7 +101,7 @@ class PackedLinear(nn.Linear):
         if compiling and _TRACED_AS_LINEAR:
             return F.linear(x, self.weight, self.bias)
         if self.rows_kernel and x.numel() <= cpu_rows.MAX_ROWS * x.shape[-1]:
-            return cpu_rows.rows_linear(x, self.weight, self.bias)
+            return cpu_rows.rows_linear(x, self.weight, self.bias, variant=self.rows_variant)
         if not self.single_row_packed and x.numel() == x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
         return packed_linear(x, self.weight, self.bias) if compiling else self.packed_forward(x)
@@ -184,17 +187,21 @@ def choose_single_row_path(layers: list[PackedLinear], reps: int = 7) -> bool:
 
 @torch.inference_mode()
 def choose_rows_kernel(layers: list[PackedLinear], reps: int = 7) -> bool:
-    """Time one-row plus four-row calls through all of `layers` with the rows kernel and with their
-    current paths; set and return whether the kernel takes their few-row calls (unless slower)."""
+    """Time one-row plus four-row calls through all of `layers` (of one dtype) with each variant of
+    the rows kernel that takes them and with their current paths; set and return whether the
+    kernel takes their few-row calls (the fastest variant, unless slower than the current path)."""
     for m in layers:
-        m.rows_kernel = False
+        m.rows_kernel, m.rows_variant = False, None
+    variants = cpu_rows.variants_for(layers[0].weight.dtype)
     times = _median_times(layers, {
-        "kernel": lambda m, x: cpu_rows.rows_linear(x, m.weight, m.bias),
+        **{variant: (lambda v: lambda m, x: cpu_rows.rows_linear(x, m.weight, m.bias, variant=v))(variant)
+           for variant in variants},
         "current": lambda m, x: m.forward(x),
     }, rows=(1, 4), reps=reps)
-    keep = times["kernel"] <= times["current"]
+    fastest = min(variants, key=times.__getitem__)
+    keep = times[fastest] <= times["current"]
     for m in layers:
-        m.rows_kernel = keep
+        m.rows_kernel, m.rows_variant = keep, fastest if keep else None
     return keep
 
 
@@ -230,7 +237,8 @@ def pack_linears(model: nn.Module, calibrate: bool = True) -> int:
     kernel, rows_mode = [m for m in packed if cpu_rows.eligible(m.weight)], _mode("DFLASH_CPU_ROWS")
     if kernel and rows_mode != "off" and cpu_rows.available():
         if large and rows_mode == "auto":
-            choose_rows_kernel(kernel)
+            for dtype in {m.weight.dtype for m in kernel}:
+                choose_rows_kernel([m for m in kernel if m.weight.dtype == dtype])
         else:
             for m in kernel:
                 m.rows_kernel = True

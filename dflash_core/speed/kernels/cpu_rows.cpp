@@ -1,24 +1,50 @@
-// dflash_cpu::rows_linear(x, w, b): y = x @ w.T + b for a few float32 rows on an x86 CPU (AVX2, FMA).
+// dflash_cpu::rows_linear(x, w, b): y = x @ w.T + b for a few rows on an x86 CPU, in one of three
+// variants chosen at run time by the CPU's features: `avx2` (AVX2 + FMA; float32), `avx512`
+// (float32, and bfloat16 inputs and weights widened to float32 and summed there) and `avx512_bf16`
+// (as `avx512` for float32; bfloat16 pairs multiplied and summed into float32 by vdpbf16ps).
 //
 // A decoding step multiplies 1 to 16 rows by every weight of the model once, so it is bound by
 // reading the weights. The kernel reads each weight row once per call, four rows at a time, and
-// keeps them in L1 while it multiplies them with the input rows two or three at a time.
+// keeps them in L1 while it multiplies them with the input rows a few at a time.
 //
-// Every output element is summed in the same order whatever the number of rows: eight lane sums
-// over k in ascending steps of eight, then one fixed horizontal sum, then the bias. Row i of a block
+// Every output element is summed in the same order whatever the number of rows: L lane sums over k
+// in ascending steps of L (8 on AVX2, 16 on AVX-512, whose last step may cover 8; vdpbf16ps adds
+// two products per lane and step), then one fixed horizontal sum, then the bias. Row i of a block
 // is therefore bitwise the output of row i alone, so a verify of B tokens computes its linears
-// exactly as B one-token steps would.
+// exactly as B one-token steps would. Each variant keeps its own order: variants give close, not
+// bitwise equal, outputs.
+//
+// The variants are compiled with per-function target attributes rather than global -m flags, so
+// one build runs on any x86-64 CPU and only the variant this CPU supports is ever called.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <string>
 
 namespace {
 
-inline float horizontal_sum(__m256 v) {
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define AVX512BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+
+// What a tile loop needs: the rows (float32), the weight (float32 or bfloat16), the output.
+template <typename W, typename Y>
+struct Problem {
+  const float* x;
+  const W* w;
+  const float* bias;  // nullptr: none
+  Y* y;
+  int64_t M, N, K;
+};
+
+// ---------------------------------------------------------------- AVX2 + FMA, float32
+
+AVX2_TARGET inline float horizontal_sum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -28,19 +54,14 @@ inline float horizontal_sum(__m256 v) {
 // out[r * 4 + j] = dot(x row r, weight row j) for R input rows (1 to 3) and 4 weight rows; while
 // it runs, the next tile's 4 weight rows (`next`, if any) are prefetched into L1.
 template <int R>
-inline void dot_tile(const float* x, int64_t K, const float* w0, const float* w1, const float* w2,
-                     const float* w3, float* out, const float* next) {
-  const float* w[4] = {w0, w1, w2, w3};
+AVX2_TARGET inline void dot_tile_avx2(const float* x, int64_t K, const float* const* w, float* out,
+                                      const float* next) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) {
-    if (next != nullptr && (k & 15) == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + k), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(next + K + k), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(next + 2 * K + k), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(next + 3 * K + k), _MM_HINT_T0);
-    }
+    if (next != nullptr && (k & 15) == 0)
+      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T0);
     __m256 xr[R];
     for (int r = 0; r < R; ++r) xr[r] = _mm256_loadu_ps(x + r * K + k);
     for (int j = 0; j < 4; ++j) {
@@ -49,16 +70,204 @@ inline void dot_tile(const float* x, int64_t K, const float* w0, const float* w1
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) out[r * 4 + j] = horizontal_sum(acc[r][j]);
+    for (int j = 0; j < 4; ++j) out[r * 4 + j] = horizontal_sum8(acc[r][j]);
 }
 
-at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "rows_linear takes float32 CPU tensors");
+AVX2_TARGET void tiles_avx2(const Problem<float, float>& p, int64_t first, int64_t last) {
+  const int64_t M = p.M, N = p.N, K = p.K;
+  float out[12];
+  for (int64_t tile = first; tile < last; ++tile) {
+    const int64_t n0 = tile * 4;
+    const int n = static_cast<int>(std::min<int64_t>(4, N - n0));
+    const float* w[4];
+    for (int j = 0; j < 4; ++j) w[j] = p.w + (n0 + std::min(j, n - 1)) * K;
+    for (int64_t m = 0; m < M;) {
+      // Pairs of rows, and the last 1 to 3 rows in one pass (the measured fastest on AVX2).
+      const int r = M - m > 3 ? 2 : static_cast<int>(M - m);
+      // Past one row the tile computes long enough to hide fetching the next tile's weights.
+      const float* next = (M > 1 && m == 0 && n0 + 8 <= N) ? p.w + (n0 + 4) * K : nullptr;
+      const float* xm = p.x + m * K;
+      if (r == 3)
+        dot_tile_avx2<3>(xm, K, w, out, next);
+      else if (r == 2)
+        dot_tile_avx2<2>(xm, K, w, out, next);
+      else
+        dot_tile_avx2<1>(xm, K, w, out, next);
+      for (int i = 0; i < r; ++i)
+        for (int j = 0; j < n; ++j) p.y[(m + i) * N + n0 + j] = out[i * 4 + j] + (p.bias ? p.bias[n0 + j] : 0.0f);
+      m += r;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AVX-512, float32 or bfloat16 weights
+
+AVX512_TARGET inline __m512 load16(const float* w, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, w); }
+
+AVX512_TARGET inline __m512 load16(const c10::BFloat16* w, __mmask16 mask) {
+  // A bfloat16 is the upper half of a float32: widen to 32 bits and shift (exact).
+  const __m256i half = _mm256_maskz_loadu_epi16(mask, w);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// As dot_tile_avx2, 16 lanes wide, for R input rows (1 to 4); the last step of k covers 8 lanes
+// where K is not a multiple of 16 (the masked lanes add nothing). The next tile's weights are
+// prefetched into L2, not L1, at every row count: on the AVX-512 EPYC that ran 1 to 4 rows at the
+// memory's speed, where into L1 (a tile of 1536-wide rows is 24 KiB) or not at all was 27-58%
+// slower (docs/benchmarks.md, "On the AVX-512 class").
+template <int R, typename W>
+AVX512_TARGET inline void dot_tile_avx512(const float* x, int64_t K, const W* const* w, float* out, const W* next) {
+  constexpr int64_t line = 64 / sizeof(W);  // weights per cache line
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 mask = K - k >= 16 ? 0xFFFF : 0x00FF;
+    if (next != nullptr && k % line == 0)
+      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T1);
+    __m512 xr[R];
+    for (int r = 0; r < R; ++r) xr[r] = _mm512_maskz_loadu_ps(mask, x + r * K + k);
+    for (int j = 0; j < 4; ++j) {
+      const __m512 v = load16(w[j] + k, mask);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(xr[r], v, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) out[r * 4 + j] = _mm512_reduce_add_ps(acc[r][j]);
+}
+
+template <typename W, typename Y>
+AVX512_TARGET void tiles_avx512(const Problem<W, Y>& p, int64_t first, int64_t last) {
+  const int64_t M = p.M, N = p.N, K = p.K;
+  float out[16];
+  for (int64_t tile = first; tile < last; ++tile) {
+    const int64_t n0 = tile * 4;
+    const int n = static_cast<int>(std::min<int64_t>(4, N - n0));
+    const W* w[4];
+    for (int j = 0; j < 4; ++j) w[j] = p.w + (n0 + std::min(j, n - 1)) * K;
+    for (int64_t m = 0; m < M;) {
+      // Groups of four rows; the last 1 to 4 in one pass (32 registers hold 16 sums, 4 rows, a weight).
+      const int r = static_cast<int>(std::min<int64_t>(4, M - m));
+      const W* next = (m == 0 && n0 + 8 <= N) ? p.w + (n0 + 4) * K : nullptr;
+      const float* xm = p.x + m * K;
+      switch (r) {
+        case 4: dot_tile_avx512<4>(xm, K, w, out, next); break;
+        case 3: dot_tile_avx512<3>(xm, K, w, out, next); break;
+        case 2: dot_tile_avx512<2>(xm, K, w, out, next); break;
+        default: dot_tile_avx512<1>(xm, K, w, out, next); break;
+      }
+      for (int i = 0; i < r; ++i)
+        for (int j = 0; j < n; ++j)
+          p.y[(m + i) * N + n0 + j] = static_cast<Y>(out[i * 4 + j] + (p.bias ? p.bias[n0 + j] : 0.0f));
+      m += r;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AVX512-BF16, bfloat16 rows and weights
+
+// As dot_tile_avx512 on bfloat16 pairs: each step multiplies 32 weights by 32 inputs with
+// vdpbf16ps, which adds both products of a pair to its float32 lane sum in one fixed order.
+template <int R>
+AVX512BF16_TARGET inline void dot_tile_dpbf16(const c10::BFloat16* x, int64_t K, const c10::BFloat16* const* w,
+                                              float* out, const c10::BFloat16* next) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? 0xFFFFFFFFu : ((1u << (K - k)) - 1u);
+    if (next != nullptr)
+      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T1);
+    __m512bh xr[R];
+    for (int r = 0; r < R; ++r) xr[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + r * K + k);
+    for (int j = 0; j < 4; ++j) {
+      const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(mask, w[j] + k);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xr[r], v);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) out[r * 4 + j] = _mm512_reduce_add_ps(acc[r][j]);
+}
+
+// tiles_avx512's loop over vdpbf16ps tiles; X: the rows in bfloat16 (p.x is unused).
+AVX512BF16_TARGET void tiles_dpbf16(const c10::BFloat16* X, const Problem<c10::BFloat16, c10::BFloat16>& p,
+                                    int64_t first, int64_t last) {
+  const int64_t M = p.M, N = p.N, K = p.K;
+  float out[16];
+  for (int64_t tile = first; tile < last; ++tile) {
+    const int64_t n0 = tile * 4;
+    const int n = static_cast<int>(std::min<int64_t>(4, N - n0));
+    const c10::BFloat16* w[4];
+    for (int j = 0; j < 4; ++j) w[j] = p.w + (n0 + std::min(j, n - 1)) * K;
+    for (int64_t m = 0; m < M;) {
+      const int r = static_cast<int>(std::min<int64_t>(4, M - m));
+      const c10::BFloat16* next = (m == 0 && n0 + 8 <= N) ? p.w + (n0 + 4) * K : nullptr;
+      const c10::BFloat16* xm = X + m * K;
+      switch (r) {
+        case 4: dot_tile_dpbf16<4>(xm, K, w, out, next); break;
+        case 3: dot_tile_dpbf16<3>(xm, K, w, out, next); break;
+        case 2: dot_tile_dpbf16<2>(xm, K, w, out, next); break;
+        default: dot_tile_dpbf16<1>(xm, K, w, out, next); break;
+      }
+      for (int i = 0; i < r; ++i)
+        for (int j = 0; j < n; ++j)
+          p.y[(m + i) * N + n0 + j] = static_cast<c10::BFloat16>(out[i * 4 + j] + (p.bias ? p.bias[n0 + j] : 0.0f));
+      m += r;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- dispatch
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool has_avx512() {
+  __builtin_cpu_init();
+  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+
+bool has_avx512_bf16() {
+  __builtin_cpu_init();
+  return has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
+// The variants this CPU runs, comma-separated, the fastest last ("" where none).
+std::string variants() {
+  if (has_avx512_bf16()) return "avx2,avx512,avx512_bf16";
+  if (has_avx512()) return "avx2,avx512";
+  return has_avx2() ? "avx2" : "";
+}
+
+constexpr int64_t GRAIN = 16;  // tiles of 4 outputs per thread at least
+
+template <typename W, typename Y, typename Tiles>
+void run(const Problem<W, Y>& p, Tiles tiles) {
+  at::parallel_for(0, (p.N + 3) / 4, GRAIN, [&](int64_t first, int64_t last) { tiles(p, first, last); });
+}
+
+at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                            c10::string_view variant) {
+  const std::string name(variant);
+  TORCH_CHECK(name == "avx2" || name == "avx512" || name == "avx512_bf16",
+              "rows_linear: the variant must be avx2, avx512 or avx512_bf16, not '", name, "'");
+  TORCH_CHECK(name == "avx2" ? has_avx2() : name == "avx512" ? has_avx512() : has_avx512_bf16(),
+              "rows_linear: this CPU cannot run the ", name, " variant");
+  const bool bf16 = weight.scalar_type() == at::kBFloat16, wide = name != "avx2";
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == weight.scalar_type() &&
+                  (weight.scalar_type() == at::kFloat || (bf16 && wide)),
+              "rows_linear takes float32 CPU tensors", wide ? " or bfloat16 ones" : "", ", not ",
+              x.scalar_type(), " rows and ", weight.scalar_type(), " weights");
   const int64_t K = x.size(-1), N = weight.size(0);
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == K, "rows_linear: weight must be [N, ", K, "]");
   TORCH_CHECK(K % 8 == 0, "rows_linear: the inner size must be a multiple of 8, not ", K);
-  const at::Tensor rows = x.reshape({-1, K}).contiguous();
+  // Rows widen exactly to float32 once per call (the weights, not the rows, are the traffic), but
+  // for vdpbf16ps, which takes bfloat16 pairs.
+  const bool pairs = bf16 && name == "avx512_bf16";
+  const at::Tensor rows = x.reshape({-1, K}).to(pairs ? at::kBFloat16 : at::kFloat).contiguous();
   const at::Tensor w = weight.contiguous();
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
@@ -67,49 +276,41 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const c10:
   }
   const int64_t M = rows.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  const float* X = rows.data_ptr<float>();
-  const float* W = w.data_ptr<float>();
+  const float* X = pairs ? nullptr : rows.data_ptr<float>();
   const float* B = b.defined() ? b.data_ptr<float>() : nullptr;
-  float* Y = y.data_ptr<float>();
-
-  at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t first, int64_t last) {
-    float out[12];
-    for (int64_t tile = first; tile < last; ++tile) {
-      const int64_t n0 = tile * 4;
-      const int n = static_cast<int>(std::min<int64_t>(4, N - n0));
-      // Past N, the tile repeats its last weight row and drops those results.
-      const float* w0 = W + n0 * K;
-      const float* w1 = W + (n0 + std::min(1, n - 1)) * K;
-      const float* w2 = W + (n0 + std::min(2, n - 1)) * K;
-      const float* w3 = W + (n0 + std::min(3, n - 1)) * K;
-      for (int64_t m = 0; m < M;) {
-        // Pairs of rows, and the last 1 to 3 rows in one pass (the measured fastest on AVX2).
-        const int r = M - m > 3 ? 2 : static_cast<int>(M - m);
-        // Past one row the tile computes long enough to hide fetching the next tile's weights.
-        const float* next = (M > 1 && m == 0 && n0 + 8 <= N) ? W + (n0 + 4) * K : nullptr;
-        if (r == 3)
-          dot_tile<3>(X + m * K, K, w0, w1, w2, w3, out, next);
-        else if (r == 2)
-          dot_tile<2>(X + m * K, K, w0, w1, w2, w3, out, next);
-        else
-          dot_tile<1>(X + m * K, K, w0, w1, w2, w3, out, next);
-        for (int i = 0; i < r; ++i)
-          for (int j = 0; j < n; ++j) Y[(m + i) * N + n0 + j] = out[i * 4 + j] + (B ? B[n0 + j] : 0.0f);
-        m += r;
-      }
-    }
-  });
+  if (pairs) {
+    const c10::BFloat16* XB = rows.data_ptr<c10::BFloat16>();
+    run(Problem<c10::BFloat16, c10::BFloat16>{X, w.data_ptr<c10::BFloat16>(), B, y.data_ptr<c10::BFloat16>(), M, N, K},
+        [XB](const auto& p, int64_t a, int64_t z) { tiles_dpbf16(XB, p, a, z); });
+  } else if (bf16) {
+    run(Problem<c10::BFloat16, c10::BFloat16>{X, w.data_ptr<c10::BFloat16>(), B, y.data_ptr<c10::BFloat16>(), M, N, K},
+        [](const auto& p, int64_t a, int64_t z) { tiles_avx512(p, a, z); });
+  } else if (wide) {
+    run(Problem<float, float>{X, w.data_ptr<float>(), B, y.data_ptr<float>(), M, N, K},
+        [](const auto& p, int64_t a, int64_t z) { tiles_avx512(p, a, z); });
+  } else {
+    run(Problem<float, float>{X, w.data_ptr<float>(), B, y.data_ptr<float>(), M, N, K},
+        [](const auto& p, int64_t a, int64_t z) { tiles_avx2(p, a, z); });
+  }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
   return y.view(shape);
+}
+
+at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  static const std::string best = has_avx512_bf16() ? "avx512_bf16" : has_avx512() ? "avx512" : "avx2";
+  return rows_linear_with(x, weight, bias, best);
 }
 
 }  // namespace
 
 TORCH_LIBRARY(dflash_cpu, m) {
   m.def("rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("rows_linear_with(Tensor x, Tensor weight, Tensor? bias, str variant) -> Tensor");
+  m.def("variants() -> str", &variants);
 }
 
 TORCH_LIBRARY_IMPL(dflash_cpu, CPU, m) {
   m.impl("rows_linear", &rows_linear);
+  m.impl("rows_linear_with", &rows_linear_with);
 }

@@ -1,4 +1,4 @@
-"""The CPU rows kernel: float32 linears of 1 to MAX_ROWS rows, built from `cpu_rows.cpp` on first use.
+"""The CPU rows kernel: linears of 1 to MAX_ROWS rows, built from `cpu_rows.cpp` on first use.
 
 A plain decoding step is a one-row linear per weight and a verify or draft step a block of a few
 rows; both are bound by reading the weights. MKL's and oneDNN's few-row paths pay more for every
@@ -6,7 +6,14 @@ row after the first, while this kernel reads each weight once per call (figures:
 "The CPU rows kernel"). Each output row is bitwise the same whatever the number of rows beside it,
 so a verify's linears compute exactly what one-token steps would.
 
-The kernel needs an x86 CPU with AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
+It comes in three variants, chosen at run time by the CPU's features (`variants()`): `avx2` (AVX2
+and FMA; float32), `avx512` (AVX-512 F/BW/VL; float32, and bfloat16 rows and weights widened to
+float32 and summed there, then rounded once) and `avx512_bf16` (AVX512-BF16 too; float32 as
+`avx512`, bfloat16 through vdpbf16ps, which multiplies bfloat16 pairs into float32 sums at twice
+the rate). Each keeps the guarantee above; their outputs differ from each other in the last bits.
+`rows_linear` takes the last variant `variants()` names.
+
+The kernel needs an x86 CPU with at least AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
 compiles it once into its cache (`TORCH_EXTENSIONS_DIR`, by default under
 ~/.cache/torch_extensions) and later processes load it from there. Where it cannot build or run,
 `available()` says False with one `FallbackWarning`, and `cpu_linear.py` keeps the libraries' paths.
@@ -24,7 +31,11 @@ from ..fallbacks import notice
 
 MAX_ROWS = 16  # past a block, oneDNN's packed GEMM is the faster (a prefill)
 SOURCE = Path(__file__).with_name("cpu_rows.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for splits the outputs across threads
+# No -m flags: each variant carries its own target attribute, so the one build runs on any x86-64
+# CPU. No fast-math either: the sums must keep their written order. OpenMP: at::parallel_for splits
+# the outputs (never a sum) across threads.
+FLAGS = ["-O3", "-fopenmp"]
+VARIANTS = ("avx2", "avx512", "avx512_bf16")
 
 
 def unsupported_reason() -> str | None:
@@ -54,17 +65,54 @@ def available() -> bool:
         except Exception as exc:  # noqa: BLE001 - a missing compiler or ninja: the libraries' paths still run
             reason = f"it did not build ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         else:
-            torch.library.register_fake("dflash_cpu::rows_linear", _shape)  # what torch.compile traces
+            # What torch.compile traces.
+            torch.library.register_fake("dflash_cpu::rows_linear", _shape)
+            torch.library.register_fake("dflash_cpu::rows_linear_with", lambda x, w, b, variant: _shape(x, w, b))
             return True
     notice(f"the CPU rows kernel is off, {reason}; few-row linears run on oneDNN or MKL")
     return False
 
 
+@functools.cache
+def variants() -> tuple[str, ...]:
+    """The variants this CPU runs, the one `rows_linear` takes last (none where the kernel is not available)."""
+    return tuple(v for v in torch.ops.dflash_cpu.variants().split(",") if v) if available() else ()
+
+
+def variant_missing(variant: str) -> str | None:
+    """Why `variant` cannot run here (for tests that skip it), or None."""
+    if variant not in VARIANTS:
+        raise ValueError(f"the rows kernel's variants are {', '.join(VARIANTS)}, not {variant!r}")
+    reason = unsupported_reason()
+    if reason is None and not available():
+        reason = "it did not build"
+    if reason is None and variant not in variants():
+        reason = f"this CPU lacks the {variant} variant's features (it runs {', '.join(variants()) or 'none'})"
+    return reason
+
+
+def variants_for(dtype: torch.dtype) -> tuple[str, ...]:
+    """The variants here that take `dtype` and compute it their own way (for float32 `avx512_bf16`
+    runs `avx512`'s code, so only `avx2` and `avx512`)."""
+    own = ("avx2", "avx512") if dtype == torch.float32 else ("avx512", "avx512_bf16") if dtype == torch.bfloat16 else ()
+    return tuple(v for v in variants() if v in own)
+
+
+def dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes the kernel takes here: bfloat16 too where an AVX-512 variant runs."""
+    return (torch.float32, torch.bfloat16) if "avx512" in variants() else (torch.float32,)
+
+
 def eligible(weight: torch.Tensor) -> bool:
-    """Whether a linear with this weight can take the kernel (float32 on the CPU, inner size a multiple of 8)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[-1] % 8 == 0
+    """Whether a linear with this weight can take the kernel (on the CPU, a dtype of `dtypes()`,
+    inner size a multiple of 8)."""
+    return weight.device.type == "cpu" and weight.dtype in dtypes() and weight.shape[-1] % 8 == 0
 
 
-def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` through the kernel (`available()` must have said True)."""
-    return torch.ops.dflash_cpu.rows_linear(x, weight, bias)
+def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                variant: str | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` through the kernel (`available()` must have said True): the
+    fastest variant here, or `variant`."""
+    if variant is None:
+        return torch.ops.dflash_cpu.rows_linear(x, weight, bias)
+    return torch.ops.dflash_cpu.rows_linear_with(x, weight, bias, variant)
