@@ -8,7 +8,7 @@ a session hash of the caller's own. Visitors are told apart by their loopback so
 (127.0.0.2 and on), as the server's per-visitor bounds tell them apart. Loopback only, like the
 rest of the load test.
 
-The frame-cost group (issue 59) needs no model, and runs alone against a replay-only app:
+The frame-cost group (the second attack) needs no model, and runs alone against a replay-only app:
 
     python scripts/load_attacks.py --out dev/measurements/issue59-frames.json
 
@@ -122,7 +122,7 @@ def tiled(base: dict, times: int) -> dict:
 
 
 def frame_traces() -> dict[str, tuple[bytes, str]]:
-    """Issue 59: traces that made every frame of a replay huge (1) or failed with no message (8):
+    """The second attack: traces that made every frame of a replay huge (1) or failed with no message (8):
     name -> (file bytes, what the replay must answer: a part of its error, or "ok")."""
     base = json.loads(SHIPPED.read_text())
 
@@ -339,7 +339,7 @@ class Attacks:
             "rss_peak_mb": round(self.server.window_peak_rss / 2**20, 1),
         }
 
-    # --- issue 59, 1 and 8: what a crafted trace's replay costs, with no model needed ---------------
+    # --- the second attack: what a crafted trace's replay costs, with no model needed ----------------
     def frame_costs(self) -> dict:
         """Each of `frame_traces` replayed as the page does: its answer, the bytes streamed, the
         largest event and the server's peak memory; the cycle picker's answers after a replay at
@@ -441,7 +441,7 @@ class Attacks:
     def pause_and_leave(self) -> dict:
         """A race paused, then: its page closed ("left"), kept open and idle ("stays", until the
         pause budget), or kept open while 260 calls with made-up sessions try to push it out of the
-        pause table ("made_up_sessions": since issue 59 they cannot, so it holds to the budget like
+        pause table ("made_up_sessions": since the second attack they cannot, so it holds to the budget like
         "stays"). Each time another visitor's race, queued behind it, must finish."""
         out = {}
         for how in ("left", "stays", "made_up_sessions"):
@@ -506,7 +506,7 @@ class Attacks:
             "probe_s": self.probe(),
         }
 
-    # --- issue 59, items 2-7: one visitor holding time, places, memory; fetches; orphans ------------------
+    # --- the second attack: one visitor holding time, places, memory; fetches; orphans ------------------
     def renewed_pause(self) -> dict:
         """A race paused and re-paused every few seconds: its pause budget still ends it, and the
         race queued behind it finishes within the budget (plus its own time)."""
@@ -794,7 +794,7 @@ def main(argv=None) -> None:
     """The frame-cost group alone, against a replay-only app (no model): one JSON line."""
     import load_test  # beside this file; it imports this module for the full security round
 
-    parser = argparse.ArgumentParser(description="issue 59's crafted traces against a replay-only app")
+    parser = argparse.ArgumentParser(description="crafted traces against a replay-only app")
     parser.add_argument("--max-replay-s", type=int, default=20, help="passed to the app")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)

@@ -16,12 +16,12 @@ value, or where a browser's own calls are imitated), stops the app, and prints o
 4. cancel: races cancelled mid-stream, each followed at once by a request that must start and finish;
 5. memory: `--races` sequential races; the app's resident memory after the first `--warm-races`
    and after all of them, its peak, and the trace files it holds on disk;
-6. security (issue 37): crafted trace uploads (sizes, times, markup, nesting, types, one past the
+6. security (the first attack): crafted trace uploads (sizes, times, markup, nesting, types, one past the
    upload limit), with the server's peak memory over them; reads and replays of another session's
    trace; a race paused and left, and one evicted from the pause table; MCP callers as separate
-   agents; and the second attack's (issue 59): a pause re-sent forever, one address joining 17
+   agents; and the second attack's: a pause re-sent forever, one address joining 17
    races and 80 replays it never reads, URLs in any input and in the file route, an upload flood,
-   a race whose page leaves with another request right behind; and the third (issue 66), each
+   a race whose page leaves with another request right behind; and the third, each
    beside another visitor's race timed against the same race alone: URLs in the old file route,
    ten parallel 19.9 MB uploads and the recording route, 30 replays of one 19.5 MB upload at once,
    a race of every lane at the most tokens, 4,000 event streams under 14,000-character session

@@ -1,4 +1,4 @@
-"""A shared server that strangers cannot hurt (issue 37): each finding of the review, as a test.
+"""A shared server that strangers cannot hurt (the first attack): each finding of the review, as a test.
 
 Crafted traces are checked before any work and cost at most a multiple of their size; a visitor
 never reads or replays another's trace; a hostile report never reaches the page as markup; a
@@ -503,7 +503,7 @@ def test_sigterm_stops_the_app_and_its_trace_files_go(tmp_path):
         proc.kill()
 
 
-# --- issue 59, 1 and 4: what one replay frame may cost -------------------------------------------------
+# --- the second attack: what one replay frame may cost --------------------------------------------------
 # Crafted traces come from scripts/load_attacks.py, the ones the load test sends a served app. The
 # budgets (app/view/budget.py) and the pacing are imported in the tests that use them.
 @pytest.fixture(scope="module")
@@ -605,7 +605,7 @@ def test_a_shipped_replay_still_draws_every_token_and_hover_box(tmp_path):
     assert strip.count('<span class="chip ') == strip.count('<span class="tip">')
 
 
-# --- issue 59, 8: every replay failure is a message ------------------------------------------------------
+# --- the second attack: every replay failure is a message------------------------------------------------------
 UNCHECKED = {  # each failed inside the replay with no message (the API answered {"error": null})
     "no mask_id": (lambda t: d_block(t)["explain"].pop("mask_id"), "missing field trace.runs.dflash.blocks[0].explain.mask_id"),
     "no positions": (lambda t: d_block(t)["explain"].update(positions=[]), "explain.positions must be the block's positions"),

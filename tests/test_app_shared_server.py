@@ -1,4 +1,4 @@
-"""A shared server one visitor cannot slow, starve or fill (issue 59, second pass): each finding of the
+"""A shared server one visitor cannot slow, starve or fill (the second attack): each finding of the
 second attack that is about time, places and memory, as a test that failed on the code before.
 
 Pauses and races have budgets no click renews; one visitor's requests are bounded per queue and per
