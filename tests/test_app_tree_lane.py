@@ -116,6 +116,7 @@ def test_a_target_that_cannot_verify_trees_gets_the_engines_reason(tmp_path, one
     target_dir = build_family_target(tmp_path / "target", "gpt_oss")
     spec = cli_pair(str(target_dir), str(build_drafter(tmp_path / "drafter", target_dir, block_size=4)))
     app = App([spec], spec.id, PairCache("cpu"))
+    assert "tree" not in app.cache.get(spec).lanes and "scheduled" in app.cache.get(spec).lanes
     with pytest.raises(Exception, match=rf"The tree lane cannot race {re.escape(spec.label)}: tree verification needs "
                                         "full attention in every layer"):
         list(app.live.compare("hi", 8, 4, 0.0, 1.0, 0, ["tree"]))

@@ -29,7 +29,7 @@ class Limits:
     max_queue: int = 16  # requests waiting beyond the running ones; more are told the server is busy
     max_new_tokens: int = 512
     # lanes x max_new_tokens: every lane decodes with the target, so an added lane costs a side of a
-    # race more; four lanes at the most tokens, all seven at 292
+    # race more; four lanes at the most tokens, all eight at 256
     max_lane_tokens: int = 2048
     max_race_mb: int = 64  # megabytes of frames one race may stream; then it stops and says why
     max_prompt_tokens: int = 2048  # after the chat template
