@@ -51,7 +51,8 @@ def race(app, lanes, tree_budget=None, block=BLOCK, temperature=0.0) -> dict:
     """Every output as the page shows it at the end: the last value each frame set (a frame may keep one)."""
     shown = {}
     for frame in app.live.compare(PROMPT, NEW, block, temperature, 1.0, 0, lanes, tree_budget=tree_budget):
-        shown.update((name, value) for name, value in zip(FRAME_FIELDS, frame) if isinstance(value, (str, dict)))
+        shown.update((name, value) for name, value in zip(FRAME_FIELDS, frame)
+                     if isinstance(value, (str, dict)) or hasattr(value, "to_plotly_json"))
     return shown
 
 
@@ -89,6 +90,12 @@ def test_the_trace_records_every_tree_and_a_replay_reads_them_back(raced):
     recording = load_trace(raced["trace_file"])
     assert recording.runs["tree"].tree_budget == 8
     assert [b.tree.path for b in recording.runs["tree"].blocks] == [tuple(b["tree"]["path"]) for b in run["blocks"]]
+
+
+def test_the_speedup_model_leaves_the_tree_lane_out(raced):
+    # Its curves model a chain of each block size; a tree's acceptance and verify cost are its budget's.
+    names = [trace.name or "" for trace in raced["speedup_chart"].data]
+    assert any(name.startswith("DFlash (") for name in names) and not any("tree" in name for name in names)
 
 
 def test_the_strip_and_hover_name_the_tree(raced):

@@ -65,8 +65,8 @@ SECTIONS = [
         "walk follows the target's own token, so it is as lossless as the chain, and a sibling keeps going where "
         "the chain's draft was wrong. Measured on the offline pair (block 4, 2-core AMD EPYC CPU): at a budget of "
         "32, tau rises from 1.57 to 2.34 on natural prompts and from 2.47 to 3.26 on generated ones, but there a "
-        "verify of 33 rows costs 2.6 plain steps, so trees pay only at budgets 2-4 on that CPU; where a verify "
-        "of a few dozen rows costs about one step, as on a GPU, the whole gain in tau is speed. Add the "
+        "verify of 33 rows costs 2.6 plain steps, so trees pay only at budgets 2-4 on that CPU. Where such a verify "
+        "costs about one plain step (a GPU, at this model size), the gain in tau becomes speed. Add the "
         "<i>DFlash, tree</i> lane under <i>More lanes</i> and open <i>Inside a cycle</i> to see each tree.",
     ),
     (
