@@ -20,6 +20,7 @@ from tiny import build_drafter
 from app.pairs.models import PairCache
 from app.pairs.registry import cli_pair
 from app.ui import App
+from app.view.cycle_view import cycle_html
 from app.view.frames import FRAME_FIELDS
 from app.view.tips import why
 from app.view.tree_view import chain_kept, tree_cycle_html
@@ -90,6 +91,8 @@ def test_the_trace_records_every_tree_and_a_replay_reads_them_back(raced):
     recording = load_trace(raced["trace_file"])
     assert recording.runs["tree"].tree_budget == 8
     assert [b.tree.path for b in recording.runs["tree"].blocks] == [tuple(b["tree"]["path"]) for b in run["blocks"]]
+    replayed = cycle_html(recording.runs["tree"], recording.runs["plain"], 0, str, lane="tree")
+    assert f"DFlash, tree lane · Cycle 1 of {len(run['blocks'])}" in replayed and '<svg class="tree"' in replayed
 
 
 def test_the_speedup_model_leaves_the_tree_lane_out(raced):
