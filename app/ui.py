@@ -29,7 +29,7 @@ from .guard.readers import Readers
 from .guard.traces import TraceStore
 from .pairs.registry import PairSpec, unavailable_here
 from .race.control import Controls
-from .race.lanes import CHOICES, CYCLE_LANES, LABELS, LANES, RESEARCH_LANES
+from .race.lanes import CHOICES, CYCLE_LANES, LABELS, LANES, MAX_TREE_BUDGET, RESEARCH_LANES, TREE_BUDGET
 from .race.thinking import DEFAULT
 from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
@@ -169,6 +169,7 @@ class LiveTab:
     stop_button: gr.Button
     start_paused: gr.Checkbox | None = None  # the race starts paused before cycle 1
     lane_picks: tuple = ()  # the visible lane checkboxes (basics, "More lanes"), gathered into `lanes`
+    tree_budget: gr.Slider | None = None  # the tree lane's draft nodes per cycle
 
 
 @dataclass
@@ -244,6 +245,8 @@ def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits, device_for=
             basic_lanes = gr.CheckboxGroup(basics, value=[], label=texts.LANES_CHOICE, elem_id="lanes-basic")
             with gr.Accordion(texts.MORE_LANES, open=False, elem_id="more-lanes"):
                 more_lanes = gr.CheckboxGroup(research, value=[], show_label=False, elem_id="lanes-more")
+                tree_budget = gr.Slider(1, MAX_TREE_BUDGET, value=TREE_BUDGET, step=1, label=texts.TREE_BUDGET,
+                                        elem_id="tree-budget")
         with gr.Row():
             max_new_tokens = gr.Slider(
                 1, limits.max_new_tokens, value=min(128, limits.max_new_tokens), step=1, label="Max new tokens",
@@ -260,7 +263,7 @@ def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits, device_for=
     lanes = gr.CheckboxGroup(CHOICES, value=[], visible=False, elem_id="lanes-all")
     inputs = [prompt, max_new_tokens, block_size, temperature, top_p, seed, lanes]
     return LiveTab(pair_state, pair_choice, status, inputs, block_size, thinking, run_button, stop_button,
-                   start_paused, (basic_lanes, more_lanes))
+                   start_paused, (basic_lanes, more_lanes), tree_budget)
 
 
 def replay_tab(recorded: list[tuple[str, str]]) -> ReplayTab:
@@ -516,8 +519,8 @@ def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs
     # dropped (--session-capacity), and the race must not then run on the default pair. The
     # `compare` endpoint (API clients, agents) takes no pair: the session's, else the default.
     api_event = gr.Button(visible=False, elem_id="compare-api").click(
-        inputs=[*live.inputs, live.pair_state, live.thinking], api_name="compare", **race)
-    race_event = live.run_button.click(inputs=[*live.inputs, live.pair_choice, live.thinking],
+        inputs=[*live.inputs, live.pair_state, live.thinking, live.tree_budget], api_name="compare", **race)
+    race_event = live.run_button.click(inputs=[*live.inputs, live.pair_choice, live.thinking, live.tree_budget],
                                        api_name="compare_from_page", api_visibility="private", **race)
     # A running race stops itself within one cycle and reports what it showed; the cancel
     # that follows takes a race still waiting in the queue out of it.

@@ -12,7 +12,7 @@ file without importing or executing anything from it; `trace_csv` flattens per-b
     versions   dflash-studio, torch, transformers, python
     vocab_size every token id in the file is below it
     runs       {lane: Summary.to_trace()} for some of the lanes dflash, scheduled (DFlash with the block
-               schedule), dflash2 and fusion (a pair's DFlash2 and input-fusion drafters), ar, lookup
+               schedule), tree (DFlash verifying draft trees), dflash2 and fusion (a pair's DFlash2 and input-fusion drafters), ar, lookup
                and plain; each run names its `method` (dflash, dflash2, fusion, ar, lookup or plain)
                and its `block_schedule` (fixed or auto), each block its `verify_len` (files from
                before the block schedule have neither: every block verified its whole draft); a
@@ -54,7 +54,7 @@ MAX_BYTES = 20_000_000  # 20 MB: far above any real race (the shipped 128-token 
 # schedule (block_size="auto"), the pair's DFlash2 drafter, its input-fusion drafter, the
 # autoregressive drafter with DFlash's KV injection, prompt lookup, plain decoding. A file holds
 # some of them, so files from before a lane was added still read.
-RUNS = ("dflash", "scheduled", "dflash2", "fusion", "ar", "lookup", "plain")
+RUNS = ("dflash", "scheduled", "tree", "dflash2", "fusion", "ar", "lookup", "plain")
 METHODS = ("dflash", "dflash2", "fusion", "ar", "lookup", "plain")
 SCHEDULES = ("fixed", "auto")
 CSV_COLUMNS = ["lane", "index", "position", "accepted", "acceptance_length", "bonus_id", "draft_s", "verify_s",

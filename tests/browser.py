@@ -41,9 +41,9 @@ LAUNCH_ARGS = [
     "--disable-sync",
 ]
 DEFAULT_PROMPT = "Write a Python function `is_prime(n)` that returns True when n is a prime number."
-LANE_LABELS = {"scheduled": "DFlash, scheduled block", "dflash2": "DFlash2", "fusion": "input fusion", "ar": "AR drafter",
+LANE_LABELS = {"scheduled": "DFlash, scheduled block", "tree": "DFlash, tree", "dflash2": "DFlash2", "fusion": "input fusion", "ar": "AR drafter",
                "lookup": "prompt lookup"}  # the start of each checkbox's label
-RESEARCH = ("dflash2", "fusion")  # under "More lanes"
+RESEARCH = ("tree", "dflash2", "fusion")  # under "More lanes"
 
 
 def chromium_path() -> str | None:
@@ -102,7 +102,7 @@ def run_race_in_browser(
     url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0,
     lanes: tuple[str, ...] = (), cycle_lane: str | None = None, cycle: int | None = None,
 ) -> dict:
-    """Open the page, wait for the models, tick the added `lanes` (scheduled, dflash2, fusion, ar, lookup),
+    """Open the page, wait for the models, tick the added `lanes` (scheduled, tree, dflash2, fusion, ar, lookup),
     race `prompt`, and save a full-page screenshot; with `cycle_lane`, then open "Inside a cycle", pick
     that lane and save the view of its last cycle (or of `cycle`) beside it (<screenshot>-cycle.png).
 

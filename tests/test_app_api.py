@@ -34,7 +34,7 @@ def client(app_url):
 def test_compare_endpoint_is_named_with_the_documented_parameters(client):
     info = client.view_api(return_format="dict", print_info=False)
     params = [p["parameter_name"] for p in info["named_endpoints"]["/compare"]["parameters"]]
-    assert params == ["prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed", "lanes", "thinking"]
+    assert params == ["prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed", "lanes", "thinking", "tree_budget"]
 
 
 def test_compare_streams_updates_and_ends_with_a_lossless_summary(client):

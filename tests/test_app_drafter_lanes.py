@@ -120,7 +120,7 @@ def test_a_lane_whose_drafter_is_not_there_is_not_offered_and_says_why(tiny_dirs
     *_, (status, _) = app.loading.load_status(spec)
     assert "ready" in status and (f"The DFlash2 lane is not offered: its DFlash2 drafter is not there yet: "
                                   f"{tmp_path / 'not-trained-yet'} has no config.json.") in status
-    assert app.cache.get(spec).lanes == ("dflash", "scheduled", "lookup", "plain")
+    assert app.cache.get(spec).lanes == ("dflash", "scheduled", "tree", "lookup", "plain")
     with pytest.raises(Exception, match="cannot race the DFlash2 lane: its DFlash2 drafter is not there yet"):
         list(app.live.compare("hi", 4, BLOCK, 0.0, 1.0, 0, ["dflash2"]))
     assert race(app, ["lookup"])["report"]["lanes"]["lookup"]["identical"] is True  # the pair races on

@@ -75,7 +75,7 @@ def test_the_visitor_picks_the_lanes_and_a_bad_pick_is_named(client):
     assert out["report"]["lanes"]["lookup"]["identical"] is None  # sampling: not checked
     two, _ = race(client, [])
     assert list(two["report"]["lanes"]) == ["dflash", "plain"] and "lanes-table" not in two["summary"]
-    with pytest.raises(Exception, match="Unknown lane 'medusa': the lanes a race can add are scheduled, dflash2, fusion, ar, lookup"):
+    with pytest.raises(Exception, match="Unknown lane 'medusa': the lanes a race can add are scheduled, tree, dflash2, fusion, ar, lookup"):
         client.predict(PROMPT, 8, BLOCK, 0.0, 1.0, 0, ["medusa"], api_name="/compare")
     # The app keeps serving after the refusal.
     ok, _ = race(client, ["ar"])

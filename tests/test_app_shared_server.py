@@ -171,7 +171,7 @@ def served_tiny(tiny_dirs):
 
 def _join(url: str, demo, source: str, session: str):
     compare = next(i for i, f in demo.fns.items() if f.api_name == "compare")
-    data = ["Count from one to a thousand.", 400, 4, 0.0, 1.0, 0, [], demo.dflash_app.default_id, "default"]
+    data = ["Count from one to a thousand.", 400, 4, 0.0, 1.0, 0, [], demo.dflash_app.default_id, "default", 4]
     with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=30) as http:
         return http.post(f"{url}gradio_api/queue/join",
                          json={"data": data, "fn_index": compare, "session_hash": session, "trigger_id": None})

@@ -203,7 +203,7 @@ def test_a_race_runs_on_the_pair_the_page_shows_after_made_up_sessions_drop_the_
                         "data": [], "fn_index": _fn(demo, elem_id="pause"), "session_hash": f"made-up-{i}"})
             assert "visitor" not in demo.state_holder.session_data  # Gradio dropped the visitor's state
             # What the page sends: its inputs, the pair its selector shows, the thinking default.
-            data = ["What is 2 + 2?", 4, 4, 0.0, 1.0, 0, [], "cli-b", "default"]
+            data = ["What is 2 + 2?", 4, 4, 0.0, 1.0, 0, [], "cli-b", "default", 4]
             _run_queued(visitor, url, _fn(demo, api_name="compare_from_page"), data, "visitor")
         assert raced == ["cli-b"]
     finally:
@@ -225,16 +225,16 @@ def served_live(tiny_dirs):
 
 def test_a_race_of_every_lane_at_the_most_tokens_is_refused_by_its_lane_tokens(served_live):
     demo, url = served_live
-    every_lane = ["scheduled", "dflash2", "fusion", "ar", "lookup"]
-    data = ["Tell me a long story.", 512, 4, 0.0, 1.0, 0, every_lane, None, "default"]
+    every_lane = ["scheduled", "tree", "dflash2", "fusion", "ar", "lookup"]
+    data = ["Tell me a long story.", 512, 4, 0.0, 1.0, 0, every_lane, None, "default", 4]
     with client("127.0.0.2", timeout=120) as http:
         stream = _run_queued(http, url, _fn(demo, fn=demo.dflash_app.live.compare), data, "lanes")
-    assert "7 lanes x 512 new tokens is 3584 lane-tokens; this server races at most 2048 (--max-lane-tokens)" in stream
+    assert "8 lanes x 512 new tokens is 4096 lane-tokens; this server races at most 2048 (--max-lane-tokens)" in stream
 
 
 def test_a_race_stops_at_its_frames_byte_budget_and_says_so(served_live):
     demo, url = served_live
-    data = ["Count from one to a thousand.", 400, 4, 0.0, 1.0, 0, [], None, "default"]
+    data = ["Count from one to a thousand.", 400, 4, 0.0, 1.0, 0, [], None, "default", 4]
     with client("127.0.0.2", timeout=300) as http:
         stream = _run_queued(http, url, _fn(demo, fn=demo.dflash_app.live.compare), data, "bytes")
     assert "reached 1 MB, the most one race may stream on this server (--max-race-mb)" in stream

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 # drafter's trained size, which the engine checks once the pair has loaded (`serve/sessions.py`).
 from dflash_core.trace import MAX_BLOCK_SIZE
 
+from ..race.lanes import MAX_TREE_BUDGET, TREE_BUDGET
 from ..race.request import RaceRequest
 from ..race.thinking import check_thinking
 
@@ -28,7 +29,7 @@ class Limits:
     max_queue: int = 16  # requests waiting beyond the running ones; more are told the server is busy
     max_new_tokens: int = 512
     # lanes x max_new_tokens: every lane decodes with the target, so an added lane costs a side of a
-    # race more; four lanes at the most tokens, all seven at 292
+    # race more; four lanes at the most tokens, all eight at 256
     max_lane_tokens: int = 2048
     max_race_mb: int = 64  # megabytes of frames one race may stream; then it stops and says why
     max_prompt_tokens: int = 2048  # after the chat template
@@ -100,7 +101,7 @@ SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
 
 
 def check_request(limits: Limits, pair_id: str, prompt, max_new_tokens, block_size, temperature, top_p, seed,
-                  lanes=None, thinking=None) -> RaceRequest:
+                  lanes=None, thinking=None, tree_budget=None) -> RaceRequest:
     """The race request of the page's raw values, or ValueError naming the bad value and its bounds.
     What the pair can honour (block_size within its drafter's, the lanes it ships) its kind checks."""
     if not isinstance(prompt, str):
@@ -123,16 +124,18 @@ def check_request(limits: Limits, pair_id: str, prompt, max_new_tokens, block_si
         temperature=_real(temperature, "temperature"), top_p=_real(top_p, "top_p"), seed=seed
     )  # its own checks name the ranges
     lanes = check_lanes(lanes)
+    tree_budget = TREE_BUDGET if tree_budget is None or tree_budget == "" else _whole(
+        tree_budget, "tree_budget", 1, MAX_TREE_BUDGET)
     if len(lanes) * max_new_tokens > limits.max_lane_tokens:
         raise ValueError(
             f"{len(lanes)} lanes x {max_new_tokens} new tokens is {len(lanes) * max_new_tokens} lane-tokens; this "
             f"server races at most {limits.max_lane_tokens} (--max-lane-tokens): fewer lanes or fewer tokens."
         )
     return RaceRequest(pair_id, prompt, max_new_tokens, block_size, sampling.temperature, sampling.top_p,
-                       sampling.seed, lanes, check_thinking(thinking))
+                       sampling.seed, lanes, check_thinking(thinking), tree_budget)
 
 
-ADDED_LANES = ("scheduled", "dflash2", "fusion", "ar", "lookup")  # the lanes a visitor may add; DFlash and plain decoding always race
+ADDED_LANES = ("scheduled", "tree", "dflash2", "fusion", "ar", "lookup")  # the lanes a visitor may add; DFlash and plain decoding always race
 
 
 def check_lanes(lanes) -> tuple[str, ...]:

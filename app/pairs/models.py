@@ -64,8 +64,11 @@ class LoadedPair(ModelPair):
 
     @property
     def lanes(self) -> tuple[str, ...]:
-        """The lanes this pair can race (dflash_core.trace.RUNS order)."""
-        return tuple(lane for lane in LANES if lane not in DRAFTER_LANES or lane in self.lane_drafters)
+        """The lanes this pair can race (dflash_core.trace.RUNS order): a drafter lane where the pair
+        has its drafter, the tree lane where its target can verify trees."""
+        trees = self.target.tree_refusal() is None
+        return tuple(lane for lane in LANES if (lane not in DRAFTER_LANES or lane in self.lane_drafters)
+                     and (lane != "tree" or trees))
 
     def lane_target(self, lane: str) -> Target:
         """The target instance `lane` decodes with: DFlash the pair's own, plain its second, every

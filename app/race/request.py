@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .lanes import TREE_BUDGET
+
 if TYPE_CHECKING:  # torch comes with it: built when a race runs, not when a request is checked
     from dflash_core import SamplingParams
 
@@ -29,6 +31,7 @@ class RaceRequest:
     seed: int | None = None
     lanes: tuple[str, ...] = ("dflash", "plain")
     thinking: str | None = None  # "on" / "off" through the chat template; None: the pair's default
+    tree_budget: int = TREE_BUDGET  # the tree lane's draft nodes per cycle
 
     @property
     def sampling(self) -> SamplingParams:

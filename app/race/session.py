@@ -2,8 +2,8 @@
 other (`interleave.py`), their snapshots, then a typed result (lossless verdict, report, trace).
 
 A lane is one named decoder of the same prompt with the same target: DFlash and plain decoding
-always, and DFlash with the per-cycle block schedule, the pair's DFlash2, input-fusion and
-autoregressive drafters and prompt lookup when the visitor adds them (`LANES`).
+always, and DFlash with the per-cycle block schedule, DFlash verifying draft trees, the pair's
+DFlash2, input-fusion and autoregressive drafters and prompt lookup when the visitor adds them (`LANES`).
 What is kept per lane is kept by name. Takes and gives only plain data: on ZeroGPU it runs in a
 GPU worker process.
 """
@@ -22,7 +22,7 @@ from dflash_core.trace import build_trace, settings_of
 
 from .control import Control
 from .interleave import Snapshot, race
-from .lanes import DRAFTER_LANES
+from .lanes import DRAFTER_LANES, TREE_BUDGET
 from .report import RaceReport, race_report
 from .request import RaceRequest
 from .tokens import TokenPieces
@@ -34,12 +34,14 @@ EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for 
 class Lane:
     """One decoder in a race: the target instance it decodes with (each lane holds its own KV
     caches) and its drafter (None: plain decoding, one token per step). scheduled: the block
-    schedule picks each cycle's verified length, block_size being the longest."""
+    schedule picks each cycle's verified length, block_size being the longest. tree_budget: the
+    draft nodes of the tree each cycle verifies (0: the drafter's chain)."""
 
     target: object
     drafter: object | None = None
     block_size: int = 1
     scheduled: bool = False
+    tree_budget: int = 0
 
     @property
     def block_argument(self) -> int | str:
@@ -47,9 +49,10 @@ class Lane:
         return "auto" if self.scheduled else self.block_size
 
 
-def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, Lane]:
+def pair_lanes(pair, block_size: int, names=("dflash", "plain"), tree_budget: int = TREE_BUDGET) -> dict[str, Lane]:
     """The lanes `names` of a pair, in the order of `LANES`: its DFlash drafter at `block_size`, the
-    same drafter with the block schedule (up to its trained size), its DFlash2, input-fusion and
+    same drafter with the block schedule (up to its trained size), the same drafter verifying
+    trees of `tree_budget` drafts at `block_size`, its DFlash2, input-fusion and
     autoregressive drafters (`pair.lane_drafters`, each at most at its trained size), prompt
     lookup, and plain decoding, each on a target instance of its own (`LoadedPair.lane_target`)."""
     from dflash_core import PromptLookup  # torch only for a live race
@@ -60,6 +63,8 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, La
             return Lane(target, pair.drafter, block_size)
         if name == "scheduled":
             return Lane(target, pair.drafter, pair.drafter.block_size, scheduled=True)
+        if name == "tree":
+            return Lane(target, pair.drafter, block_size, tree_budget=tree_budget)
         if name in DRAFTER_LANES:
             drafter = pair.lane_drafters[name]
             return Lane(target, drafter, min(block_size, drafter.block_size))
@@ -70,6 +75,8 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain")) -> dict[str, La
     return {name: lane(name) for name in LANES if name in names}
 
 
+TREE_BLOCK = ("The tree lane grows its drafts below slot 0 of a block: it needs a block size of at least 2, "
+              "got {block_size}.")
 SCHEDULED_SAMPLING = (
     "{label}'s drafter ({method}) conditions each draft on the ones before it, so the scheduled block lane "
     "races it at temperature 0 only (the schedule must not depend on what a sampled draft drew)."
@@ -78,8 +85,8 @@ SCHEDULED_SAMPLING = (
 
 def check_race(req: RaceRequest, pair) -> None:
     """Raises `GenerationInputError` for what the loaded `pair` cannot race, by the engine's own
-    checks (the ones `generate` runs): a block size past its drafter's trained one, and a scheduled
-    lane its drafter cannot run at the request's sampling."""
+    checks (the ones `generate` runs): a block size past its drafter's trained one, a scheduled
+    lane its drafter cannot run at the request's sampling, and a tree lane its target cannot verify."""
     from dflash_core import check_block_size, check_schedule, method_name  # torch only for a live race
     from dflash_core.errors import GenerationInputError
 
@@ -90,6 +97,11 @@ def check_race(req: RaceRequest, pair) -> None:
         except GenerationInputError:
             raise GenerationInputError(
                 SCHEDULED_SAMPLING.format(label=pair.spec.label, method=method_name(pair.drafter))) from None
+    if "tree" in req.lanes:
+        if req.block_size < 2:
+            raise GenerationInputError(TREE_BLOCK.format(block_size=req.block_size))
+        if (refusal := pair.lane_target("tree").tree_refusal()) is not None:
+            raise GenerationInputError(f"The tree lane cannot race {pair.spec.label}: {refusal}.")
 
 
 @dataclass(frozen=True)
@@ -112,7 +124,7 @@ class RaceSession:
         self.thinking = pair.thinking(req.thinking)
         self.prompt, self.prompt_ids = req.prompt, prompt_ids
         self.max_new_tokens, self.block_size, self.sampling = req.max_new_tokens, req.block_size, req.sampling
-        self.lanes = pair_lanes(pair, req.block_size, req.lanes)
+        self.lanes = pair_lanes(pair, req.block_size, req.lanes, req.tree_budget)
         self.pieces = {name: TokenPieces(pair.tokenizer) for name in self.lanes}
         self.text_of = single_token_text(pair.tokenizer)
         self.last: Snapshot | None = None  # the newest snapshot
@@ -130,10 +142,11 @@ class RaceSession:
             control.viewer.text_of = self.text_of
             outer_stop = stop or _never
             stop = lambda: outer_stop() or control.superseded(run)  # noqa: E731  (a newer run ends this one)
-        common = {"max_new_tokens": self.max_new_tokens, "sampling": self.sampling, "stop_ids": self.pair.stop_ids,
-                  "explain": EXPLAIN_TOP_K}
+        common = {"max_new_tokens": self.max_new_tokens, "sampling": self.sampling, "stop_ids": self.pair.stop_ids}
+        # A tree cycle's record is its `Block.tree`; the engine explains chains only.
         events = {
-            name: generate(lane.target, self.prompt_ids, lane.drafter, block_size=lane.block_argument, **common)
+            name: generate(lane.target, self.prompt_ids, lane.drafter, block_size=lane.block_argument,
+                           explain=0 if lane.tree_budget else EXPLAIN_TOP_K, tree_budget=lane.tree_budget, **common)
             for name, lane in self.lanes.items()
         }
         try:
@@ -157,7 +170,8 @@ class RaceSession:
         # A stopped lane's summary is one over what was shown: it names what drafted, as the engine's does.
         summaries = {name: summary if self.last.lanes[name].done else replace(
             summary, method=method_name(self.lanes[name].drafter),
-            block_schedule="auto" if self.lanes[name].scheduled else "fixed") for name, summary in summaries.items()}
+            block_schedule="auto" if self.lanes[name].scheduled else "fixed", tree_budget=self.lanes[name].tree_budget)
+            for name, summary in summaries.items()}
         d, p = summaries["dflash"], summaries["plain"]
         verdicts = {}
         if self.sampling.greedy and not self.last.stopped:

@@ -49,7 +49,7 @@ class LiveRace:
         return self.loading.pairs
 
     def compare(self, prompt, max_new_tokens, block_size, temperature, top_p, seed, lanes=None, pair_id=None,
-                request: gr.Request = None, thinking=None):
+                request: gr.Request = None, thinking=None, tree_budget=None):
         """Race DFlash speculative decoding against plain decoding of the same target on one prompt.
 
         Every lane decodes the same prompt (sent through the target's chat template) with the same
@@ -67,7 +67,9 @@ class LiveRace:
             seed: random seed for sampling (a whole number >= 0).
             lanes: drafters to race beside DFlash and plain decoding, a list of names: "scheduled"
                 (DFlash drafting its trained block and verifying, each cycle, the prefix its block
-                schedule finds worth the verify cost; block_size does not apply to it), "dflash2"
+                schedule finds worth the verify cost; block_size does not apply to it), "tree"
+                (DFlash verifying, each cycle, a tree of `tree_budget` drafts grown from its one
+                pass's per-slot top candidates, in one target pass), "dflash2"
                 (a DFlash2 drafter: one pass, then a path through each slot's top candidates),
                 "fusion" (a drafter fed the target's features at its input only), "ar" (an
                 autoregressive drafter with DFlash's KV injection, one pass per draft) - these three
@@ -77,6 +79,7 @@ class LiveRace:
             thinking: "on" or "off" turns the chat template's thinking switch (enable_thinking, in
                 Qwen3-style templates) for every lane's prompt; "default" or omitted uses the setting
                 the pair's drafter was trained with. A pair whose template has no switch refuses "on" and "off".
+            tree_budget: the "tree" lane's draft nodes per cycle, 1 to 32 (omitted: 4).
 
         Returns:
             The race's outputs; the `report` one is a JSON summary: `tau` (mean tokens accepted per
@@ -97,7 +100,7 @@ class LiveRace:
             raise visitor_error(texts.UNKNOWN_MODEL_PAIR.format(pair_id=pair_id))
         try:
             req = check_request(self.limits, spec.id, prompt, max_new_tokens, block_size, temperature, top_p, seed,
-                                lanes, thinking)
+                                lanes, thinking, tree_budget)
         except (ValueError, OverflowError) as exc:  # DFlashError is a ValueError too
             raise visitor_error(str(exc)) from None
         prompt_ids = yield from self.loading.kinds[spec.kind].prepare(spec, req, self.limits)

@@ -23,6 +23,7 @@ from ..race.lanes import LABELS
 from .budget import CYCLE_BYTES, first_within
 from .render import COLORS, cycle_label
 from .tips import prob, slot_decision, topk_rows, visible, why
+from .tree_view import tree_cycle_html
 
 PATH_SHOWN = 6  # a DFlash2 slot's candidates drawn, in the head's order (the one walked to always is)
 
@@ -109,6 +110,8 @@ def cycle_html(dflash, plain, index, text_of: Callable[[int], str], ar=None, lan
     style = f"<style>{CYCLE_CSS}</style>"
     if dflash is None or not dflash.blocks:
         return style + f'<div class="cycle" style="color:#667">No {_esc(LABELS[lane])} cycle yet: start a race or a replay.</div>'
+    if dflash.blocks[-1].tree is not None:  # a tree-verified lane: its cycles are drawn as their trees
+        return tree_cycle_html(dflash, _index(index, len(dflash.blocks) - 1), text_of, lane, plain_step_s(plain))
     if not dflash.blocks[0].draft_ids:
         return style + '<div class="cycle" style="color:#667">Block size 1: nothing is drafted, every cycle is a plain step.</div>'
     last = len(dflash.blocks) - 1

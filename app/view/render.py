@@ -186,8 +186,9 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
     those that did not fit, and always its bonus), hover boxes to the newest chips within
     STRIP_TIPS_BYTES.
     """
-    # A lookup lane's first cycles may find no match: the strip shows once any block has drafts.
-    if not any(block.draft_ids for block in view.blocks):
+    # A lookup lane's first cycles may find no match: the strip shows once any block has drafts (a
+    # tree lane's blocks hold their walked drafts only, but every one verified a tree).
+    if not any(block.draft_ids or block.tree is not None for block in view.blocks):
         return ""
     rows = []
     left, tips_left = STRIP_BYTES, STRIP_TIPS_BYTES if tips else 0
@@ -209,6 +210,8 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
 
 def cycle_label(block) -> str:
     """What a cycle committed, in words: "3 drafts: 2 kept + 1 bonus" (a schedule's cut named too)."""
+    if block.tree is not None:  # its draft_ids are the walked path; the tree held every verified draft
+        return f"tree of {len(block.tree.tokens) - 1} drafts: {block.accepted} kept + 1 bonus"
     drafts, verified = len(block.draft_ids), block.verified
     if not drafts or not verified:
         return "no drafts: 1 bonus"

@@ -132,8 +132,9 @@ def _curves(lanes: dict, plain, measured: dict | None) -> list[Curve]:
 
     curves = []
     for name, summary in lanes.items():
-        # The model's curve is one fixed block per run; a schedule's cut drafts would read as rejected.
-        if summary is None or summary.block_size < 2 or name == "scheduled":
+        # The model's curve is one fixed block per run; a schedule's cut drafts would read as rejected,
+        # and a tree's acceptance and verify cost are its budget's, not a chain's of each length.
+        if summary is None or summary.block_size < 2 or name in ("scheduled", "tree"):
             continue
         auto = name == "ar"
         costs = run_costs(summary, plain, per_pass=auto)

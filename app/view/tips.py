@@ -82,12 +82,29 @@ def _num(x) -> str:
     return "—" if x is None else f"{prob(x):.3f}"
 
 
+def _tree_why(block, slot: int, text_of: Callable[[int], str]) -> str:
+    """`why` for a tree-verified cycle: slot s holds the walked node at depth s, or the bonus."""
+    tree, nodes = block.tree, len(block.tree.tokens) - 1
+    if slot > len(block.draft_ids):
+        return (f"The target verified a tree of {nodes} drafts in one pass and walked {len(block.draft_ids)} of them; "
+                f"no child of the last node walked held its own next token {text_of(tree.bonus_id)!r}: the bonus.")
+    node, parent = tree.path[slot], tree.path[slot - 1]
+    first = min(n for n in range(1, len(tree.tokens)) if tree.parents[n] == parent)
+    how = ("the drafter's first choice here" if node == first else
+           f"a sibling: the drafter's first choice here, {text_of(tree.tokens[first])!r}, was not the target's, so a chain "
+           "would have stopped")
+    return (f"Accepted: node {node} at depth {slot} of this cycle's tree of {nodes} drafts holds the target's own token "
+            f"(drafter q = {prob(tree.probs[node])}), {how}.")
+
+
 def why(block, slot: int, text_of: Callable[[int], str]) -> str:
     """Why the token in `slot` of `block` is what it is, in a sentence (plain text, unescaped)."""
     explain = block.explain
     rule = explain.decision.rule if explain is not None else "greedy"
     accepted = block.accepted
     bonus = repr(text_of(block.bonus_id))
+    if block.tree is not None:
+        return _tree_why(block, slot, text_of)
     if not block.draft_ids:
         return (f"No drafts this cycle (block size 1, or a block schedule pausing a drafter that was not paying): "
                 f"the target decoded {bonus} alone, as plain decoding does.")
