@@ -159,6 +159,29 @@ def run_race_in_browser(
         }
 
 
+def stop_during_long_race(url: str, max_new_tokens: int = 512, after_tokens: int = 128, timeout_s: float = 180.0) -> dict:
+    """Race `max_new_tokens` tokens, click Stop once DFlash's pane shows `after_tokens` tokens, and time
+    the click (`click_s`: until playwright's click returns) and the stop (`stopped_s`: from the click
+    until the race's last frame is on screen; `summary` says whether it stopped or had finished). Returns those, the tokens on screen when Stop was
+    clicked and after, and the summary."""
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#pair-status :text('ready')")
+        set_max_new_tokens(page, max_new_tokens)
+        page.locator("#prompt textarea").fill("What is the capital of France?")
+        page.locator("#run").click()
+        page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok').length >= {after_tokens}",
+                               polling=100)
+        shown = page.evaluate("document.querySelectorAll('#dflash-tokens .tok').length")
+        clicked = time.perf_counter()
+        page.locator("#stop").click()
+        click_s = time.perf_counter() - clicked
+        page.wait_for_selector("#summary :text('speedup')")  # the race's last frame: stopped, or finished first
+        stopped_s = time.perf_counter() - clicked
+        return {"click_s": round(click_s, 3), "stopped_s": round(stopped_s, 3), "tokens_at_click": shown,
+                "tokens_after": page.evaluate("document.querySelectorAll('#dflash-tokens .tok').length"),
+                "summary": page.locator("#summary").inner_text()}
+
+
 def _bonus_count(page) -> int:
     """DFlash cycles on screen: each commits exactly one bonus token (the last may be cut at the limit)."""
     return page.locator("#dflash-tokens .tok-bonus").count()
