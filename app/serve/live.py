@@ -185,9 +185,12 @@ class LiveRace:
             note = f"{texts.RECORDED_THINKING.format(words=thinking.words())} {note or texts.OWN_CLOCKS}"
         if result.report.stopped:
             # Stop answers with the text alone first: the hover boxes and the charts double what the
-            # browser draws, and they follow in the next frame.
-            yield race_frame(race.last, race.pieces, race.text_of, result.report, False, viewer, note=note,
-                             hover=False), None
+            # browser draws, and they follow once it can have drawn the text (sent together, the
+            # page would show both at once).
+            text = race_frame(race.last, race.pieces, race.text_of, result.report, False, viewer, note=note, hover=False)
+            drawn.sent(text.html_bytes())
+            yield text, None
+            drawn.wait()
         frame = race_frame(race.last, race.pieces, race.text_of, result.report, True, viewer, note=note)
         if released is not None:
             frame.control_status = released

@@ -30,7 +30,7 @@ CHART_EVERY_S = 1.5
 # The HTML a browser draws per second while a race runs, with the server on the same 2-core laptop
 # (the classroom case): frames sent faster queue up in the page, and a click on Stop or Pause waits
 # behind them (a 512-token race sent about 4 MB/s, and Stop took 6 s to land).
-BROWSER_BYTES_PER_S = 500_000
+BROWSER_BYTES_PER_S = 300_000
 
 
 def _keep():
@@ -113,6 +113,10 @@ class FramePacer:
 
     def due(self, snapshot: Snapshot) -> bool:
         return snapshot.done or snapshot.paused or self.clock() >= self.next
+
+    def wait(self, sleep=time.sleep) -> None:
+        """Until the browser can have drawn the last frame."""
+        sleep(max(0.0, self.next - self.clock()))
 
     def sent(self, size: int, started: float | None = None) -> None:
         """A frame of `size` bytes went out; its time counts from `started` (default: now)."""
