@@ -161,9 +161,10 @@ def run_race_in_browser(
 
 def stop_during_long_race(url: str, max_new_tokens: int = 512, after_tokens: int = 128, timeout_s: float = 180.0) -> dict:
     """Race `max_new_tokens` tokens, click Stop once DFlash's pane shows `after_tokens` tokens, and time
-    the click (`click_s`: until playwright's click has landed) and the stop (`stopped_s`: from the click
-    until the race's last frame is on screen; `summary` says whether it stopped or had finished). Returns those, the tokens on screen when Stop was
-    clicked and after, and the summary."""
+    the click (`click_s`: until playwright's click has landed), the stop (`stopped_s`: from the click
+    until the race's last frame is on screen, as playwright sees it) and, timed in the page,
+    `page_s`: from the click event to the summary saying "Stopped". Returns those, the tokens on
+    screen when Stop was clicked and after, and the summary (stopped, or finished first)."""
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
         set_max_new_tokens(page, max_new_tokens)

@@ -75,9 +75,11 @@ def test_browser_stop_answers_within_a_second_during_a_512_token_race(long_race_
     from browser import stop_during_long_race
 
     seen = stop_during_long_race(long_race_url, max_new_tokens=512)
-    print(seen)
     assert "Stopped:" in seen["summary"], seen  # it stopped, not finished before the click landed
-    assert seen["stopped_s"] < 1.0, seen  # from the click to the summary of what was shown
+    assert seen["tokens_after"] < 512, seen
+    # Timed in the page, from the click event to the summary saying "Stopped" (playwright's own
+    # polling of a busy page adds up to half a second that a visitor does not wait).
+    assert 0 < seen["page_s"] < 1.0, seen
 
 
 STEP_REPLY_DELAY_S = 2.0

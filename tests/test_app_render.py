@@ -230,3 +230,23 @@ def test_token_pieces_from_ids_handle_split_characters():
     pieces = TokenPieces(ByteTokenizer()).extend(ids)
     assert "".join(pieces) == "a€<b>" and len(pieces) == len(ids)
     assert pieces[1:4] == ["", "", "€"]
+
+
+def test_frames_wait_for_the_browser_to_draw_the_last_one():
+    from types import SimpleNamespace
+
+    from app.view.frames import FramePacer
+
+    now = [0.0]
+    pacer = FramePacer(bytes_per_s=100_000, clock=lambda: now[0])
+    running, paused, done = (SimpleNamespace(done=d, paused=p) for d, p in ((False, False), (False, True), (True, False)))
+    assert pacer.due(running)  # the first frame at once
+    pacer.sent(50_000)  # half a second of drawing
+    now[0] = 0.49
+    assert not pacer.due(running) and pacer.due(paused) and pacer.due(done)
+    now[0] = 0.5
+    assert pacer.due(running)
+    waited = []
+    pacer.sent(20_000, started=0.4)
+    pacer.wait(sleep=waited.append)
+    assert waited == [pytest.approx(0.1)]
