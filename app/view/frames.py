@@ -25,11 +25,11 @@ from .speedup import speedup_figure
 from .why_speed import cycle_cost, why_html
 
 # Plotly figures are heavy to draw (a chart frame redraws four): they go out at most this often
-# while a race runs, text frames more often (0.4 s held a 512-token race's Stop up by seconds).
+# while a race runs, text frames more often.
 CHART_EVERY_S = 1.5
 # The HTML a browser draws per second while a race runs, with the server on the same 2-core laptop
 # (the classroom case): frames sent faster queue up in the page, and a click on Stop or Pause waits
-# behind them (a 512-token race sent about 4 MB/s, and Stop took 6 s to land).
+# behind them (docs/app.md, "Responsiveness").
 BROWSER_BYTES_PER_S = 300_000
 
 
