@@ -334,7 +334,8 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
                 with gr.Column(visible=lane in ("dflash", "plain"), elem_id=f"{lane}-pane", min_width=280) as pane:
                     panes[f"{lane}_column"] = pane
                     panes[f"{lane}_stats"] = gr.HTML(elem_id=f"{lane}-stats")
-                    panes[f"{lane}_tokens"] = gr.HTML(elem_id=f"{lane}-tokens", css_template=TIP_CSS, js_on_load=TIP_JS)
+                    panes[f"{lane}_tokens"] = gr.HTML(elem_id=f"{lane}-tokens", css_template=TIP_CSS + render.TOKEN_CSS,
+                                                      js_on_load=TIP_JS)
                     panes[f"{lane}_strip"] = gr.HTML(elem_id=f"{lane}-strip", css_template=TIP_CSS, js_on_load=TIP_JS,
                                                      visible=lane != "plain")
         # Under the lanes, so that they stay where they are when the finished race's numbers arrive.

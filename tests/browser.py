@@ -159,6 +159,40 @@ def run_race_in_browser(
         }
 
 
+def stop_during_long_race(url: str, max_new_tokens: int = 512, after_tokens: int = 128, timeout_s: float = 180.0) -> dict:
+    """Race `max_new_tokens` tokens, click Stop once DFlash's pane shows `after_tokens` tokens, and time
+    the click (`click_s`: until playwright's click has landed), the stop (`stopped_s`: from the click
+    until the race's last frame is on screen, as playwright sees it) and, timed in the page,
+    `page_s`: from the click event to the summary saying "Stopped". Returns those, the tokens on
+    screen when Stop was clicked and after, and the summary (stopped, or finished first)."""
+    with open_page(url, timeout_s) as page:
+        page.wait_for_selector("#pair-status :text('ready')")
+        set_max_new_tokens(page, max_new_tokens)
+        page.locator("#prompt textarea").fill("What is the capital of France?")
+        page.locator("#run").click()
+        page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok').length >= {after_tokens}",
+                               polling=100)
+        shown = page.evaluate("document.querySelectorAll('#dflash-tokens .tok').length")
+        page.evaluate("""() => {
+          window.__stopTimes = {};
+          document.querySelector('#stop').addEventListener('click', () => { window.__stopTimes.click = performance.now(); }, true);
+          new MutationObserver(() => {
+            if (!window.__stopTimes.shown && document.querySelector('#summary').innerText.includes('Stopped')) {
+              window.__stopTimes.shown = performance.now();
+            }
+          }).observe(document.querySelector('#summary'), {subtree: true, childList: true, characterData: true});
+        }""")
+        clicked = time.perf_counter()
+        page.locator("#stop").click()  # waits for the button to take clicks, as a busy page makes a visitor wait
+        click_s = time.perf_counter() - clicked
+        page.wait_for_selector("#summary :text('speedup')")  # the race's last frame: stopped, or finished first
+        stopped_s = time.perf_counter() - clicked
+        times = page.evaluate("window.__stopTimes")
+        return {"page_s": round((times.get("shown", 0) - times.get("click", 0)) / 1000, 3),"click_s": round(click_s, 3), "stopped_s": round(stopped_s, 3), "tokens_at_click": shown,
+                "tokens_after": page.evaluate("document.querySelectorAll('#dflash-tokens .tok').length"),
+                "summary": page.locator("#summary").inner_text()}
+
+
 def _bonus_count(page) -> int:
     """DFlash cycles on screen: each commits exactly one bonus token (the last may be cut at the limit)."""
     return page.locator("#dflash-tokens .tok-bonus").count()

@@ -57,6 +57,31 @@ def test_browser_races_five_lanes_each_in_its_own_pane(app_url):
     assert '"lanes"' in seen["report"]
 
 
+@pytest.fixture(scope="module")
+def long_race_url(request, tmp_path_factory):
+    """An app on a tiny pair whose target holds a 512-token race (the app's longest)."""
+    request.getfixturevalue("one_thread")
+    from tiny import build_drafter, build_target
+
+    root = tmp_path_factory.mktemp("long")
+    target = build_target(root / "target", max_positions=1024)
+    demo, url = launch_app(target, build_drafter(root / "drafter", target))
+    yield url
+    demo.close()
+
+
+@pytest.mark.slow
+def test_browser_stop_answers_within_a_second_during_a_512_token_race(long_race_url):
+    from browser import stop_during_long_race
+
+    seen = stop_during_long_race(long_race_url, max_new_tokens=512)
+    assert "Stopped:" in seen["summary"], seen  # it stopped, not finished before the click landed
+    assert seen["tokens_after"] < 512, seen
+    # Timed in the page, from the click event to the summary saying "Stopped" (playwright's own
+    # polling of a busy page adds up to half a second that a visitor does not wait).
+    assert 0 < seen["page_s"] < 1.0, seen
+
+
 STEP_REPLY_DELAY_S = 2.0
 # The replayed run's clocks are stretched this much: on a busy 2-core CPU chromium fell 10 s behind
 # the stream while painting its frames, and the replay must not end before Pause lands.
@@ -139,7 +164,7 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
         assert part in seen["cycle_text"]
     # The hover box of a rejected draft: block and slot, both top-k lists, and why.
     tip = seen["tip_text"]
-    assert "block " in tip and "slot " in tip and "rejected draft token" in tip
+    assert "cycle " in tip and "slot " in tip and "rejected draft token" in tip
     assert "drafter top-5" in tip and "target top-5" in tip and "Rejected:" in tip
     assert seen["tip_rows"] >= 6 and "%" in tip
     assert seen["tip_inside_window"]  # placed in the window, not clipped by the scrolling strip

@@ -50,12 +50,12 @@ def test_tokens_are_escaped_and_colored_by_kind():
     assert [m.slot for m in marks] == [None, 1, 2, 3]
     out = render.tokens_html(marks, pieces_for(v), text_of)
     assert "&lt;b&gt;&amp;amp;" in out and "<b>" not in out
-    assert out.count(render.COLORS["accepted"]) == 2
+    assert out.count("tok tok-accepted") == 2
     assert 'class="tok tok-bonus" data-block="0" data-slot="3"' in out
     # The bonus replaced the rejected draft token 4 ("x"): the hover says so.
     assert "drafter proposed &#x27;x&#x27; here (rejected)" in out
     # One block boundary per block plus the prefill token.
-    assert out.count(f"border-left:2px solid {render.BOUNDARY}") == 2
+    assert out.count(" tok-start") == 2
 
 
 def test_empty_and_one_token_runs():
@@ -230,3 +230,23 @@ def test_token_pieces_from_ids_handle_split_characters():
     pieces = TokenPieces(ByteTokenizer()).extend(ids)
     assert "".join(pieces) == "a€<b>" and len(pieces) == len(ids)
     assert pieces[1:4] == ["", "", "€"]
+
+
+def test_frames_wait_for_the_browser_to_draw_the_last_one():
+    from types import SimpleNamespace
+
+    from app.view.frames import FramePacer
+
+    now = [0.0]
+    pacer = FramePacer(bytes_per_s=100_000, clock=lambda: now[0])
+    running, paused, done = (SimpleNamespace(done=d, paused=p) for d, p in ((False, False), (False, True), (True, False)))
+    assert pacer.due(running)  # the first frame at once
+    pacer.sent(50_000)  # half a second of drawing
+    now[0] = 0.49
+    assert not pacer.due(running) and pacer.due(paused) and pacer.due(done)
+    now[0] = 0.5
+    assert pacer.due(running)
+    waited = []
+    pacer.sent(20_000, started=0.4)
+    pacer.wait(sleep=waited.append)
+    assert waited == [pytest.approx(0.1)]

@@ -53,7 +53,7 @@ def build_tokenizer(vocab_size: int = 320, chat_template: str = CHATML) -> PreTr
 
 def build_target(
     directory: Path, *, num_layers: int = 6, hidden: int = 32, intermediate: int | None = None, seed: int = 0,
-    vocab_size=None, logit_scale: float = 8.0, chat_template: str = CHATML,
+    vocab_size=None, logit_scale: float = 8.0, chat_template: str = CHATML, max_positions: int = 512,
 ) -> Path:
     """A random Llama causal LM (untied embeddings) plus tokenizer, saved with `save_pretrained`."""
     tokenizer = build_tokenizer(chat_template=chat_template)
@@ -65,7 +65,7 @@ def build_target(
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -98,7 +98,7 @@ def build_drafter(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=target_config["hidden_size"] // 4,
-        max_position_embeddings=512,
+        max_position_embeddings=target_config["max_position_embeddings"],
     ).to_dict()
     dflash = {"mask_token_id": mask_id, "block_size": block_size}
     if draft_vocab is not None:

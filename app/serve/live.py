@@ -23,7 +23,7 @@ from ..race.request import RaceRequest
 from ..race.stopping import StopRequests
 from ..race.thinking import recorded_thinking
 from ..view import texts
-from ..view.frames import ChartPacer, Frame, note_frame, race_frame, released_text
+from ..view.frames import ChartPacer, Frame, FramePacer, note_frame, race_frame, released_text
 from .failures import failure_message, visitor_error
 from .loading import PairLoading
 
@@ -162,16 +162,18 @@ class LiveRace:
         except Exception as exc:  # noqa: BLE001 - a server down or serving another model reaches the visitor
             raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None
-        pacer = ChartPacer()
+        pacer, drawn = ChartPacer(), FramePacer()
         note = kind.running_note
         try:
             for snapshot in race.snapshots(stop, control):
                 if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left
                     yield Frame(), None
                     continue
-                with_charts = pacer.due(snapshot)
-                if not snapshot.done:
-                    yield race_frame(snapshot, race.pieces, race.text_of, None, with_charts, viewer, running=note), None
+                if snapshot.done or not drawn.due(snapshot):  # the browser is still drawing the last frame
+                    continue
+                frame = race_frame(snapshot, race.pieces, race.text_of, None, pacer.due(snapshot), viewer, running=note)
+                drawn.sent(frame.html_bytes())
+                yield frame, None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
             raise visitor_error(failure_message(exc, device)) from None
         released = released_text(race.last, control)
@@ -184,6 +186,14 @@ class LiveRace:
         thinking = recorded_thinking(result.trace)
         if thinking is not None:  # what a replay of its trace says too
             note = f"{texts.RECORDED_THINKING.format(words=thinking.words())} {note or texts.OWN_CLOCKS}"
+        if result.report.stopped:
+            # Stop answers with the text alone first: the hover boxes and the charts double what the
+            # browser draws, and they follow once it can have drawn the text (sent together, the
+            # page would show both at once).
+            text = race_frame(race.last, race.pieces, race.text_of, result.report, False, viewer, note=note, hover=False)
+            drawn.sent(text.html_bytes())
+            yield text, None
+            drawn.wait()
         frame = race_frame(race.last, race.pieces, race.text_of, result.report, True, viewer, note=note)
         if released is not None:
             frame.control_status = released

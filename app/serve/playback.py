@@ -9,7 +9,8 @@ server parses one trace at a time, and a file once while it is unchanged (`Trace
 faster, and frames and charts are drawn less often the bigger the recording, so that its total
 drawing work stays proportional to its size; a frame of n bytes (each within the budgets of
 `view/budget.py`) takes at least n x (replays playing) / BYTES_DRAWN_PER_S seconds, its drawing
-included, before the next is drawn: all replays together draw at most BYTES_DRAWN_PER_S. Any failure while loading or playing a trace reaches the visitor as a message.
+included, before the next is drawn: all replays together draw at most BYTES_DRAWN_PER_S, and each
+browser is sent no more than it draws (`view/frames.BROWSER_BYTES_PER_S`). Any failure while loading or playing a trace reaches the visitor as a message.
 """
 
 from __future__ import annotations
@@ -30,7 +31,17 @@ from ..guard.traces import TraceStore
 from ..race.control import Controls
 from ..race.interleave import FRAME_S, race
 from ..view import texts
-from ..view.frames import CHART_EVERY_S, ChartPacer, Frame, note_frame, race_frame, released_text, start_frame
+from ..view.frames import (
+    BROWSER_BYTES_PER_S,
+    CHART_EVERY_S,
+    ChartPacer,
+    Frame,
+    html_bytes,
+    note_frame,
+    race_frame,
+    released_text,
+    start_frame,
+)
 from .failures import visitor_error
 from .replay import RecordedPieces, ReplayError, load_trace
 
@@ -45,11 +56,6 @@ BLOCKS_CHARTED_PER_S = 20_000
 BYTES_DRAWN_PER_S = 3_000_000
 MIN_SPEED, MAX_SPEED = 0.1, 4.0  # a class can follow each cycle at 0.1x
 WAIT_POLL_S = 1.0  # a replay waiting for a slot says so this often (and notices a client that left)
-
-
-def _html_bytes(values: tuple) -> int:
-    """The bytes of HTML in a frame's outputs (its text; the charts are paced by their blocks)."""
-    return sum(len(value.encode()) for value in values if isinstance(value, str))
 
 
 def _speed(value) -> float:
@@ -264,7 +270,8 @@ class Playback:
                 values = race_frame(
                     snapshot, pieces, recording.text_of, None, with_charts, control.viewer, running=running
                 ).values()
-                next_frame = started + _html_bytes(values) * max(1, self.slots.playing) / BYTES_DRAWN_PER_S
+                size = html_bytes(values)  # the server's rate shared by the replays, and the browser's own
+                next_frame = started + max(size * max(1, self.slots.playing) / BYTES_DRAWN_PER_S, size / BROWSER_BYTES_PER_S)
                 yield values
         time.sleep(max(0.0, next_frame - time.perf_counter()))
         yield race_frame(snapshot, pieces, recording.text_of, recording.report(), True, control.viewer, note=note).values()

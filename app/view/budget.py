@@ -18,8 +18,8 @@ from ..race.lanes import LANES
 
 T = TypeVar("T")
 
-# Token spans of one pane (text, colour, title): about 260 bytes a token, so a race of the app's
-# most tokens (512, --max-new-tokens) takes about 135 KB and is drawn whole.
+# Token spans of one pane (text, class, title): about 140 bytes a token (260 while the colour was
+# inline), so a race of the app's most tokens (512, --max-new-tokens) takes about 72 KB and is drawn whole.
 PANE_BYTES = 160_000
 # Hover boxes of one pane: the shipped 128-token races' take at most 97 KB; a longer race keeps them
 # for its newest tokens (a final frame is kept per session by Gradio: this bounds what it holds).

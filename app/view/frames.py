@@ -24,7 +24,13 @@ from .cycle_view import lane_cycle_html
 from .speedup import speedup_figure
 from .why_speed import cycle_cost, why_html
 
-CHART_EVERY_S = 0.4  # plotly figures are heavy to ship; text frames go out more often
+# Plotly figures are heavy to draw (a chart frame redraws four): they go out at most this often
+# while a race runs, text frames more often.
+CHART_EVERY_S = 1.5
+# The HTML a browser draws per second while a race runs, with the server on the same 2-core laptop
+# (the classroom case): frames sent faster queue up in the page, and a click on Stop or Pause waits
+# behind them (docs/app.md, "Responsiveness").
+BROWSER_BYTES_PER_S = 300_000
 
 
 def _keep():
@@ -63,6 +69,10 @@ class Frame:
     report: object = _keep()  # the report's JSON (`RaceReport.to_dict`)
     trace_file: object = _keep()
 
+    def html_bytes(self) -> int:
+        """The bytes of HTML the frame sends (its text; the charts are paced apart)."""
+        return html_bytes(self.values())
+
     def values(self) -> tuple:
         """The outputs in the order of `FRAME_FIELDS`."""
         out = []
@@ -84,6 +94,33 @@ FRAME_FIELDS = tuple(
 )
 # What an API client receives: the outputs but the columns (layout updates are not API values).
 API_FIELDS = tuple(name for name in FRAME_FIELDS if not name.endswith("_column"))
+
+
+def html_bytes(values: tuple) -> int:
+    """The bytes of HTML in a frame's outputs."""
+    return sum(len(value.encode()) for value in values if isinstance(value, str))
+
+
+class FramePacer:
+    """Says which snapshots of a running race become frames: after a frame of n bytes of HTML, the
+    next waits n / `bytes_per_s` seconds, the time a browser takes to draw it; a snapshot that pauses
+    or ends the race is always drawn. Each frame redraws the panes whole, so a skipped snapshot
+    loses nothing."""
+
+    def __init__(self, bytes_per_s: float = BROWSER_BYTES_PER_S, clock=time.perf_counter):
+        self.bytes_per_s, self.clock = bytes_per_s, clock
+        self.next = float("-inf")
+
+    def due(self, snapshot: Snapshot) -> bool:
+        return snapshot.done or snapshot.paused or self.clock() >= self.next
+
+    def wait(self, sleep=time.sleep) -> None:
+        """Until the browser can have drawn the last frame."""
+        sleep(max(0.0, self.next - self.clock()))
+
+    def sent(self, size: int, started: float | None = None) -> None:
+        """A frame of `size` bytes went out; its time counts from `started` (default: now)."""
+        self.next = (self.clock() if started is None else started) + size / self.bytes_per_s
 
 
 class ChartPacer:
@@ -160,7 +197,7 @@ def note_frame(text: str) -> Frame:
 
 def race_frame(
     snap: Snapshot, pieces, text_of, report: RaceReport | None, with_charts: bool, viewer: Viewer | None = None,
-    note: str | None = None, running: str | None = None,
+    note: str | None = None, running: str | None = None, hover: bool = True,
 ) -> Frame:
     """The frame that shows `snap`; `report` once the race has finished.
 
@@ -168,9 +205,10 @@ def race_frame(
     viewer: the viewer's state, where Pause / Step reach the race: `snap` becomes its latest, and
     the frame carries the cycle view and the control status line.
     note: the line under the summary numbers; running: the status line while the race runs.
+    hover: False leaves out the hover boxes a paused or finished race's frame carries (the titles stay).
     """
     d, p = snap.dflash, snap.plain
-    frame = _panes(snap, pieces, text_of, report)
+    frame = _panes(snap, pieces, text_of, report, hover)
     if note is None:
         note = "" if report is None else texts.OWN_CLOCKS
     if report is not None and report.stopped:
@@ -196,10 +234,10 @@ def race_frame(
     return frame
 
 
-def _panes(snap: Snapshot, pieces, text_of, report: RaceReport | None) -> Frame:
+def _panes(snap: Snapshot, pieces, text_of, report: RaceReport | None, hover: bool = True) -> Frame:
     """Every lane's stats, tokens and draft strip; the report's JSON and no trace file yet."""
     # Hover boxes with top-k lists are heavy; they go out when the viewer can hover: paused or done.
-    tips = snap.paused or report is not None
+    tips = hover and (snap.paused or report is not None)
     panes = {}
     # The plain pane outlines where any drafting lane first parts from it.
     others = "DFlash" if len(snap.lanes) == 2 else "a drafting lane"

@@ -33,6 +33,12 @@ COLORS = {
 _UNVERIFIED = "outline:1px dashed #8a94a6;outline-offset:-1px"  # drawn inside the chip: no layout shift
 BOUNDARY = "#5a6b8c"
 DIFF = "#d11a2a"
+# A pane's tokens are styled by class, not inline: a 512-token pane is redrawn every frame, and the
+# inline style was about half of each token's bytes.
+TOKEN_CSS = "".join(f".tok-{kind} {{ background: {color}; }}\n" for kind, color in COLORS.items()) + f"""
+.tok {{ border-radius: 3px; padding: 1px 0; }}
+.tok-start {{ border-left: 2px solid {BOUNDARY}; padding-left: 1px; margin-left: 1px; }}
+"""
 
 _PANE = (
     "font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:14px;line-height:1.9;"
@@ -162,19 +168,17 @@ def tokens_html(
 
 
 def _token_span(mark: TokenMark, piece: str, i: int, text_of, diff_at: int | None, lane: str, tip: str) -> str:
-    """Token i's span, with its hover box `tip`, or without one ("") its title."""
-    style = f"background:{COLORS[mark.kind]};border-radius:3px;padding:1px 0"
-    if mark.block_start and mark.kind != "plain":
-        style += f";border-left:2px solid {BOUNDARY};padding-left:1px;margin-left:1px"
-    if i == diff_at:
-        style += f";outline:2px solid {DIFF}"
+    """Token i's span, with its hover box `tip`, or without one ("") its title; its colour and block
+    bar come from its classes (`TOKEN_CSS`)."""
+    kind = f"tok tok-{mark.kind}" + (" tok-start" if mark.block_start and mark.kind != "plain" else "")
+    style = f' style="outline:2px solid {DIFF}"' if i == diff_at else ""
     data = (
         ""
         if mark.block is None
         else f' data-block="{_text(mark.block)}"' + ("" if mark.slot is None else f' data-slot="{_text(mark.slot)}"')
     )
     hover = "" if tip else f' title="{html.escape(_title(mark, i, text_of, i == diff_at, lane), quote=True)}"'
-    return f'<span class="tok tok-{mark.kind}"{data}{hover} style="{style}">{html.escape(piece)}{tip}</span>'
+    return f'<span class="{kind}"{data}{hover}{style}>{html.escape(piece)}{tip}</span>'
 
 
 def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 40, tips: bool = False) -> str:
