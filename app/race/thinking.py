@@ -71,8 +71,9 @@ class Thinking:
 
 def recorded_thinking(trace: dict) -> Thinking | None:
     """The thinking setting a trace records (`settings.thinking`, `pair.trained_thinking`, both checked
-    by `validate_trace`); None where the race's template had no switch."""
-    used = trace["settings"].get("thinking")
+    by `validate_trace`); None where the race's template had no switch, or the trace records no
+    settings (a vLLM pair's race: its servers applied the template)."""
+    used = trace.get("settings", {}).get("thinking")
     return None if used is None else Thinking(used, trace["pair"].get("trained_thinking"))
 
 

@@ -31,6 +31,11 @@ def vllm_venv() -> Path:
     return VLLM.venv()
 
 
+def vllm_python() -> Path:
+    """That venv's python; a `VllmUnavailable` that says how to make it where there is none."""
+    return VLLM.python()
+
+
 def subprocess_env(threads: int | None) -> dict[str, str]:
     """This process's environment, less what belongs to it alone, plus vLLM's CPU settings."""
     env = clean_env()
