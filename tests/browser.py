@@ -319,7 +319,9 @@ def move_whatif(url: str, timeout_s: float = 60.0) -> dict:
         page.wait_for_selector("#whatif svg polyline#wi-dflash", state="attached")
         page.wait_for_timeout(1000)  # the page's own start-up requests are over
         sent = []
-        page.on("request", lambda request: sent.append(request.url))
+        # What the page asks of the server (fonts drawn for the first time load as files, not calls).
+        page.on("request", lambda request: sent.append(request.url)
+                if request.resource_type in ("xhr", "fetch", "eventsource", "websocket") else None)
         curve = lambda: page.locator("#whatif svg").get_attribute("data-dflash")  # noqa: E731
         seen = {"start": curve()}
         for name, value in (("wi-a", "0.8"), ("wi-v", "4")):

@@ -48,7 +48,7 @@ def test_compare_is_a_tool_and_answers_with_the_json_summary(served):
     tool = next(t for t in tools if t.name == "compare")
     assert "tau" in tool.description and "speedup" in tool.description
     assert set(tool.inputSchema["properties"]) == {"prompt", "max_new_tokens", "block_size", "temperature", "top_p", "seed", "lanes",
-                                                   "thinking"}
+                                                   "thinking", "tree_budget"}
     assert "enable_thinking" in tool.inputSchema["properties"]["thinking"]["description"]
     assert "chat template" in tool.inputSchema["properties"]["prompt"]["description"]
     assert not result.isError
