@@ -85,7 +85,8 @@ def ancestor_mask(tree: DraftTree, device) -> torch.Tensor:
         row = list(rows[tree.parents[node]]) if node else [False] * n
         row[node] = True
         rows.append(row)
-    # Built as lists and moved in one go: per-row tensor writes cost ~100x more on the host.
+    # Built as lists and moved in one go: writing a tensor row by row costs far more on the host
+    # (dev/LOG.md, tree verification).
     return torch.tensor(rows, dtype=torch.bool, device=device)
 
 

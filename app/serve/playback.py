@@ -115,7 +115,7 @@ class ReplaySlots:
 
 
 class TraceParses:
-    """Traces parsed one at a time server-wide (a 20 MB upload costs a CPU-second and a gigabyte
+    """Traces parsed one at a time server-wide (a large upload costs CPU time and memory
     while it is parsed), each file once: the last `keep` parsed are kept by (path, size,
     modification time), so many replays of one upload share one parse."""
 
