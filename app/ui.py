@@ -49,6 +49,8 @@ from .view.serving import serving_figure, serving_table_html
 from .view.speedup import FORMULA_MD, speedup_figure
 from .view.tips import TIP_CSS, TIP_JS
 
+COMPILE_TICK_S = 3  # how often the status line counts the compiled steps while a pair's lanes compile
+
 
 class App:
     """The app's event handlers, one object per role, and the state they share."""
@@ -496,14 +498,20 @@ def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs
     # The thinking control follows the loaded pair: shown where its template has the switch.
     thinking_control = {"fn": app.loading.thinking_control, "inputs": [live.pair_state], "outputs": [live.thinking],
                         "api_visibility": "private"}
+    # While the pair's lanes compile, the status line counts the steps compiled (off once they are).
+    compiling = gr.Timer(COMPILE_TICK_S, active=False)
+    timer = {"fn": app.loading.compiling, "inputs": [live.pair_state], "outputs": [compiling],
+             "queue": False, "api_visibility": "private"}
+    compiling.tick(app.loading.compile_status, inputs=[live.pair_state, live.thinking],
+                   outputs=[live.status, compiling], queue=False, api_visibility="private")
     demo.load(app.loading.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size],
-              api_visibility="private").then(**thinking_control)
+              api_visibility="private").then(**thinking_control).then(**timer)
     # Callable by name, not an MCP tool (see `replay`): a pair chosen in one MCP call would not
     # outlive it.
     live.pair_choice.change(
         app.loading.select_pair, inputs=[live.pair_choice], outputs=[live.pair_state, live.status, live.block_size],
         api_name="select_pair", api_visibility="undocumented",
-    ).then(**thinking_control)
+    ).then(**thinking_control).then(**timer)
     live.thinking.input(app.loading.thinking_status, inputs=[live.pair_state, live.thinking], outputs=[live.status],
                         queue=False, api_visibility="private")
     race = {

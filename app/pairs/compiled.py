@@ -1,0 +1,141 @@
+"""A loaded pair's lanes on compiled steps, compiled in the background while races run eagerly.
+
+Each lane that can run compiled (DFlash, plain decoding, prompt lookup) gets a target of its own
+with static caches and compiled steps (`dflash_core.precompile`). A thread compiles the steps those
+lanes take, the default race's first (the one-token step, then the draft and verify steps at the
+trained block size), on targets of its own; the lanes' targets reuse that code at their first call.
+A race runs compiled only when every step each of its lanes takes is compiled, otherwise all its
+lanes run the eager steps: a race never compares a compiled lane with an eager one, and no lane
+changes path within a race. The tree, scheduled and drafter lanes run eagerly.
+
+Costs: the compiled steps use the same weights (`library` GEMMs: no packed copy per shape), and
+each lane's static KV caches hold `positions` tokens whatever a race's length. Inductor's code goes
+to its on-disk cache under the project's cache folder, so a second launch finds most of it there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from dflash_core import Target, compile_draft, compile_verify, size_caches
+from dflash_core.loading import keep_compiled_code
+
+from ..race.lanes import LABELS
+
+COMPILED_LANES = ("dflash", "plain", "lookup")
+# Prompt and new tokens of the longest race that runs compiled: the static caches hold this many
+# for every race, and a step attends over all of them, so larger costs every race's steps.
+POSITIONS = 1024
+# `library`: the linears stay the engine's (the CPU rows kernel and oneDNN's packed weights), so a
+# compiled step holds no copy of the weights and compiles in seconds (docs/benchmarks.md).
+GEMMS = "library"
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step to compile on `lane`'s target: the verify step of `length` tokens, or with `draft`, the
+    drafter's draft step at block size `length` and the verify step DFlash takes with it."""
+
+    lane: str
+    length: int
+    draft: bool = False
+
+    def describe(self) -> str:
+        if self.draft:
+            return f"{self.lane} lane's draft and verify steps at block {self.length}"
+        return f"{self.lane} lane's verify step of {self.length} token{'s' if self.length > 1 else ''}"
+
+
+def needed(lanes, block_size: int) -> set[Step]:
+    """The steps a race of `lanes` at `block_size` takes."""
+    steps = set()
+    for lane in lanes:
+        if lane == "plain" or block_size == 1:
+            steps.add(Step(lane, 1))
+        elif lane == "dflash":
+            steps.add(Step(lane, block_size, draft=True))
+        elif lane == "lookup":  # it verifies the prefix of its block that it found in the context
+            steps.update(Step(lane, n) for n in range(1, block_size + 1))
+    return steps
+
+
+def plan(trained: int) -> list[Step]:
+    """Every step of races at block sizes 1 to `trained`, the default race's (DFlash at the trained
+    block size against plain decoding) first."""
+    first = sorted(needed(("plain", "dflash"), trained), key=lambda step: step.draft)
+    rest = {step for block in range(trained, 0, -1) for step in needed(COMPILED_LANES, block)} - set(first)
+    return first + sorted(rest, key=lambda step: (step.lane != "lookup", -step.length if step.draft else step.length))
+
+
+class CompiledLanes:
+    """The compiled targets of a pair's lanes and the thread that compiles their steps."""
+
+    def __init__(self, target: Target, drafter, positions: int = POSITIONS):
+        """positions: the longest race (prompt and new tokens) to run compiled, at most the target's
+        context less a block."""
+        context = getattr(target.model.config, "max_position_embeddings", None) or positions + drafter.block_size
+        self.positions = min(positions, context - drafter.block_size)
+        self.drafter = drafter.with_own_cache()  # the eager lanes' drafter keeps its static cache
+        self.targets = {lane: self._compiled(target) for lane in COMPILED_LANES}
+        self.steps = plan(drafter.block_size)
+        self.done: set[Step] = set()
+        self.failed: str | None = None
+        self.seconds = 0.0
+        self._thread: threading.Thread | None = None
+
+    def _compiled(self, target: Target) -> Target:
+        compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=GEMMS)
+        size_caches(compiled, self.drafter, self.positions)
+        return compiled
+
+    def start(self, lock: threading.Lock) -> None:
+        """Compile every step in a background thread (once), each while holding `lock`, the pair's:
+        a step compiles on a lane's own target, and the targets over one model share its layers'
+        feature taps, so no race of the pair may run meanwhile."""
+        if self._thread is None:
+            keep_compiled_code()
+            self._thread = threading.Thread(target=self._compile_all, args=(lock,), name="compile-lanes", daemon=True)
+            self._thread.start()
+
+    def _compile_all(self, lock: threading.Lock) -> None:
+        start = time.perf_counter()
+        for step in self.steps:
+            target = self.targets[step.lane]
+            try:
+                with lock:
+                    if step.draft:
+                        compile_draft(target, self.drafter, step.length)
+                    else:
+                        compile_verify(target, step.length)
+            except Exception as exc:  # noqa: BLE001 - the lanes stay eager, and the status line says why
+                self.failed = f"compiling the {step.describe()} failed ({type(exc).__name__}: {exc})"
+                return
+            if any(entry is None for entry in target.graphs.graphs.values()):  # it fell back to eager
+                self.failed = f"the {step.describe()} did not compile (its warning says why)"
+                return
+            self.done.add(step)
+            self.seconds = time.perf_counter() - start
+
+    @property
+    def finished(self) -> bool:
+        return self.failed is not None or len(self.done) == len(self.steps)
+
+    def status(self) -> str:
+        """`compiled`, `compiling k/n`, or `eager` and why: what the lanes run."""
+        if self.failed:
+            return f"eager ({self.failed})"
+        if len(self.done) == len(self.steps):
+            return f"compiled (in {self.seconds:.0f} s)"
+        return f"compiling {len(self.done)}/{len(self.steps)}"
+
+    def lanes_for(self, lanes, block_size: int, positions: int) -> tuple[dict | None, str]:
+        """({lane: compiled target} and "compiled steps", or None and "eager steps" with why)."""
+        if extra := [LABELS[lane] for lane in lanes if lane not in COMPILED_LANES]:
+            return None, f"eager steps (the {' and '.join(extra)} lane{'s run' if len(extra) > 1 else ' runs'} them only)"
+        if positions > self.positions:
+            return None, f"eager steps ({positions} positions, past the {self.positions} the compiled steps hold)"
+        if needed(lanes, block_size) - self.done:
+            return None, f"eager steps ({self.status()})"
+        return {lane: self.targets[lane] for lane in lanes}, "compiled steps"
