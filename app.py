@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         "compiled steps once the app has compiled them in the background; the status line counts them)",
     )
     parser.add_argument(
+        "--compile-gemms", choices=("library", "template"), default="library",
+        help="the compiled lanes' linears: library (default: the engine's own, no copy of the weights, compiled "
+        "in seconds) or template (inductor's GEMMs on packed copies: faster steps, a copy of the target's "
+        "weights per compiled shape, minutes to compile)",
+    )
+    parser.add_argument(
         "--threads", type=int,
         help="torch CPU threads (default: all cores but one when serving on this machine's loopback, "
         "where the browser shares the CPU; all cores otherwise)",
@@ -132,7 +138,7 @@ def main(argv=None) -> None:
     zerogpu = on_zerogpu()
     # ZeroGPU: models go to (emulated) CUDA at start-up; no compute happens outside a GPU call.
     cache = PairCache("cuda" if zerogpu else args.device, warm_up=not zerogpu, cpu_for_cpu_pairs=zerogpu,
-                      compile_lanes=not (zerogpu or args.no_compile))
+                      compile_gemms=None if zerogpu or args.no_compile else args.compile_gemms)
     demo = build_demo(pairs, default_id, cache, from_args(args))
     if zerogpu:
         from app.hosting.space import load_every_pair

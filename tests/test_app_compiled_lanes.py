@@ -78,7 +78,7 @@ def cycles(shown) -> dict:
 def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread):
     spec = cli_pair(*map(str, pair_dirs))
     eager_app = App([spec], spec.id, PairCache("cpu"))
-    app = App([spec], spec.id, PairCache("cpu", compile_lanes=True))
+    app = App([spec], spec.id, PairCache("cpu", compile_gemms="library"))
     lanes = ["lookup"]
     pair = app.loading.cache.get(spec)
     compiled = pair.compiled
@@ -110,7 +110,7 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
     from dflash_core import DFlashDrafter, Target
 
     target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
-    compiled = CompiledLanes(target, drafter, positions=64)
+    compiled = CompiledLanes(target, drafter, positions=64 + BLOCK)
     assert compiled.status() == f"compiling 0/{len(compiled.steps)}"
     assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40) == (None, f"eager steps (compiling 0/{len(compiled.steps)})")
     compiled.done.update(needed(("dflash", "plain"), BLOCK))

@@ -25,11 +25,14 @@ from dflash_core.loading import keep_compiled_code
 from ..race.lanes import LABELS
 
 COMPILED_LANES = ("dflash", "plain", "lookup")
-# Prompt and new tokens of the longest race that runs compiled: the static caches hold this many
-# for every race, and a step attends over all of them, so larger costs every race's steps.
+# Positions the compiled lanes' static KV caches hold: a race of up to this many less a block (prompt
+# and new tokens) runs compiled. A compiled step attends over all of them, used or not, so larger
+# costs every race's steps.
 POSITIONS = 1024
 # `library`: the linears stay the engine's (the CPU rows kernel and oneDNN's packed weights), so a
-# compiled step holds no copy of the weights and compiles in seconds (docs/benchmarks.md).
+# compiled step holds no copy of the weights and compiles in seconds. `template` runs faster steps,
+# but each compiled shape packs its own copy of the target's weights and takes minutes to compile,
+# and a second launch still repacks them (docs/benchmarks.md, "Compiled lanes in the app").
 GEMMS = "library"
 
 
@@ -72,11 +75,12 @@ def plan(trained: int) -> list[Step]:
 class CompiledLanes:
     """The compiled targets of a pair's lanes and the thread that compiles their steps."""
 
-    def __init__(self, target: Target, drafter, positions: int = POSITIONS):
-        """positions: the longest race (prompt and new tokens) to run compiled, at most the target's
-        context less a block."""
-        context = getattr(target.model.config, "max_position_embeddings", None) or positions + drafter.block_size
-        self.positions = min(positions, context - drafter.block_size)
+    def __init__(self, target: Target, drafter, positions: int = POSITIONS, gemms: str = GEMMS):
+        """positions: what the static caches hold, at most the target's context; races of up to that
+        less the drafter's block (prompt and new tokens) run compiled."""
+        context = getattr(target.model.config, "max_position_embeddings", None) or positions
+        self.positions = min(positions, context) - drafter.block_size
+        self.gemms = gemms
         self.drafter = drafter.with_own_cache()  # the eager lanes' drafter keeps its static cache
         self.targets = {lane: self._compiled(target) for lane in COMPILED_LANES}
         self.steps = plan(drafter.block_size)
@@ -86,7 +90,7 @@ class CompiledLanes:
         self._thread: threading.Thread | None = None
 
     def _compiled(self, target: Target) -> Target:
-        compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=GEMMS)
+        compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=self.gemms)
         size_caches(compiled, self.drafter, self.positions)
         return compiled
 

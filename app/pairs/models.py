@@ -172,12 +172,12 @@ class PairCache:
 
     def __init__(
         self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False, memory=None,
-        hub_api=None, compile_lanes: bool = False,
+        hub_api=None, compile_gemms: str | None = None,
     ):
         """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU).
 
-        compile_lanes: once a pair has loaded on the CPU, compile its lanes' steps in the background
-        (`compiled.py`); its races run them once they are ready.
+        compile_gemms: once a pair has loaded on the CPU, compile its lanes' steps in the background
+        with these GEMMs (`compiled.py`; None: never); its races run them once they are ready.
 
         cpu_for_cpu_pairs: pairs that do not need a GPU load on the CPU whatever `device` is (on
         ZeroGPU they then race without GPU quota).
@@ -189,7 +189,7 @@ class PairCache:
         self.cpu_for_cpu_pairs = cpu_for_cpu_pairs
         self.memory = memory or (lambda: gpu_memory(self.device))
         self.hub_api = hub_api
-        self.compile_lanes = compile_lanes
+        self.compile_gemms = compile_gemms
         self.freed: list[str] = []  # labels of the pairs the last load freed
         self._pairs: dict[str, LoadedPair] = {}
         self._targets: dict[tuple, Target] = {}  # (target dir, device, dtype) -> the first pair's target
@@ -257,8 +257,8 @@ class PairCache:
                                 lane_drafters=lane_drafters)
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)
-            if self.compile_lanes and device == "cpu":
-                loaded.compiled = CompiledLanes(loaded.target, loaded.drafter)
+            if self.compile_gemms and device == "cpu":
+                loaded.compiled = CompiledLanes(loaded.target, loaded.drafter, gemms=self.compile_gemms)
                 loaded.compiled.start(loaded.lock)
             self._pairs[spec.id] = loaded
             return loaded
