@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 
 from dflash_core import Target, compile_draft, compile_verify, size_caches
-from dflash_core.loading import keep_compiled_code
 
 from ..race.lanes import LABELS
 
@@ -99,7 +98,6 @@ class CompiledLanes:
         a step compiles on a lane's own target, and the targets over one model share its layers'
         feature taps, so no race of the pair may run meanwhile."""
         if self._thread is None:
-            keep_compiled_code()
             self._thread = threading.Thread(target=self._compile_all, args=(lock,), name="compile-lanes", daemon=True)
             self._thread.start()
 

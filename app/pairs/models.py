@@ -24,6 +24,7 @@ from dflash_core.loading import (
     default_drafter_dtype,
     describe_template,
     fetch_target,
+    keep_compiled_code,
     load_drafter,
     load_lane_drafter,
     pair_size,
@@ -190,6 +191,8 @@ class PairCache:
         self.memory = memory or (lambda: gpu_memory(self.device))
         self.hub_api = hub_api
         self.compile_gemms = compile_gemms
+        if compile_gemms:
+            keep_compiled_code()
         self.freed: list[str] = []  # labels of the pairs the last load freed
         self._pairs: dict[str, LoadedPair] = {}
         self._targets: dict[tuple, Target] = {}  # (target dir, device, dtype) -> the first pair's target
