@@ -122,3 +122,19 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
     assert compiled.lanes_for(("dflash", "plain", "lookup"), BLOCK, 40)[0] is None  # lookup's steps are not done
     assert compiled.lanes_for(("dflash", "scheduled", "ar"), BLOCK, 40) == (
         None, "eager steps (the DFlash, scheduled block and AR drafter lanes run them only)")
+
+
+def test_compiling_stops_at_its_bound_and_says_what_compiled(pair_dirs):
+    import threading
+
+    from dflash_core import DFlashDrafter, Target
+
+    target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
+    compiled = CompiledLanes(target, drafter, budget_s=0)
+    compiled.start(threading.Lock())
+    compiled._thread.join(timeout=600)  # the first step starts at once; the bound stops the second
+    assert compiled.done == {compiled.steps[0]} and compiled.finished
+    assert compiled.status() == (f"1/{len(compiled.steps)} compiled, the others eager: compiling stopped at its "
+                                 "bound of 0 minutes")
+    assert compiled.lanes_for(("plain",), BLOCK, 40)[1] == "compiled steps"
+    assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40)[0] is None

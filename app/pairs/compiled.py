@@ -33,6 +33,8 @@ POSITIONS = 1024
 # but each compiled shape packs its own copy of the target's weights and takes minutes to compile,
 # and a second launch still repacks them (docs/benchmarks.md, "Compiled lanes in the app").
 GEMMS = "library"
+# A loaded machine can take many minutes per step (template GEMMs: more): past this, compiling stops.
+BUDGET_S = 30 * 60
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,14 @@ def plan(trained: int) -> list[Step]:
 class CompiledLanes:
     """The compiled targets of a pair's lanes and the thread that compiles their steps."""
 
-    def __init__(self, target: Target, drafter, positions: int = POSITIONS, gemms: str = GEMMS):
+    def __init__(self, target: Target, drafter, positions: int = POSITIONS, gemms: str = GEMMS,
+                 budget_s: float = BUDGET_S):
         """positions: what the static caches hold, at most the target's context; races of up to that
-        less the drafter's block (prompt and new tokens) run compiled."""
+        less the drafter's block (prompt and new tokens) run compiled. budget_s: no step but the first
+        starts to compile after this many seconds; races that need the steps left run eagerly."""
         context = getattr(target.model.config, "max_position_embeddings", None) or positions
         self.positions = min(positions, context) - drafter.block_size
-        self.gemms = gemms
+        self.gemms, self.budget_s = gemms, budget_s
         self.drafter = drafter.with_own_cache()  # the eager lanes' drafter keeps its static cache
         self.targets = {lane: self._compiled(target) for lane in COMPILED_LANES}
         self.steps = plan(drafter.block_size)
@@ -104,6 +108,9 @@ class CompiledLanes:
     def _compile_all(self, lock: threading.Lock) -> None:
         start = time.perf_counter()
         for step in self.steps:
+            if self.done and time.perf_counter() - start > self.budget_s:
+                self.failed = f"compiling stopped at its bound of {self.budget_s / 60:.0f} minutes"
+                return
             target = self.targets[step.lane]
             try:
                 with lock:
@@ -111,7 +118,7 @@ class CompiledLanes:
                         compile_draft(target, self.drafter, step.length)
                     else:
                         compile_verify(target, step.length)
-            except Exception as exc:  # noqa: BLE001 - the lanes stay eager, and the status line says why
+            except Exception as exc:  # noqa: BLE001 - those races stay eager, and the status line says why
                 self.failed = f"compiling the {step.describe()} failed ({type(exc).__name__}: {exc})"
                 return
             if any(entry is None for entry in target.graphs.graphs.values()):  # it fell back to eager
@@ -125,12 +132,13 @@ class CompiledLanes:
         return self.failed is not None or len(self.done) == len(self.steps)
 
     def status(self) -> str:
-        """`compiled`, `compiling k/n`, or `eager` and why: what the lanes run."""
+        """`compiled`, `compiling k/n`, or what compiled and why the rest did not."""
+        done, total = len(self.done), len(self.steps)
         if self.failed:
-            return f"eager ({self.failed})"
-        if len(self.done) == len(self.steps):
+            return f"{done}/{total} compiled, the others eager: {self.failed}"
+        if done == total:
             return f"compiled (in {self.seconds:.0f} s)"
-        return f"compiling {len(self.done)}/{len(self.steps)}"
+        return f"compiling {done}/{total}"
 
     def lanes_for(self, lanes, block_size: int, positions: int) -> tuple[dict | None, str]:
         """({lane: compiled target} and "compiled steps", or None and "eager steps" with why)."""
