@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -274,6 +275,40 @@ def test_parallel_replays_of_one_upload_take_places_before_it_is_parsed_and_pars
     refused = [a for a in answers if "Your address already has" in a]
     assert len(refused) >= 12 - Limits().per_visitor, answers  # refused before any file was read
     assert len(parsed) == 1  # the places given share one parse
+
+
+def test_replays_past_a_visitors_places_are_refused_at_the_queue_before_gradio_reads_the_upload(served, monkeypatch):
+    """A replay runs at once (its line is the handler's), so the queue counts a visitor's replays
+    playing as well as waiting: the joins past the places get 503, and neither the handler nor
+    Gradio's copy of the upload into its cache (a hash of every byte) runs for them."""
+    from gradio import processing_utils
+
+    demo, url = served
+    app = demo.dflash_app
+    entered, hashed = [], []
+    join, hash_file = app.playback.slots.join, processing_utils.hash_file
+    monkeypatch.setattr(app.playback.slots, "join", lambda visitor="": (entered.append(visitor), join(visitor))[1])
+    monkeypatch.setattr(processing_utils, "hash_file", lambda path, *a, **k: (hashed.append(path), hash_file(path, *a, **k))[1])
+    padded = SHIPPED.read_bytes() + b" " * 600_000  # within the fixture's 1 MB hour
+    with client("127.0.0.14") as http:
+        answer = http.post(f"{url}gradio_api/upload", files={"files": ("big.json", padded, "application/json")})
+        assert answer.status_code == 200, answer.text
+    upload = {"path": answer.json()[0], "meta": {"_type": "gradio.FileData"}}
+    replay = _fn(demo, fn=app.playback.replay)
+
+    def join_only(i: int) -> httpx.Response:
+        with client("127.0.0.14") as http:
+            return http.post(f"{url}gradio_api/queue/join", json={
+                "data": [None, upload, 0.25], "fn_index": replay, "session_hash": f"storm-{i}", "trigger_id": None})
+
+    with ThreadPoolExecutor(12) as pool:
+        joins = list(pool.map(join_only, range(12)))
+    time.sleep(1.0)  # the admitted ones have reached the handler
+    codes = [j.status_code for j in joins]
+    assert codes.count(200) <= Limits().per_visitor and codes.count(503) >= 12 - Limits().per_visitor, codes
+    assert "Your address already has" in next(j.text for j in joins if j.status_code == 503)
+    assert len(entered) <= Limits().per_visitor, entered
+    assert len(hashed) <= Limits().per_visitor, hashed
 
 
 # --- 8. behind a trusted reverse proxy, each visitor has bounds of their own -------------------------------
