@@ -156,6 +156,45 @@ def test_made_up_session_ids_neither_grow_the_stream_table_nor_pass_when_long(se
             readers.max_left = 10_000
 
 
+def test_a_flood_of_queue_requests_from_one_address_gets_429_while_another_address_is_served():
+    demo = build_demo([], "", None, Limits(queue_requests_per_min=30), live=False)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo))
+    url = demo.local_url
+    try:
+        with client("127.0.0.15", timeout=30) as http:
+            flood = [http.get(f"{url}gradio_api/queue/data", params={"session_hash": f"{i:04d}" + "x" * 200})
+                     for i in range(100)]
+            joins = [http.post(f"{url}gradio_api/queue/join", json={"data": [], "fn_index": 0, "session_hash": "j"})
+                     for _ in range(5)]
+        codes = [answer.status_code for answer in flood]
+        # The bucket's 30, and what refills at 0.5 a second while the flood is sent: the rest get 429.
+        assert 30 <= len(codes) - codes.count(429) <= 40 and codes.count(400) >= 30, codes
+        refused = next(answer for answer in flood if answer.status_code == 429)
+        assert "at most 30 a minute" in refused.text and "--queue-requests-per-min" in refused.text
+        assert refused.headers["retry-after"] == "2"
+        assert [j.status_code for j in joins] == [429] * 5  # every queue route, not only the streams
+        replay = _fn(demo, fn=demo.dflash_app.playback.replay)
+        assert "process_generating" in _first_answer(url, "127.0.0.16", replay, ["math-greedy", None, 4.0], "other")
+    finally:
+        demo.close()
+        demo.dflash_app.traces.close()
+
+
+def test_the_request_rate_refills_at_its_rate_per_visitor_and_keeps_a_bounded_table():
+    from app.guard.request_rate import RequestRate
+
+    now = [0.0]
+    rate = RequestRate(per_min=60, clock=lambda: now[0], max_visitors=3)
+    assert [rate.allow("a") for _ in range(61)] == [True] * 60 + [False]
+    assert rate.allow("b")  # a bucket per visitor
+    now[0] += 2.5  # one a second comes back: two whole requests
+    assert [rate.allow("a") for _ in range(3)] == [True, True, False]
+    for visitor in ("c", "d", "e"):
+        rate.allow(visitor)
+    assert len(rate) == 3 and rate.retry_after_s() == 1
+
+
 # --- 6. a race runs on the pair the page shows, though the session's state was dropped -------------------
 def _fn(demo, *, elem_id: str | None = None, fn=None, api_name: str | None = None) -> int:
     """The function index of the first event with a handler that the component `elem_id` fires, of
