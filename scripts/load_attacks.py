@@ -26,6 +26,9 @@ import itertools
 import json
 import os
 import re
+import select
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -193,6 +196,7 @@ class Attacks:
         self.work = work
         self.config = httpx.get(self.url + "config", timeout=30).json()
         self._addresses = itertools.count(1)
+        self._victim: subprocess.Popen | None = None
 
     # --- helpers --------------------------------------------------------------------------------
     def probe(self) -> float:
@@ -214,6 +218,34 @@ class Attacks:
         if "error" in result:
             raise AssertionError(f"a normal race failed: {result['error']}")
         return round(time.perf_counter() - started, 2)
+
+    def victim_probe(self) -> tuple[float | str, bool]:
+        """`try_probe`'s answer for the same race raced by another visitor in a process of its own
+        (`load_victim.py`), so that the attack's client threads do not slow it down."""
+        if self._victim is None:
+            self._victim = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("load_victim.py")), self.url, str(self.args.block_size)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self._victim_answer(120)  # its imports done
+        self._victim.stdin.write("race\n")
+        self._victim.stdin.flush()
+        answer = self._victim_answer(self.args.probe_timeout_s)
+        if "seconds" in answer:
+            return answer["seconds"], True
+        return answer.get("error", "no answer"), False
+
+    def _victim_answer(self, timeout_s: float) -> dict:
+        ready, _, _ = select.select([self._victim.stdout], [], [], timeout_s)
+        if not ready:
+            self.close_victim()  # a late answer would be read as the next race's
+            return {"error": f"a normal race did not finish within {timeout_s} s"}
+        return json.loads(self._victim.stdout.readline() or '{"error": "the victim process ended"}')
+
+    def close_victim(self) -> None:
+        if self._victim is not None:
+            self._victim.kill()
+            self._victim.wait()
+            self._victim = None
 
     def try_probe(self) -> tuple[float | str, bool]:
         """(`probe()`'s seconds, True), or (why it failed, False)."""
@@ -618,18 +650,22 @@ class Attacks:
 
     # --- the third pass: each attack beside another visitor's race ------------------------------------
     def beside_attack(self, attack) -> dict:
-        """`attack()`'s dict, with another visitor's race run while it runs: its seconds, their ratio to
-        the same race alone just before (the machine's other load changes from minute to minute), and
-        the server's peak RSS growth over the attack."""
+        """`attack()`'s dict, with another visitor's race run while it runs (`victim_probe`, from a
+        process of its own): its seconds, their ratio to the same race alone just before (the
+        machine's other load changes from minute to minute), and the server's peak RSS growth over
+        the attack."""
         self.runner.check_time()
-        self.alone_s = min(self.probe() for _ in range(2))  # the first may be the model's first race
+        alone = [self.victim_probe() for _ in range(2)]  # the first may be the model's first race
+        if not all(ok for _, ok in alone):
+            raise AssertionError(f"a normal race alone failed: {alone}")
+        self.alone_s = min(seconds for seconds, _ in alone)
         rss = self.server.rss()
         self.server.window()
         result: dict = {}
         worker = threading.Thread(target=lambda: result.update(attack()), daemon=True)
         worker.start()
         time.sleep(0.5)  # the attack under way
-        victim, ok = self.try_probe()
+        victim, ok = self.victim_probe()
         worker.join(self.args.request_timeout_s)
         ratio = round(victim / self.alone_s, 2) if ok else None
         return {**result, "victim_s": victim, "alone_s": self.alone_s, "victim_ratio": ratio,
@@ -699,11 +735,13 @@ class Attacks:
         return {"outcome": outcome, "message": message[:200], "ok": outcome == "error" and "lane-tokens" in message}
 
     def session_ids(self) -> dict:
-        """4,000 event-stream requests under 14,000-character made-up session ids: refused, nothing kept."""
+        """4,000 event-stream requests under 14,000-character made-up session ids: refused (400 for the
+        id's length, 429 past the address's rate), nothing kept."""
         with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=30) as http:
             codes = [http.get(f"{self.api}/queue/data", params={"session_hash": uuid.uuid4().hex + "x" * 14_000}).status_code
                      for _ in range(4000)]
-        return {"requests": len(codes), "refused": codes.count(400), "ok": codes.count(400) == len(codes)}
+        refused = codes.count(400) + codes.count(429)
+        return {"requests": len(codes), "refused": refused, "past_rate": codes.count(429), "ok": refused == len(codes)}
 
     def direct_run(self) -> dict:
         """A queued function called on /gradio_api/run/: 404, so the queue's per-visitor bounds hold."""
@@ -728,13 +766,16 @@ def run(runner, server, work: Path) -> dict:
               ("orphan", attacks.orphan),
               *((name, lambda name=name: attacks.beside_attack(getattr(attacks, name))) for name in THIRD_PASS))
     chosen = getattr(runner.args, "attacks", None)
-    for name, case in groups:
-        if chosen and name not in chosen.split(","):
-            continue
-        try:
-            out[name] = case()
-        except Exception as exc:  # noqa: BLE001 - the group failed; the others still run
-            out[name] = {"aborted": f"{type(exc).__name__}: {exc}"}
+    try:
+        for name, case in groups:
+            if chosen and name not in chosen.split(","):
+                continue
+            try:
+                out[name] = case()
+            except Exception as exc:  # noqa: BLE001 - the group failed; the others still run
+                out[name] = {"aborted": f"{type(exc).__name__}: {exc}"}
+    finally:
+        attacks.close_victim()
     return out
 
 
