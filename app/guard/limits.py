@@ -42,7 +42,7 @@ class Limits:
     per_visitor: int = 2  # requests one visitor (one address) may have waiting in each queue, races and replays
     upload_mb_per_hour: int = 100  # megabytes of uploads one visitor may send in an hour
     # requests to the queue's routes (joins, event streams, heartbeats) one visitor may send in a
-    # minute, in a burst or spread out: a page sends about 3 on loading and 2 per race
+    # minute, in a burst or spread out: a page sends 5 on loading and 2 per race
     queue_requests_per_min: int = 300
     session_capacity: int = 200  # sessions whose last outputs Gradio keeps in memory (it drops the oldest)
     # Addresses of a reverse proxy whose X-Forwarded-For names the visitor ("": none; every visitor

@@ -5,7 +5,7 @@ API's `call` routes) costs Gradio work before any bound of `queue_bounds` can lo
 stream under a made-up session id costs the server about 4 ms of CPU, and one address can send
 hundreds a second. `RequestRate` gives each visitor (`callers.visitor_of`) a bucket of `per_min`
 requests, refilled at `per_min` / 60 a second; a request finding it empty is answered 429 by the
-HTTP guard before Gradio sees it. A browser page sends about 3 such requests on loading and 2 per
+HTTP guard before Gradio sees it. A browser page sends 5 such requests on loading and 2 per
 race, so the default leaves room for a class behind one address loading the page at once.
 The table holds the `max_visitors` seen last.
 """
