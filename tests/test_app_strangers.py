@@ -396,3 +396,20 @@ def test_a_queued_function_is_not_run_by_a_direct_call_and_the_controls_still_ar
                           json={"data": [], "fn_index": _fn(demo, elem_id="pause"), "session_hash": "direct"})
         assert pause.status_code == 200  # the page's controls skip the queue on purpose
     assert "process_generating" in _first_answer(url, "127.0.0.13", replay, ["math-greedy", None, 4.0], "queued")
+
+
+# --- every visitor bound is documented with its flag and its defaults ------------------------------------
+def test_docs_state_every_visitor_bound_with_its_flag_and_both_defaults():
+    import re
+    from dataclasses import fields
+
+    from app.guard.limits import SPACE_LIMITS
+
+    table = (REPO / "docs" / "app.md").read_text(encoding="utf-8")
+    for bound in fields(Limits):
+        flag = "--" + bound.name.replace("_", "-")
+        row = re.search(r"^\| `" + re.escape(flag) + r"` \| ([^|]+) \| ([^|]+) \|", table, re.M)
+        assert row is not None, f"docs/app.md has no row for {flag}"
+        shown = [getattr(limits, bound.name) or "none" for limits in (Limits(), SPACE_LIMITS)]
+        assert [cell.strip() for cell in row.groups()] == [str(value) for value in shown], flag
+
