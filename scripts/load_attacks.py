@@ -574,8 +574,9 @@ class Attacks:
         """17 joins at once from one address (127.0.0.2): most refused with the reason; another
         visitor's race (127.0.0.1) and replay (127.0.0.3) are still served."""
         self.runner.check_time()
+        # The API's ten inputs: ..., seed, lanes, the session's pair (a State), thinking, the tree budget.
         data = ["Count slowly from one to one hundred.", self.args.cancel_tokens, self.args.block_size, 0.0, 1.0, 0, None,
-                None, None]
+                None, None, None]
         codes, said = [], ""
         with httpx.Client(transport=loopback("127.0.0.2"), timeout=30) as http:
             for _ in range(17):
@@ -608,8 +609,8 @@ class Attacks:
                 codes.append(answer.status_code)
         time.sleep(min(30, self.args.max_replay_s + 5))  # the replays that started have ended
         grown = round((self.server.rss() - rss_before) / 2**20, 1)
-        # Gradio answers every join (a replay waits in the handler's line, not in Gradio's queue);
-        # the handler refuses all but the visitor's share, in the stream nobody reads.
+        # The replay queue starts each replay at once, so it counts the visitor's running replays:
+        # while two play, the next joins are refused (503).
         return {"joins": len(codes), "joins_answered": codes.count(200), "rss_growth_mb": grown,
                 "probe_s": self.probe(), "ok": grown < 100}
 

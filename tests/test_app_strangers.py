@@ -3,8 +3,10 @@ as a test over HTTP (loopback only) that failed on the code before.
 
 No file route fetches a URL and no look-up leaves the machine; parallel uploads cannot pass the
 hourly budget together; replays of one upload are parsed once, after the visitor's place is
-taken; a race is bounded by its lane-tokens and its frames' bytes; the open-stream table is
-bounded; a race runs on the pair the page shows. Visitors are told apart by their loopback
+taken, and those past the visitor's places are refused at the queue's join; a race is bounded by
+its lane-tokens and its frames' bytes; the open-stream table is bounded, and one address's flood
+of queue requests gets 429 while others are served; a race runs on the pair the page shows; the
+docs give every bound's flag and defaults. Visitors are told apart by their loopback
 source address (127.0.0.2, 127.0.0.3, ...), as the server's per-visitor bounds tell them apart.
 """
 
