@@ -11,8 +11,7 @@ a message (HTTP 503), as Gradio refuses a request to a full queue.
 A queue with no concurrency limit (the replays, whose line is their handler's own) starts every
 request at once, so nothing waits in it: there a visitor's running requests count too. Joins
 under way count as soon as they pass the check, so many sent at once cannot all pass it before
-the first is queued. A request refused here costs no worker, and Gradio never copies the file it
-names into its cache (a hash of every byte of an upload).
+the first is queued. A request refused here costs no worker thread, no event and no stream.
 """
 
 from __future__ import annotations
