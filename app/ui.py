@@ -26,6 +26,7 @@ from .guard.http_guard import MULTIPART_SLACK, HttpGuard, UploadBudget, refuse_u
 from .guard.limits import Limits
 from .guard.queue_bounds import bound_queue
 from .guard.readers import Readers
+from .guard.request_rate import RequestRate
 from .guard.traces import TraceStore
 from .pairs.registry import PairSpec, unavailable_here
 from .race.control import Controls
@@ -131,7 +132,8 @@ def private_trace_root() -> Path:
 
 def launch_options(demo: gr.Blocks) -> dict:
     """The `demo.launch` arguments every server of the app needs, beside host and port: uploads
-    bounded per file, per request and per visitor, no URL fetched through the file route, each
+    bounded per file, per request and per visitor, no URL fetched through the file route, a
+    visitor's requests to the queue bounded in rate, each
     session's event streams counted (a race nobody reads ends), the sessions kept in memory
     bounded, and every trace file deleted when the server stops."""
     app = demo.dflash_app
@@ -145,7 +147,8 @@ def launch_options(demo: gr.Blocks) -> dict:
             traces.close()
 
     budget = UploadBudget(per_request=MAX_BYTES + MULTIPART_SLACK, per_hour=limits.upload_mb_per_hour * 1_000_000)
-    middleware = [Middleware(HttpGuard, budget=budget), Middleware(app.readers.middleware)]
+    rate = RequestRate(limits.queue_requests_per_min)
+    middleware = [Middleware(HttpGuard, budget=budget, rate=rate), Middleware(app.readers.middleware)]
     if limits.trusted_proxy:  # outermost: every bound below sees the visitor the proxy names
         middleware.insert(0, Middleware(ProxyHeadersMiddleware, trusted_hosts=limits.trusted_proxy))
     return {"max_file_size": MAX_BYTES, "state_session_capacity": limits.session_capacity,
