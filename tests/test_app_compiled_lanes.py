@@ -114,6 +114,8 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
     assert compiled.status() == f"compiling 0/{len(compiled.steps)}"
     assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40) == (None, f"eager steps (compiling 0/{len(compiled.steps)})")
     compiled.done.update(needed(("dflash", "plain"), BLOCK))
+    assert compiled.status() == (f"compiling 2/{len(compiled.steps)}; DFlash at block {BLOCK} and plain decoding run "
+                                 "compiled already")
     targets, steps = compiled.lanes_for(("dflash", "plain"), BLOCK, 40)
     assert steps == "compiled steps" and set(targets) == {"dflash", "plain"}
     assert targets["dflash"] is not targets["plain"] and targets["dflash"].graphs is not None

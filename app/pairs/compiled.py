@@ -138,7 +138,10 @@ class CompiledLanes:
             return f"{done}/{total} compiled, the others eager: {self.failed}"
         if done == total:
             return f"compiled (in {self.seconds:.0f} s)"
-        return f"compiling {done}/{total}"
+        first = needed(("dflash", "plain"), self.drafter.block_size)
+        ready = f"; DFlash at block {self.drafter.block_size} and plain decoding run compiled already" if (
+            first <= self.done) else ""
+        return f"compiling {done}/{total}{ready}"
 
     def lanes_for(self, lanes, block_size: int, positions: int) -> tuple[dict | None, str]:
         """({lane: compiled target} and "compiled steps", or None and "eager steps" with why)."""

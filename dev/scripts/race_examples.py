@@ -32,9 +32,13 @@ def main() -> None:
     start = time.perf_counter()
     client = Client(args.url, verbose=False)
     status, _ = client.predict(args.pair or "", api_name="/select_pair") if args.pair else (None, None)
+    default_ready = False
     while args.wait_compiled and "Lane steps: compiled" not in (status or ""):
         if time.perf_counter() - start > args.wait_compiled:
             raise SystemExit(f"the lanes did not run compiled within {args.wait_compiled:g} s: {status}")
+        if not default_ready and "run compiled already" in (status or ""):
+            default_ready = True
+            print(f"{time.perf_counter() - start:.1f} s: {status[status.index('Lane steps'):]}", flush=True)
         time.sleep(2)
         status, _ = client.predict(args.pair or "", api_name="/select_pair")
     if status:
