@@ -479,15 +479,20 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     # Every click is one more cycle: with Gradio's default ("once"), a click made while the previous
     # Step's reply is still on its way (a busy CPU sends the stream's frame first) would be dropped.
     area.step_button.click(
-        app.stepping.step, outputs=[control_status], queue=False, api_visibility="private", trigger_mode="multiple"
+        app.stepping.step, outputs=[control_status, area.follow], queue=False, api_visibility="private",
+        trigger_mode="multiple",
     )
-    area.resume_button.click(app.stepping.resume, outputs=[control_status], queue=False, api_visibility="private")
-    cycle_pick, cycle_view = area.outputs["cycle_pick"], area.outputs["cycle_view"]
+    area.resume_button.click(app.stepping.resume, outputs=[control_status, area.follow], queue=False,
+                             api_visibility="private")
+    # Every cycle picker answers with the follow checkbox and the race's outputs (`stepping.look_at`):
+    # in a paused or finished run the panes go back to the cycle picked.
+    looked = [area.follow, *outputs]
+    cycle_pick = area.outputs["cycle_pick"]
+    now = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
     for event in (cycle_pick.release, cycle_pick.input):
-        event(app.stepping.pick_cycle, inputs=[cycle_pick], outputs=[cycle_view, area.follow], queue=False, api_visibility="private")
-    area.follow.input(app.stepping.follow_latest, inputs=[area.follow], outputs=[cycle_view], queue=False, api_visibility="private")
-    area.cycle_lane.input(app.stepping.pick_lane, inputs=[area.cycle_lane], outputs=[cycle_view, cycle_pick], queue=False,
-                          api_visibility="private")
+        event(app.stepping.pick_cycle, inputs=[cycle_pick], outputs=looked, **now)
+    area.follow.input(app.stepping.follow_latest, inputs=[area.follow], outputs=looked, **now)
+    area.cycle_lane.input(app.stepping.pick_lane, inputs=[area.cycle_lane], outputs=looked, **now)
     demo.unload(app.end_session)
 
 
@@ -600,7 +605,7 @@ def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceA
     control_status = area.outputs["control_status"]
     area.step_button.click(app.lecture.step_when_idle, outputs=[control_status], **now).then(
         None, inputs=[control_status], js=lecture.START_PAUSED_JS, **now)
-    cycle_outputs = [area.outputs["cycle_view"], area.outputs["cycle_pick"], area.follow]
+    cycle_outputs = [area.follow, *outputs]  # `stepping.look_at`
     for button, shift in ((area.cycle_prev, app.lecture.previous_cycle), (area.cycle_next, app.lecture.next_cycle)):
         button.click(lambda: gr.Accordion(open=True), outputs=[area.cycle_panel], **now)
         button.click(shift, inputs=[area.outputs["cycle_pick"]], outputs=cycle_outputs, **now)
@@ -631,7 +636,7 @@ def _wire_lessons(app: App, replay: ReplayTab, area: RaceArea) -> None:
             show_progress="hidden").then(
             app.playback.replay, inputs=replay.inputs, outputs=outputs, api_visibility="private",
             concurrency_limit=None, concurrency_id="replay", show_progress="hidden")
-    moved = [callout, state, area.outputs["cycle_view"], area.outputs["cycle_pick"], area.follow, area.cycle_panel]
+    moved = [callout, state, area.cycle_panel, area.follow, *outputs]  # `Lessons.move`
     for button, move in ((previous, app.lessons.previous), (following, app.lessons.next)):
         button.click(move, inputs=[state], outputs=moved, queue=False, api_visibility="private", show_progress="hidden")
 

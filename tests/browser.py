@@ -266,7 +266,8 @@ def _status(page) -> str:
 
 def _numbers(page) -> dict:
     """Every place that numbers the cycles on screen: the control status, DFlash's bonus tokens (one
-    per cycle), the strip's newest row, the cycle view's title and the cycle picker."""
+    per cycle), the strip's newest row, the cycle view's title and the cycle picker; and the text of
+    the DFlash and plain decoding panes."""
     strip = page.locator("#dflash-strip .strip-head")
     return {
         "status": _status(page),
@@ -274,6 +275,8 @@ def _numbers(page) -> dict:
         "strip": strip.last.inner_text() if strip.count() else "",  # the newest row is drawn last
         "title": page.locator("#cycle-view .cycle h4").first.inner_text() if page.locator("#cycle-view .cycle h4").count() else "",
         "picker": page.locator("#cycle-pick input[type=number]").input_value(),
+        "dflash_text": page.locator("#dflash-tokens").inner_text(),
+        "plain_text": page.locator("#plain-tokens").inner_text(),
     }
 
 
@@ -284,9 +287,10 @@ def _key(page, key: str) -> None:
 
 
 def step_replay_with_keys(url: str, timeout_s: float = 90.0) -> list[dict]:
-    """In an app without models: Replay with "Start paused", then right arrow three times, left arrow
-    twice and space. Returns what numbered the cycles after each key (`_numbers`), the first entry
-    before any key."""
+    """In an app without models: Replay with "Start paused", then right arrow three times (Step),
+    left arrow twice (back to cycles 2 and 1), right arrow three times (on to 2, to 3 where the replay
+    paused, then Step to 4) and space. Returns what numbered the cycles after each key (`_numbers`),
+    the first entry before any key."""
     seen = []
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#replay-run")
@@ -295,16 +299,26 @@ def step_replay_with_keys(url: str, timeout_s: float = 90.0) -> list[dict]:
         page.wait_for_selector("#control-status :text('before cycle 1')")
         page.locator("#cycle-panel > button").first.click()  # "Inside a cycle" open
         seen.append(_numbers(page))
+
+        def at(k: int, of: int, status: str) -> None:
+            page.wait_for_selector(f"#control-status :text('{status}')")
+            page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {k} of {of} ')")
+            page.wait_for_function(f"document.querySelector('#cycle-pick input[type=number]').value === '{k}'")
+            page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length === {k}")
+            seen.append(_numbers(page))
+
         for k in (1, 2, 3):
             _key(page, "ArrowRight")
-            page.wait_for_selector(f"#control-status :text('after cycle {k}:')")
-            page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {k} of {k} ')")
-            seen.append(_numbers(page))
+            at(k, k, f"after cycle {k}:")
         for k in (2, 1):
             _key(page, "ArrowLeft")
-            page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {k} of 3 ')")
-            page.wait_for_function(f"document.querySelector('#cycle-pick input[type=number]').value === '{k}'")
-            seen.append(_numbers(page))
+            at(k, 3, f"Back at cycle {k} of 3")
+        _key(page, "ArrowRight")
+        at(2, 3, "Back at cycle 2 of 3")
+        _key(page, "ArrowRight")
+        at(3, 3, "after cycle 3:")
+        _key(page, "ArrowRight")
+        at(4, 4, "after cycle 4:")
         _key(page, " ")
         page.wait_for_selector("#control-status :text('Playing')")
         seen.append(_numbers(page))

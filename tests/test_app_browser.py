@@ -177,17 +177,24 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
 def test_browser_steps_a_paused_replay_from_cycle_one_with_the_keyboard(replay_url):
     from browser import step_replay_with_keys
 
-    before, *stepped, back2, back1, playing = step_replay_with_keys(replay_url)
+    before, *forward, back2, back1, on2, on3, on4, playing = step_replay_with_keys(replay_url)
     assert before["status"].startswith("Paused before cycle 1") and before["bonus"] == 0 and not before["strip"]
-    for k, seen in enumerate(stepped, start=1):  # every place numbers the cycle on screen the same way
+    for k, seen in enumerate([*forward, on4], start=1):  # every place numbers the cycle on screen the same way
         assert seen["status"].startswith(f"Paused after cycle {k}: Step (→) shows cycle {k + 1}")
         assert seen["bonus"] == k and seen["strip"].startswith(f"#{k} · ")
         assert seen["title"].startswith(f"Cycle {k} of {k} ") and seen["picker"] == str(k)
         assert " drafts: " in seen["title"] and " kept + 1 bonus" in seen["title"]
-    for k, seen in ((2, back2), (1, back1)):  # back through the cycles shown; the race stays at cycle 3
-        assert seen["title"].startswith(f"Cycle {k} of 3 ") and seen["picker"] == str(k)
-        assert seen["status"].startswith("Paused after cycle 3") and seen["bonus"] == 3
-    assert playing["bonus"] >= 3 and "Paused" not in playing["status"]
+    # Back to cycles 2 and 1 and on again: the panes of both lanes show the race as it was paused at
+    # that cycle, and the status, the strip, the cycle view and the picker number it the same.
+    for k, seen in ((2, back2), (1, back1), (2, on2), (3, on3)):
+        then = forward[k - 1]
+        assert seen["dflash_text"] == then["dflash_text"] and seen["plain_text"] == then["plain_text"]
+        assert seen["bonus"] == k and seen["strip"].startswith(f"#{k} · ") and seen["picker"] == str(k)
+        assert seen["title"].startswith(f"Cycle {k} of 3 ")
+        assert seen["status"].startswith(f"Back at cycle {k} of 3: every pane shows the race after it" if k < 3
+                                         else "Paused after cycle 3: Step (→) shows cycle 4")
+    assert forward[0]["plain_text"] != forward[2]["plain_text"]  # the plain pane moved with the cycles
+    assert playing["bonus"] >= 4 and "Paused" not in playing["status"]
 
 
 @pytest.mark.slow

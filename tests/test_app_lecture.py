@@ -105,24 +105,38 @@ def test_a_replay_started_paused_shows_nothing_until_step_then_cycle_one(app):
     stream.close()
 
 
+def looked(values) -> tuple[object, dict]:
+    """A cycle picker's answer (`stepping.look_at`): the follow checkbox, the race's outputs."""
+    follow, *rest = values
+    return follow, frame_of(rest)
+
+
 def test_the_cycle_view_steps_back_and_on_within_the_run_counted_from_one(app):
     viewer = SimpleNamespace(session_hash="back")
     last = frame_of(list(app.playback.replay(SHIPPED[0][0].stem, None, 4.0, viewer))[-1])
     n = last["cycle_pick"]["maximum"]
     assert last["cycle_pick"]["value"] == n and f"Cycle {n} of {n} " in last["cycle_view"]
     assert f">#{n} · " in last["dflash_strip"]  # the strip's newest row has the same number
-    view, slider, follow = app.lecture.previous_cycle(n, viewer)
-    assert f"Cycle {n - 1} of {n} " in view and slider["value"] == n - 1 and follow is False
-    view, slider, _ = app.lecture.next_cycle(n, viewer)  # past the last: stays on it
-    assert f"Cycle {n} of {n} " in view and slider["value"] == n
-    view, slider, _ = app.lecture.previous_cycle(1, viewer)
-    assert "Cycle 1 of " in view and slider["value"] == 1
+    follow, shown = looked(app.lecture.previous_cycle(n, viewer))
+    assert f"Cycle {n - 1} of {n} " in shown["cycle_view"] and shown["cycle_pick"]["value"] == n - 1 and follow is False
+    # The run has ended: the panes went back too, and the status says where they are.
+    assert shown["control_status"].startswith(f"**Back at cycle {n - 1}** of {n}, the race finished")
+    assert f">#{n - 1} · " in shown["dflash_strip"] and f">#{n} · " not in shown["dflash_strip"]
+    assert shown["dflash_tokens"].count("tok-bonus") == n - 1
+    follow, shown = looked(app.lecture.next_cycle(n - 1, viewer))  # the last cycle: the finished race
+    assert f"Cycle {n} of {n} " in shown["cycle_view"] and shown["cycle_pick"]["value"] == n and follow is True
+    assert shown["control_status"] == texts.FINISHED and shown["dflash_tokens"] == last["dflash_tokens"]
+    _, shown = looked(app.lecture.next_cycle(n, viewer))  # past the last: stays on it
+    assert f"Cycle {n} of {n} " in shown["cycle_view"] and shown["cycle_pick"]["value"] == n
+    _, shown = looked(app.lecture.previous_cycle(1, viewer))
+    assert "Cycle 1 of " in shown["cycle_view"] and shown["cycle_pick"]["value"] == 1
     # Best and worst: the first cycle that committed the most / the fewest tokens.
     lengths = [b.acceptance_length for b in load_trace(str(SHIPPED[0][0])).dflash.blocks]
     for jump, pick in ((app.lecture.best_cycle, max), (app.lecture.worst_cycle, min)):
-        view, slider, _ = jump(viewer)
+        _, shown = looked(jump(viewer))
         k = lengths.index(pick(lengths)) + 1
-        assert slider["value"] == k and f"Cycle {k} of {n} " in view and f"→ {pick(lengths)} token" in view
+        assert shown["cycle_pick"]["value"] == k and f"Cycle {k} of {n} " in shown["cycle_view"]
+        assert f"→ {pick(lengths)} token" in shown["cycle_view"]
     # Another source's tab empties the area; the same source's keeps it.
     kept = app.lecture.switch_source("replay", "replay", viewer)
     assert kept[0] == "replay" and all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1
@@ -131,7 +145,42 @@ def test_the_cycle_view_steps_back_and_on_within_the_run_counted_from_one(app):
     cleared = frame_of(cleared)
     assert shown is None and cleared["dflash_tokens"] == "" and "Run a prompt" in cleared["summary"]
     assert cleared["report"]["value"] is None
-    assert app.lecture.previous_cycle(3, viewer) == (gr.skip(), gr.skip(), gr.skip())  # nothing on screen now
+    assert all(value == gr.skip() for value in app.lecture.previous_cycle(3, viewer))  # nothing on screen now
+
+
+def test_a_paused_replay_stepped_back_shows_every_pane_as_it_was_at_that_cycle(app):
+    """Paused after cycle 3, then back to 2 and 1 and on again: each lane's stats, tokens and draft
+    strip equal what the replay showed when it was paused at that cycle, and every number agrees."""
+    viewer = SimpleNamespace(session_hash="panes")
+    app.lecture.before_run(True, viewer)
+    stream = app.playback.replay(SHIPPED[0][0].stem, None, 4.0, viewer)
+    paused_at, frame = {}, {}
+    while frame.get("control_status") != texts.PAUSED_BEFORE:
+        frame = frame_of(next(stream))
+    parts = [name for name in FRAME_FIELDS if name.endswith(("_stats", "_tokens", "_strip"))]
+    for k in (1, 2, 3):
+        app.stepping.step(viewer)
+        while f"after cycle {k}:" not in str(frame.get("control_status", "")):
+            frame = frame_of(next(stream))
+        paused_at[k] = {name: frame[name] for name in parts if isinstance(frame[name], str)}
+    lanes = {name.rsplit("_", 1)[0] for name in paused_at[1]}
+    assert {"dflash", "plain"} <= lanes
+    assert all(paused_at[1][f"{lane}_tokens"] != paused_at[3][f"{lane}_tokens"] for lane in ("dflash", "plain"))
+    for k, move in ((2, app.lecture.previous_cycle), (1, app.lecture.previous_cycle), (2, app.lecture.next_cycle)):
+        follow, shown = looked(move(k - (1 if move == app.lecture.next_cycle else -1), viewer))
+        assert follow is False and shown["cycle_pick"]["value"] == k and f"Cycle {k} of 3 " in shown["cycle_view"]
+        assert shown["control_status"].startswith(f"**Back at cycle {k}** of 3: every pane shows the race after it")
+        for name, html_then in paused_at[k].items():
+            assert shown[name] == html_then, (k, name)
+    follow, shown = looked(app.lecture.next_cycle(2, viewer))  # where the replay paused
+    assert follow is True and shown["control_status"] == texts.PAUSED.format(cycle=3, next=4)
+    assert all(shown[name] == html_then for name, html_then in paused_at[3].items())
+    app.lecture.previous_cycle(3, viewer)
+    assert app.stepping.step(viewer)[1] is True  # Step from a cycle stepped back: the views follow the run again
+    while "after cycle 4:" not in str(frame.get("control_status", "")):
+        frame = frame_of(next(stream))
+    assert frame["dflash_tokens"].count("tok-bonus") == 4 and "Cycle 4 of 4 " in frame["cycle_view"]
+    stream.close()
 
 
 def test_step_with_nothing_playing_arms_the_next_run(app):
@@ -156,8 +205,10 @@ def test_a_lesson_opens_held_at_its_first_stop_and_moves_between_stops(app):
     assert "stop 2 of 4 (cycle 2)" in callout and state["stop"] == 1
     while "after cycle 2" not in str(frame.get("control_status", "")):
         frame = frame_of(next(stream))
-    callout, state, view, slider, follow, _ = app.lessons.previous(state, viewer)
-    assert "stop 1 of 4" in callout and "Cycle 1 of 2 " in view and slider["value"] == 1 and follow is False
+    callout, state, _, *answer = app.lessons.previous(state, viewer)
+    follow, shown = looked(answer)
+    assert "stop 1 of 4" in callout and "Cycle 1 of 2 " in shown["cycle_view"] and follow is False
+    assert shown["cycle_pick"]["value"] == 1 and shown["dflash_tokens"].count("tok-bonus") == 1
     stream.close()
     # The last stop's figures are the recording's own.
     end = app.lessons.callout("one-cycle", 3)

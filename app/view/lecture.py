@@ -53,8 +53,9 @@ body.no-block-bars .tok { border-left: none !important; padding-left: 0 !importa
 .whatif .readout { font-size: 14px; }
 """
 
-# Space: Pause / Continue; right arrow: Step (or the next cycle of a finished run); left arrow: the
-# previous cycle. Keys typed into a field are left alone.
+# Space: Pause / Continue (nothing in a finished run); right arrow: Step, or the next cycle of a
+# finished run or of a run stepped back ("Back at cycle"); left arrow: the previous cycle. Keys typed
+# into a field are left alone.
 PAGE_JS = """
 if (!window.dflashKeys) {
   window.dflashKeys = true;
@@ -65,9 +66,10 @@ if (!window.dflashKeys) {
     const target = event.target;
     if (target && target.closest && target.closest('input, textarea, select, [contenteditable="true"]')) return;
     const status = (document.getElementById('control-status') || {}).innerText || '';
+    const finished = /Finished|finished/.test(status), back = /Back at cycle/.test(status);
     let done = false;
-    if (event.key === ' ') done = press(/Paused/.test(status) ? 'continue' : 'pause');
-    else if (event.key === 'ArrowRight') done = press(/Finished/.test(status) ? 'cycle-next' : 'step');
+    if (event.key === ' ') done = finished || press(/Paused/.test(status) || back ? 'continue' : 'pause');
+    else if (event.key === 'ArrowRight') done = press(finished || back ? 'cycle-next' : 'step');
     else if (event.key === 'ArrowLeft') done = press('cycle-prev');
     if (done) event.preventDefault();
   });

@@ -123,6 +123,11 @@ PAUSED = "**Paused** after cycle {cycle}: *Step* (→) shows cycle {next}, *Cont
 PAUSED_BEFORE = "**Paused** before cycle 1: *Step* (→) shows cycle 1, *Continue* (space) plays."
 PLAYING = "**Playing.**"
 FINISHED = "**Finished**: pick any cycle under *Inside a cycle* to look inside it."
+# The panes stepped back to an earlier cycle of a paused or finished run (← / →, the cycle picker).
+BACK_AT_PAUSED = ("**Back at cycle {cycle}** of {last}{whose}: every pane shows the race after it. → goes on "
+                  "(cycle {last} is where it paused), *Continue* (space) resumes.")
+BACK_AT_ENDED = ("**Back at cycle {cycle}** of {last}{whose}, the race finished: every pane shows the race after "
+                 "it. → goes on; cycle {last} shows the finished race.")
 PAUSE_EXPIRED = (
     "Ended: paused for {seconds:g} s in all, this server's pause budget per race (--max-pause-s), so the "
     "race ended to free the model for other visitors; what was shown is kept."
