@@ -37,6 +37,7 @@ from .serve.lecture import Lecture
 from .serve.lessons import LESSONS, Lessons
 from .serve.live import LiveRace
 from .serve.loading import PairLoading
+from .serve.pinning import TABS, Pinning
 from .serve.playback import MAX_SPEED, MIN_SPEED, Playback
 from .serve.replay import ReplayError, load_trace, shipped_traces
 from .serve.serving import LEVELS, Serving
@@ -45,6 +46,7 @@ from .view import charts, lecture, render, texts
 from .view.cycle_view import cycle_html
 from .view.frames import FRAME_FIELDS
 from .view.howto import howto_html
+from .view.pinned import PINNED_CSS
 from .view.serving import serving_figure, serving_table_html
 from .view.speedup import FORMULA_MD, speedup_figure
 from .view.tips import TIP_CSS, TIP_JS
@@ -77,6 +79,7 @@ class App:
         self.serving = Serving(self.loading.pairs, limits, self.readers)
         self.lecture = Lecture(self.controls)
         self.lessons = Lessons(self.controls)
+        self.pinning = Pinning(self.controls)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
 
     def end_session(self, request: gr.Request = None) -> None:
@@ -210,6 +213,8 @@ class RaceArea:
     cycle_next: gr.Button | None = None
     cycle_panel: gr.Accordion | None = None
     cycle_extremes: tuple = ()  # the cycle view at the best / the worst cycle
+    pin_button: gr.Button | None = None  # "Pin this race"
+    pinned: tuple = ()  # the pinned race's column, its panel, its Unpin button
 
 
 def pair_choices(pairs: list[PairSpec], device_for) -> list[tuple[str, str]]:
@@ -338,10 +343,15 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
                                                       js_on_load=TIP_JS)
                     panes[f"{lane}_strip"] = gr.HTML(elem_id=f"{lane}-strip", css_template=TIP_CSS, js_on_load=TIP_JS,
                                                      visible=lane != "plain")
+            # Beside the lanes: a finished race pinned there (`serve/pinning.py`), kept while the next ones race.
+            with gr.Column(visible=False, elem_id="pinned-pane", min_width=280) as pinned_column:
+                pinned = gr.HTML(elem_id="pinned", css_template=PINNED_CSS + render.TOKEN_CSS)
+                unpin_button = gr.Button(texts.UNPIN, elem_id="unpin", size="sm")
         # Under the lanes, so that they stay where they are when the finished race's numbers arrive.
         doctor = None
         with gr.Row(equal_height=False):
             summary = gr.HTML(render.summary_html(None), elem_id="summary", scale=6)
+            pin_button = gr.Button(texts.PIN, elem_id="pin", size="sm", scale=0, min_width=140)
             if doctor_intro is not None:
                 button = gr.Button(texts.DOCTOR_BUTTON, elem_id="doctor-run", size="sm", scale=0, min_width=140)
         gr.HTML(render.legend_html())
@@ -383,7 +393,8 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
         "report": report_json, "trace_file": trace_file, "trace_csv": trace_csv,
     }
     return RaceArea(outputs, pause_button, step_button, resume_button, follow, doctor, cycle_lane, column,
-                    cycle_prev, cycle_next, cycle_panel, (cycle_best, cycle_worst))
+                    cycle_prev, cycle_next, cycle_panel, (cycle_best, cycle_worst), pin_button,
+                    (pinned_column, pinned, unpin_button))
 
 
 def build_demo(
@@ -416,7 +427,8 @@ def build_demo(
             gr.Markdown(texts.HEADER, elem_id="headline")
             large_text = gr.Checkbox(False, label=texts.LARGE_TEXT, elem_id="large-text", scale=0, min_width=220)
             block_bars = gr.Checkbox(True, label=texts.BLOCK_BARS, elem_id="block-bars", scale=0, min_width=130)
-        with gr.Tabs(selected="live" if live and not replay else "replay", elem_id="source-tabs"):
+        first_tab = "live" if live and not replay else "replay"
+        with gr.Tabs(selected=first_tab, elem_id="source-tabs"):
             tabs = {}
             if live:
                 with gr.Tab("Live race", id="live") as tabs["live"]:
@@ -435,6 +447,7 @@ def build_demo(
         if live:
             _wire_serving(app, limits, live_inputs, serving)
         _wire_lecture(app, live_inputs if live else None, replay_inputs, area, tabs, (large_text, block_bars), shown)
+        _wire_pins(app, area, tabs, first_tab)
     # A queued function runs only through the queue, where the bounds per visitor apply; Gradio
     # would otherwise run it on /gradio_api/run/<name> as well, up to its first frame.
     demo.queue(api_open=False)
@@ -621,6 +634,20 @@ def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceA
     large_text, block_bars = switches
     large_text.input(None, inputs=[large_text], js=lecture.toggle_js("large-text"), **now)
     block_bars.input(None, inputs=[block_bars], js=lecture.toggle_js("no-block-bars", when_on=False), **now)
+
+
+def _wire_pins(app: App, area: RaceArea, tabs: dict, first_tab: str) -> None:
+    """Pin / Unpin, and each racing tab showing its own pin: the tab on screen and the pins (tab ->
+    panel) are the page's session state."""
+    now = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
+    tab, pins = gr.State(first_tab), gr.State({})
+    column, panel, unpin = area.pinned
+    area.pin_button.click(app.pinning.pin, inputs=[tab, pins], outputs=[pins, panel, column], **now)
+    unpin.click(app.pinning.unpin, inputs=[tab, pins], outputs=[pins, panel, column], **now)
+    for name in TABS:
+        if name in tabs:
+            tabs[name].select(lambda held, name=name: (name, *Pinning.show(name, held)), inputs=[pins],
+                              outputs=[tab, panel, column], **now)
 
 
 def _wire_lessons(app: App, replay: ReplayTab, area: RaceArea) -> None:

@@ -351,9 +351,53 @@ def move_whatif(url: str, timeout_s: float = 60.0) -> dict:
     return seen
 
 
+def _replay_to_end(page, choice: str) -> None:
+    """Pick the recorded run whose label starts with `choice`, replay it at 4x and wait for its end."""
+    page.locator("#trace-choice input").click()
+    page.get_by_role("option").filter(has_text=choice).first.click()
+    box = page.locator("#replay-speed input[type=number]")
+    box.fill("4")
+    box.press("Enter")
+    page.locator("#replay-run").click()
+    page.wait_for_selector("#summary :text('Replaying')")
+    page.wait_for_selector("#control-status :text('Finished')", timeout=120_000)
+
+
+def pin_and_race_again(url: str, out: Path | None = None, timeout_s: float = 180.0) -> dict:
+    """In an app without models: replay the block-4 recording of the code prompt to its end, pin it,
+    replay the block-16 one beside it (a screenshot of the first screen to `out`), then unpin.
+    Returns the pinned panel's text, the new race's DFlash stats and text, and what showed when."""
+    seen = {}
+    with open_page(url, timeout_s, height=1080, width=1920) as page:
+        page.wait_for_selector("#replay-run")
+        page.locator("#pin").click()  # nothing finished yet: nothing pinned
+        page.wait_for_timeout(500)
+        seen["pinned_before"] = page.locator("#pinned-pane").is_visible()
+        _replay_to_end(page, "code, T=0")
+        seen["first_summary"] = page.locator("#summary").inner_text()
+        seen["first_text"] = page.locator("#dflash-tokens").inner_text()
+        page.locator("#pin").click()
+        page.wait_for_selector("#pinned :text('Pinned race')")
+        _replay_to_end(page, "code-greedy-b16")
+        page.evaluate("window.scrollTo(0, 0)")
+        if out is not None:
+            page.screenshot(path=str(out))
+        seen["pinned"] = page.locator("#pinned").inner_text()
+        seen["pinned_text"] = page.locator("#pinned .dflash-pane").inner_text()
+        seen["dflash_stats"] = page.locator("#dflash-stats").inner_text()
+        seen["dflash_text"] = page.locator("#dflash-tokens").inner_text()
+        seen["cycles"] = (page.locator("#pinned .tok-bonus").count(), _bonus_count(page))  # pinned, new
+        seen["side_by_side"] = all(page.locator(selector).is_visible() for selector in ("#pinned", "#dflash-tokens"))
+        page.locator("#unpin").click()
+        page.wait_for_selector("#pinned-pane", state="hidden")
+        seen["pinned_after_unpin"] = page.locator("#pinned-pane").is_visible()
+    return seen
+
+
 def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
-    """In an app with a live pair: replay the first recorded run to its end, open "How it works",
-    then "Live race". Returns whether the race area shows under each, and what it holds."""
+    """In an app with a live pair: replay the first recorded run to its end and pin it, open "How it
+    works", then "Replay", "Live race" and "Replay" again. Returns whether the race area and the pin
+    show under each, and what the area holds."""
     seen = {}
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
@@ -364,6 +408,9 @@ def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
         page.locator("#replay-run").click()
         page.wait_for_selector("#summary :text('speedup')")
         seen["replayed_tokens"] = page.locator("#dflash-tokens .tok").count()
+        page.wait_for_selector("#control-status :text('Finished')")
+        page.locator("#pin").click()
+        page.wait_for_selector("#pinned :text('Pinned race')")
         page.get_by_role("tab", name="How it works").click()
         page.wait_for_selector("#race-area", state="hidden")
         seen["area_under_howto"] = page.locator("#race-area").is_visible()
@@ -371,11 +418,16 @@ def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
         page.wait_for_selector("#race-area", state="visible")
         page.wait_for_timeout(800)
         seen["kept_under_replay"] = page.locator("#dflash-tokens .tok").count()
+        seen["pin_under_replay"] = page.locator("#pinned-pane").is_visible()
         page.get_by_role("tab", name="Live race").click()
         page.wait_for_selector("#summary :text('Run a prompt')")
         seen["live_tokens"] = page.locator("#dflash-tokens .tok").count()
         seen["live_summary"] = page.locator("#summary").inner_text()
         seen["live_status"] = _status(page)
+        seen["pin_under_live"] = page.locator("#pinned-pane").is_visible()
+        page.get_by_role("tab", name="Replay a recorded run").click()  # its run went, its pin stays
+        page.wait_for_selector("#pinned-pane", state="visible")
+        seen["pin_back_under_replay"] = page.locator("#pinned").inner_text().startswith("Pinned race · recording ")
     return seen
 
 

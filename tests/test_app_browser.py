@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from pathlib import Path
 
@@ -231,6 +232,29 @@ def test_browser_each_tab_shows_only_its_own_outputs(app_url):
     assert seen["replayed_tokens"] > 0 and seen["area_under_howto"] is False
     assert seen["kept_under_replay"] == seen["replayed_tokens"]  # back on its own tab, the replay is kept
     assert seen["live_tokens"] == 0 and "Run a prompt" in seen["live_summary"] and seen["live_status"] == ""
+    # A pin belongs to its tab: shown under Replay (even after its run was cleared), never under Live race.
+    assert seen["pin_under_replay"] and not seen["pin_under_live"] and seen["pin_back_under_replay"]
+
+
+@pytest.mark.slow
+def test_browser_pins_a_finished_race_and_races_again_beside_it(lessons_url):
+    from browser import pin_and_race_again
+
+    seen = pin_and_race_again(lessons_url, ARTIFACTS / "pinned.png")
+    assert seen["pinned_before"] is False  # nothing finished yet: Pin does nothing
+    pinned = seen["pinned"]
+    assert pinned.startswith("Pinned race · recording code-greedy · block 4, T=0 · “Write a Python function")
+    # The pinned race's numbers are its own summary's, its text its own DFlash pane's.
+    speedup = re.search(r"speedup\s+([0-9.]+)×", seen["first_summary"]).group(1)
+    tau = re.search(r"tau \(mean acceptance length\)\s+([0-9.]+)", seen["first_summary"]).group(1)
+    assert re.search(rf"DFlash\s+[0-9.]+\s+{tau}\s+{speedup}×", pinned), pinned
+    for lane in ("AR drafter", "prompt lookup", "plain decoding"):
+        assert lane in pinned
+    assert seen["pinned_text"] == seen["first_text"]
+    # Beside it, the block-16 race of the same prompt: the same text (temperature 0), cut into other cycles.
+    assert "DFlash (block 16" in seen["dflash_stats"] and seen["dflash_text"] == seen["first_text"]
+    assert seen["cycles"][0] != seen["cycles"][1] and min(seen["cycles"]) > 0
+    assert seen["side_by_side"] and seen["pinned_after_unpin"] is False
 
 
 @pytest.mark.slow

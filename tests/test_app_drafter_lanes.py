@@ -151,3 +151,14 @@ def test_a_lane_drafter_of_another_target_or_kind_is_a_clear_error(tiny_dirs, df
             PairCache("cpu", warm_up=False).get(spec)
         *_, (status, _) = App([spec], spec.id, PairCache("cpu", warm_up=False)).loading.load_status(spec)
         assert message in status
+
+
+def test_a_live_race_pinned_names_its_pair_settings_and_prompt(app):
+    raced = race(app, ["dflash2"])
+    pins, panel, column = app.pinning.pin("live", {}, None)
+    label = html.escape(next(iter(app.pairs.values())).label)
+    prompt = html.escape(PROMPT[:57])  # a long prompt is cut at 60 characters
+    assert f"Pinned race</b> · {label} · block {BLOCK}, T=0, at most 24 tokens · “{prompt}…”" in panel
+    assert set(pins) == {"live"} and column["visible"] is True
+    for lane, name in (("dflash", "DFlash"), ("dflash2", "DFlash2"), ("plain", "plain decoding")):
+        assert f">{name}</td><td>{raced['report']['lanes'][lane]['tok_s']:.1f}</td>" in panel

@@ -1,6 +1,7 @@
 """What a class needs: a run that starts paused before cycle 1, cycles counted from 1 everywhere,
-cycles labelled in words, the cycle view stepped back and on, the outputs of an earlier run cleared,
-and a finished race slower than plain decoding explained with its own numbers.
+cycles labelled in words, the cycle view and the panes stepped back and on, the outputs of an earlier
+run cleared, a finished race slower than plain decoding explained with its own numbers, and a
+finished race pinned beside the next one.
 
 Runs the app's handlers in-process on a shipped recorded race (no model, no server).
 """
@@ -15,6 +16,8 @@ import gradio as gr
 import pytest
 
 from app.race.control import ARM_S, Control
+from app.race.lanes import LABELS
+from app.serve.pinning import Pinning
 from app.serve.replay import load_trace, shipped_traces
 from app.ui import App, recorded_runs
 from app.view import texts
@@ -214,3 +217,28 @@ def test_a_lesson_opens_held_at_its_first_stop_and_moves_between_stops(app):
     end = app.lessons.callout("one-cycle", 3)
     report = load_trace(str(SHIPPED[0][0].with_name("code-greedy.json"))).report()
     assert f"tau {report.tau:.2f} tokens per cycle, {report.speedup:.2f}× plain decoding" in end
+
+
+def test_a_pinned_race_stays_beside_the_next_one_until_unpinned(app):
+    """Block 4, pinned, then block 16: the pin holds the block-4 race's settings, every lane's tok/s,
+    tau and speedup and its DFlash text, whatever races next; each racing tab has its own pin."""
+    viewer = SimpleNamespace(session_hash="pin")
+    assert app.pinning.pin("replay", {}, viewer) == (gr.skip(),) * 3  # nothing finished yet: nothing pinned
+    b4 = frame_of(list(app.playback.replay("code-greedy", None, 4.0, viewer))[-1])
+    pins, panel, column = app.pinning.pin("replay", {}, viewer)
+    assert set(pins) == {"replay"} and column["visible"] is True and pins["replay"] == panel
+    text = html.unescape(re.sub(r"<[^>]+>", " ", panel))
+    report = load_trace(str(SHIPPED[0][0].with_name("code-greedy.json"))).report()
+    assert "recording code-greedy · block 4, T=0 · “Write a Python function `is_prime(n)`" in text
+    for name, lane in report.lanes.items():  # every lane's numbers, as the summary has them
+        assert re.search(rf"{re.escape(LABELS[name])}\s+{lane.tok_s:.1f}\s+{lane.tau:.2f}\s+{lane.speedup:.2f}×"
+                         if name != "plain" else rf"plain decoding\s+{lane.tok_s:.1f}\s+1\s+", text), name
+    pane_text = re.sub(r'<span class="tip">.*?</span></span>|<[^>]+>', "", b4["dflash_tokens"])
+    assert html.unescape(re.sub(r"<[^>]+>", "", panel.split("DFlash’s text:</div>")[1])) == html.unescape(pane_text)
+    assert panel.count('class="tok tok-bonus') == b4["dflash_tokens"].count('class="tok tok-bonus') >= report.cycles - 1
+    # Block 16 races next: the pin is page state, which no frame of it touches; the panes are block 16's.
+    b16 = frame_of(list(app.playback.replay("code-greedy-b16", None, 4.0, viewer))[-1])
+    assert "block 16" in b16["dflash_stats"] and b16["dflash_tokens"] != b4["dflash_tokens"]
+    assert Pinning.show("replay", pins) == (panel, column) and Pinning.show("live", pins)[0] == ""
+    pins, panel, column = app.pinning.unpin("replay", pins)
+    assert pins == {} and panel == "" and column["visible"] is False

@@ -31,6 +31,7 @@ class Viewer:
     lane: str = "dflash"  # whose cycles the cycle view lays out (`lanes.CYCLE_LANES`)
     pieces: dict | None = None  # per lane, the pane text of its tokens (`extend(ids)`), for the run shown
     report: object = None  # the finished run's `RaceReport` (None while it runs)
+    label: str = ""  # the run's source, settings and prompt, in words (`view/pinned.run_label`)
     # The cycle of `lane` (0-based) the panes were stepped back to, while the run stands still;
     # None: they show the run's latest snapshot.
     back_at: int | None = None

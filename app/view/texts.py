@@ -134,6 +134,10 @@ PAUSE_EXPIRED = (
 )
 STARTING_PAUSED = "Starting paused before cycle 1…"
 NOTHING_TO_PAUSE = "Nothing to pause: start a race or a replay first."
+PIN = "Pin this race"
+UNPIN = "Unpin"
+NOTHING_TO_PIN = "Nothing to pin yet: pin a race once it has finished (or stopped), then race again beside it."
+UNNAMED_RUN = "a race"
 TIME_UP = (
     "Ended: the race reached this server's limit of {seconds:g} s from its start, pauses included "
     "(--max-race-s), so it ended to free the model for other visitors; what was shown is kept."
