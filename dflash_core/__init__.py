@@ -19,6 +19,7 @@ from importlib import import_module
 _EXPORTS = {
     "Block": "events",
     "DFlashDrafter": "models.drafter",
+    "DEFAULT_NGRAM_SIZES": "ngram",
     "DFlashError": "errors",
     "ModelPair": "loading.pair",
     "Prefill": "events",
@@ -29,6 +30,7 @@ _EXPORTS = {
     "Target": "models.target",
     "check_block_size": "decoding",
     "check_schedule": "decoding",
+    "find_match": "ngram",
     "generate": "decoding",
     "load_pair": "loading.pair",
     "method_name": "models.drafter",

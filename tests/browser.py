@@ -572,7 +572,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--lanes", default="", help="lanes to add to DFlash and plain decoding, e.g. scheduled,ar,lookup")
     parser.add_argument("--cycle-lane", help="after the race, save the last cycle of this lane's \"Inside a cycle\" "
-                        "view as OUTPUT's name with -cycle.png (dflash, dflash2, fusion)")
+                        "view as OUTPUT's name with -cycle.png (dflash, tree, dflash2, fusion, ar, lookup)")
     parser.add_argument("--cycle", type=int, help="with --cycle-lane: that cycle rather than the last")
     parser.add_argument(
         "--replay-shots", action="store_true",

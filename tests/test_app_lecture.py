@@ -9,6 +9,7 @@ Runs the app's handlers in-process on a shipped recorded race (no model, no serv
 from __future__ import annotations
 
 import html
+import json
 import re
 from types import SimpleNamespace
 
@@ -242,3 +243,53 @@ def test_a_pinned_race_stays_beside_the_next_one_until_unpinned(app):
     assert Pinning.show("replay", pins) == (panel, column) and Pinning.show("live", pins)[0] == ""
     pins, panel, column = app.pinning.unpin("replay", pins)
     assert pins == {} and panel == "" and column["visible"] is False
+
+
+def test_inside_a_cycle_says_what_each_lane_kind_did(app):
+    """The AR drafter's cycle is its passes, one per draft, each reading the draft before; prompt
+    lookup's names where in the context it found the n-gram it copied, and what it copied."""
+    viewer = SimpleNamespace(session_hash="kinds")
+    list(app.playback.replay("code-greedy", None, 4.0, viewer))
+    trace = json.loads(SHIPPED[0][0].with_name("code-greedy.json").read_text())
+    tokens, prompt_ids = trace["tokens"], trace["settings"]["prompt_ids"]
+    text = lambda i: tokens.get(str(i), f"<{i}>")  # noqa: E731
+    plain = lambda view: " ".join(html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"<style>.*?</style>", "", view,  # noqa: E731
+                                                                            flags=re.S))).split())
+
+    _, dflash = looked(app.stepping.pick_lane("dflash", viewer))
+    assert "the block-diffusion drafter proposed all 3 slots in 1 pass" in plain(dflash["cycle_view"]).lower()
+
+    ar = trace["runs"]["ar"]["blocks"]
+    _, shown = looked(app.stepping.pick_lane("ar", viewer))
+    k = next(i for i, b in enumerate(ar) if b["accepted"] < len(b["draft_ids"])) + 1  # a cycle with a rejected draft
+    _, shown = looked(app.stepping.pick_cycle(k, viewer))
+    view, block = shown["cycle_view"], ar[k - 1]
+    assert f"AR drafter lane · Cycle {k} of {len(ar)} " in plain(view)
+    assert "3 forward passes of its own, one per draft" in view and view.count("<th>pass ") == 3
+    reads = re.search(r"<tr><th>reads</th>(.*?)</tr>", view).group(1)
+    read_texts = [html.unescape(t) for t in re.findall(r'<span class="tk"[^>]*>(.*?)</span>', reads)]
+    wanted = [text(block["explain"]["slot0_id"]), *(text(t) for t in block["draft_ids"][:-1])]
+    assert read_texts == [t.replace("\n", "⏎") for t in wanted]  # each pass reads the draft before it
+    proposes = view.split("<th>proposes: its top-3</th>")[1].split("2 · target features")[0]
+    assert proposes.count('class="pick"') == 3  # each pass's own draft marked in its top-3
+    assert "✗ rejected" in view and "passes took" in view
+
+    lookup = trace["runs"]["lookup"]["blocks"]
+    _, shown = looked(app.stepping.pick_lane("lookup", viewer))
+    copied = next(i for i, b in enumerate(lookup) if b["draft_ids"])
+    _, shown = looked(app.stepping.pick_cycle(copied + 1, viewer))
+    said = plain(shown["cycle_view"])
+    assert f"prompt lookup lane · Cycle {copied + 1} of {len(lookup)} " in said
+    where = re.search(r"ends with the (\d)-gram .*?Its latest earlier occurrence followed by tokens to copy is "
+                      r"in (the prompt|the text generated so far), at positions? (\d+)", said)
+    n, start = int(where.group(1)), int(where.group(3))
+    block = lookup[copied]
+    context = [*prompt_ids, trace["runs"]["lookup"]["prefill"]["token_id"],
+               *(t for b in lookup[:copied] for t in b["committed_ids"])]
+    assert context[start:start + n] == context[-n:]  # the n-gram the context ends with, found earlier
+    assert context[start + n:start + n + len(block["draft_ids"])] == block["draft_ids"]  # and what followed it
+    assert (where.group(2) == "the prompt") == (start + n <= len(prompt_ids))
+    assert f"The drafts are the {len(block['draft_ids'])} tokens that followed it there" in said
+    assert "100.0%" not in re.search(r"3 · copied from the context(.*?)4 · target", said, flags=re.S).group(1)
+    _, shown = looked(app.stepping.pick_cycle(next(i for i, b in enumerate(lookup) if not b["draft_ids"]) + 1, viewer))
+    assert "there is nothing to copy: the cycle verifies the bonus alone" in plain(shown["cycle_view"])

@@ -570,6 +570,7 @@ def cycle_view_of(answer) -> str:
 
 def test_the_cycle_picker_answers_within_its_budget_whatever_the_cycle(shipped, tmp_path, crafting):
     from app.view.budget import CYCLE_BYTES
+    from app.view.lane_cycles import ar_cycle_html, lookup_cycle_html
 
     for data in (crafting.wide_blocks(shipped, tr.MAX_BLOCK_SIZE, 20, explained=20),
                  crafting.long_texts(shipped, tr.MAX_TOKEN_CHARS)):
@@ -578,6 +579,13 @@ def test_the_cycle_picker_answers_within_its_budget_whatever_the_cycle(shipped, 
         answers = [cycle_view_of(app.stepping.pick_cycle(index, request)) for index in (0, 1, 5, 10**6)]
         answers.append(cycle_view_of(app.stepping.follow_latest(True, request)))
         assert all("Cycle " in a and len(a.encode()) <= CYCLE_BYTES for a in answers)  # was 0.73 MB at block 1024
+        # The AR drafter's and prompt lookup's views of the same cycles (the widest lanes they could record).
+        viewer = app.controls.find("picker").viewer
+        snap = viewer.latest
+        for index in (0, 1, 10**6):
+            for view in (ar_cycle_html(snap.dflash, snap.plain, snap.dflash, index, viewer.text_of),
+                         lookup_cycle_html(snap.dflash, snap.plain, index, viewer.text_of, viewer.prompt_ids)):
+                assert "Cycle " in view and len(view.encode()) <= CYCLE_BYTES
     assert "more slots not drawn" in answers[0] or "more slots not drawn" in cycle_view_of(app.stepping.pick_cycle(0, request))
 
 

@@ -32,6 +32,7 @@ class Viewer:
     pieces: dict | None = None  # per lane, the pane text of its tokens (`extend(ids)`), for the run shown
     report: object = None  # the finished run's `RaceReport` (None while it runs)
     label: str = ""  # the run's source, settings and prompt, in words (`view/pinned.run_label`)
+    prompt_ids: tuple[int, ...] = ()  # the prompt the run decoded (prompt lookup's cycles search it)
     # The cycle of `lane` (0-based) the panes were stepped back to, while the run stands still;
     # None: they show the run's latest snapshot.
     back_at: int | None = None

@@ -131,6 +131,7 @@ class LiveRace:
                 control.viewer.label = run_label(
                     self.pairs[req.pair_id].label, f"block {req.block_size}, T={req.temperature:g}, "
                     f"at most {req.max_new_tokens} tokens", req.prompt)
+                control.viewer.prompt_ids = tuple(prompt_ids)
             kwargs = {"control": control} if in_process else {}
             stream = self.race_stream(req, prompt_ids, stop=stop if in_process else None, **kwargs)
             try:

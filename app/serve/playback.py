@@ -231,6 +231,7 @@ class Playback:
         control.viewer.text_of = recording.text_of
         control.viewer.label = run_label(f"recording {recording.name}", f"block {recording.block_size}, "
                                          f"T={recording.temperature:g}", recording.settings.get("prompt", ""))
+        control.viewer.prompt_ids = tuple(recording.settings.get("prompt_ids") or ())
         note = texts.REPLAY_NOTE.format(name=recording.name)
         if recording.thinking is not None:
             note += " " + texts.RECORDED_THINKING.format(words=recording.thinking.words())

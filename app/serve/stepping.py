@@ -13,8 +13,8 @@ import gradio as gr
 from ..race.control import Control, Controls
 from ..race.lanes import CYCLE_LANES
 from ..view import texts
-from ..view.cycle_view import lane_cycle_html
 from ..view.frames import FRAME_FIELDS, look_back_frame, paused_line
+from ..view.lane_cycles import lane_cycle_html
 
 # What `look_at` answers: the "Follow the current cycle" checkbox, then the race's outputs (`FRAME_FIELDS`).
 NOTHING_TO_LOOK_AT = (gr.skip(),) * (1 + len(FRAME_FIELDS))
@@ -110,6 +110,6 @@ class Stepping:
         view = None if snap is None else snap.lanes.get(viewer.lane)
         if view is None or not view.blocks:
             back = list(back)
-            back[1 + FRAME_FIELDS.index("cycle_view")] = lane_cycle_html(snap, viewer.lane, None, viewer.text_of)
+            back[1 + FRAME_FIELDS.index("cycle_view")] = lane_cycle_html(snap, viewer.lane, None, viewer.text_of, viewer.prompt_ids)
             return tuple(back)
         return look_at(control, None)

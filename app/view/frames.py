@@ -21,7 +21,7 @@ from ..race.lanes import LABELS, LANES, lane_title
 from ..race.report import RaceReport
 from ..race.rewind import as_of
 from . import charts, render, texts
-from .cycle_view import lane_cycle_html
+from .lane_cycles import lane_cycle_html
 from .speedup import speedup_figure
 from .why_speed import cycle_cost, why_html
 
@@ -276,7 +276,7 @@ def _show_to(viewer: Viewer, frame: Frame, snap: Snapshot, pieces, text_of, repo
     shown = snap.lanes.get(viewer.lane, d)  # the lane the cycle view lays out, DFlash's count if it did not race
     # The cycle view goes out with the charts (a few times a second), not with every frame.
     if viewer.follow and shown.blocks and with_charts:
-        frame.cycle_view = lane_cycle_html(snap, viewer.lane, None, text_of)
+        frame.cycle_view = lane_cycle_html(snap, viewer.lane, None, text_of, viewer.prompt_ids)
         frame.cycle_pick = cycle_slider(len(shown.blocks))
     if snap.paused:
         frame.control_status = paused_line(len(d.blocks))
@@ -311,7 +311,8 @@ def look_back_frame(viewer: Viewer, index: int, still: bool, paused: bool = Fals
     lane = viewer.lane
     view = snap.lanes[lane]
     last = len(view.blocks) - 1
-    frame = Frame(cycle_view=lane_cycle_html(snap, lane, index, viewer.text_of), cycle_pick=cycle_slider(last + 1, index + 1))
+    frame = Frame(cycle_view=lane_cycle_html(snap, lane, index, viewer.text_of, viewer.prompt_ids),
+                  cycle_pick=cycle_slider(last + 1, index + 1))
     if not still or viewer.pieces is None:
         return frame
     if index == last:

@@ -30,7 +30,9 @@ GLOSSARY = (
     "**Glossary.** *slot*: a position of the block (slot 0 holds the last committed token); *mask_id*: the "
     "token id the drafter reads in a slot it must fill; *target layers*: the target's hidden layers whose "
     "features the drafter is given; *fc + hidden_norm*: the drafter's projection of those features; *tau*: "
-    "tokens committed per cycle, the bonus counted; *bonus*: the target's own token after the kept drafts."
+    "tokens committed per cycle, the bonus counted; *bonus*: the target's own token after the kept drafts; *pass*: "
+    "one forward of a drafter (DFlash: one a cycle; the AR drafter: one a draft); *n-gram*: the context's last n "
+    "tokens, which prompt lookup searches for earlier in the context."
 )
 
 LESSONS = "**Lessons** (one click: a recorded race, paused where it teaches; *Next* goes on):"
