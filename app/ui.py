@@ -491,12 +491,13 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     area.pause_button.click(app.stepping.pause, outputs=[control_status], queue=False, api_visibility="private")
     # Every click is one more cycle: with Gradio's default ("once"), a click made while the previous
     # Step's reply is still on its way (a busy CPU sends the stream's frame first) would be dropped.
+    # No timer over the status line and the follow checkbox while the reply is on its way.
     area.step_button.click(
         app.stepping.step, outputs=[control_status, area.follow], queue=False, api_visibility="private",
-        trigger_mode="multiple",
+        trigger_mode="multiple", show_progress="hidden",
     )
     area.resume_button.click(app.stepping.resume, outputs=[control_status, area.follow], queue=False,
-                             api_visibility="private")
+                             api_visibility="private", show_progress="hidden")
     # Every cycle picker answers with the follow checkbox and the race's outputs (`stepping.look_at`):
     # in a paused or finished run the panes go back to the cycle picked.
     looked = [area.follow, *outputs]
