@@ -330,12 +330,19 @@ def move_whatif(url: str, timeout_s: float = 60.0) -> dict:
     acceptance and verify-cost sliders and clicking the GPU preset, and the requests the page sent
     meanwhile."""
     with open_page(url, timeout_s) as page:
-        page.wait_for_selector("#whatif svg polyline#wi-dflash", state="attached")
-        page.wait_for_timeout(1000)  # the page's own start-up requests are over
         sent = []
         # What the page asks of the server (fonts drawn for the first time load as files, not calls).
         page.on("request", lambda request: sent.append(request.url)
                 if request.resource_type in ("xhr", "fetch", "eventsource", "websocket") else None)
+        page.wait_for_selector("#whatif svg polyline#wi-dflash", state="attached")
+        # The page's own start-up calls are over (the selected tab's `select` events, answered late on
+        # a loaded machine): a second with none, within 15 s.
+        for _ in range(30):
+            seen_before = len(sent)
+            page.wait_for_timeout(1000)
+            if len(sent) == seen_before:
+                break
+        sent.clear()
         curve = lambda: page.locator("#whatif svg").get_attribute("data-dflash")  # noqa: E731
         seen = {"start": curve()}
         for name, value in (("wi-a", "0.8"), ("wi-v", "4")):
