@@ -332,7 +332,7 @@ def move_whatif(url: str, timeout_s: float = 60.0) -> dict:
     with open_page(url, timeout_s) as page:
         sent = []
         # What the page asks of the server (fonts drawn for the first time load as files, not calls).
-        page.on("request", lambda request: sent.append(request.url)
+        page.on("request", lambda request: sent.append(f"{request.url} {(request.post_data or '')[:160]}".strip())
                 if request.resource_type in ("xhr", "fetch", "eventsource", "websocket") else None)
         page.wait_for_selector("#whatif svg polyline#wi-dflash", state="attached")
         # The page's own start-up calls are over (the selected tab's `select` events, answered late on

@@ -110,6 +110,7 @@ class Stepping:
         view = None if snap is None else snap.lanes.get(viewer.lane)
         if view is None or not view.blocks:
             back = list(back)
-            back[1 + FRAME_FIELDS.index("cycle_view")] = lane_cycle_html(snap, viewer.lane, None, viewer.text_of, viewer.prompt_ids)
+            back[1 + FRAME_FIELDS.index("cycle_view")] = lane_cycle_html(snap, viewer.lane, None, viewer.text_of,
+                                                                         viewer.prompt_ids)
             return tuple(back)
         return look_at(control, None)

@@ -74,7 +74,8 @@ def _positions(block) -> list[int]:
     return list(explain.positions if explain is not None else range(block.position, block.position + drafts + 1))
 
 
-def _verdict_and_end(view, index: int, positions: list[int], text_of, first: str, fixed: int, ranked: bool = True) -> str:
+def _verdict_and_end(view, index: int, positions: list[int], text_of, first: str, fixed: int,
+                     ranked: bool = True) -> str:
     """Steps 3 to 5: the target's verdict per slot (the first row headed `first`, with the drafter's
     top-3 unless not `ranked`), the kept prefix and the bonus, within what is left of CYCLE_BYTES
     after `fixed` bytes."""
@@ -88,7 +89,8 @@ def _verdict_and_end(view, index: int, positions: list[int], text_of, first: str
     n = block.acceptance_length
     return (
         f"<h4>3, 4 · the target's verdict on each draft, all in one target pass</h4>{_slots_grid(slots, block, first)}"
-        f"<h4>5 · accepted prefix and bonus</h4><div>{kept_text} + bonus {_tok(text_of(block.bonus_id), COLORS['bonus'])}"
+        f"<h4>5 · accepted prefix and bonus</h4><div>{kept_text} + bonus "
+        f"{_tok(text_of(block.bonus_id), COLORS['bonus'])}"
         f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>"
     )
 
@@ -143,7 +145,8 @@ def ar_cycle_html(view, plain, dflash, index, text_of: Callable[[int], str]) -> 
     def column(i: int) -> tuple[str, str, str, str]:
         read = reads[i]
         reading = _tok(text_of(read), COLORS["bonus"] if i == 0 else None) if read is not None else "the last token"
-        top = topk_rows(rows[i], text_of, block.draft_ids[i], k=3) if i < len(rows) else _tok(text_of(block.draft_ids[i]))
+        draft = block.draft_ids[i]
+        top = topk_rows(rows[i], text_of, draft, k=3) if i < len(rows) else _tok(text_of(draft))
         return (f"<th>pass {i + 1}</th>", f"<td>{reading}</td>", f"<td>{_esc(positions[i])}</td>", f"<td>{top}</td>")
 
     intro = (f"<h4>1 · the drafter drafts token by token: {passes} forward pass{'es' if passes != 1 else ''} of its "
@@ -162,11 +165,13 @@ def ar_cycle_html(view, plain, dflash, index, text_of: Callable[[int], str]) -> 
     else:
         extra, against = None, " A block-diffusion drafter (DFlash) proposes every slot in one pass."
     time = (f"<h4>7 · where the time went</h4>{_time_bars(view, plain, index, 'ar', f'{passes}× draft', extra)}"
-            f"<div>{passes} drafter passes took {1000 * draft_s:.1f} ms ({1000 * draft_s / passes:.1f} ms each).{against}</div>")
+            f"<div>{passes} drafter passes took {1000 * draft_s:.1f} ms ({1000 * draft_s / passes:.1f} ms each)."
+            f"{against}</div>")
     tail = f"<h4>6 · caches kept</h4><div>{_caches(explain)}</div>{time}</div>"
     fixed = sum(len(part.encode()) for part in (head, intro, injected, tail)) + _MARKUP_BYTES
     budget = (CYCLE_BYTES - fixed) // 2  # half for the passes, half for the verdict grid
-    columns = first_within((column(i) for i in range(drafts)), lambda cells: sum(len(c.encode()) for c in cells), budget)
+    columns = first_within((column(i) for i in range(drafts)), lambda cells: sum(len(c.encode()) for c in cells),
+                           budget)
     left = drafts - len(columns)
     table = '<table class="grid">' + "".join(
         f"<tr><th>{label}</th>{''.join(cells[k] for cells in columns)}</tr>"
@@ -186,7 +191,8 @@ def lookup_cycle_html(view, plain, index, text_of: Callable[[int], str], prompt_
     block = view.blocks[index]
     positions = _positions(block)
     head = _head("lookup", block, last, positions)
-    search = f"<h4>1 · the search: no model, the context is searched for its own end</h4>{_search(view, index, text_of, prompt_ids)}"
+    search = ("<h4>1 · the search: no model, the context is searched for its own end</h4>"
+              f"{_search(view, index, text_of, prompt_ids)}")
     draft_s = _cycle_times(view, index)[0]
     time = (f"<h4>6 · where the time went</h4>{_time_bars(view, plain, index, 'lookup', 'search')}"
             f"<div>No drafter pass: the search took {1000 * draft_s:.2f} ms, and the target's one pass verified the "
@@ -201,7 +207,8 @@ def _search(view, index: int, text_of, prompt_ids) -> str:
     occurrence (in the prompt or in the output, by position) and the tokens that followed it."""
     block = view.blocks[index]
     if view.prefill is None or not prompt_ids:
-        return "<div>The prompt of this run is not on hand: the place the drafts were copied from cannot be shown.</div>"
+        return ("<div>The prompt of this run is not on hand: the place the drafts were copied from cannot be "
+                "shown.</div>")
     output = [view.prefill.token_id]
     for earlier in view.blocks[:index]:
         output.extend(earlier.committed_ids)
@@ -210,7 +217,8 @@ def _search(view, index: int, text_of, prompt_ids) -> str:
     sizes = ", ".join(str(n) for n in DEFAULT_NGRAM_SIZES)
     if match is None:
         if block.draft_ids:
-            return "<div>The search of this run's context gives no match, yet the cycle drafted: it was recorded with other settings.</div>"
+            return ("<div>The search of this run's context gives no match, yet the cycle drafted: it was recorded "
+                    "with other settings.</div>")
         tail = " ".join(_tok(text_of(t)) for t in context[-DEFAULT_NGRAM_SIZES[0]:])
         return (f"<div>The context ends with {tail}. Neither its last {sizes.replace(', 1', ' nor 1')} tokens occur "
                 "earlier in the prompt or the output, so there is nothing to copy: the cycle verifies the bonus "

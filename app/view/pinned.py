@@ -41,8 +41,8 @@ def pinned_html(label: str, report: RaceReport, snap, pieces, text_of) -> str:
     view = snap.dflash
     text = tokens_html(lane_marks(view), pieces["dflash"].extend(view.output_ids), text_of)
     stopped = " (stopped)" if report.stopped else ""
-    same = {True: "every lane's text is plain decoding's",
-            False: "a lane's text differs from plain decoding's"}.get(report.identical, "not checked against plain decoding")
+    same = {True: "every lane's text is plain decoding's", False: "a lane's text differs from plain decoding's"}.get(
+        report.identical, "not checked against plain decoding")
     return (
         f'<div class="pinned-race"><div class="pinned-head"><b>Pinned race{stopped}</b> · {html.escape(label)}'
         f"</div><table class=\"pinned-lanes\"><tr><th>lane</th><th>tok/s</th><th>tau</th><th>speedup</th></tr>{rows}"
