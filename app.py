@@ -58,6 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay a recorded trace (dflash-trace/1 JSON, e.g. assets/traces/*.json) with no model loaded",
     )
     parser.add_argument(
+        "--no-compile", action="store_true",
+        help="race on the eager steps only (default: a CPU pair's DFlash, plain and prompt-lookup lanes run "
+        "compiled steps once the app has compiled them in the background; the status line counts them)",
+    )
+    parser.add_argument(
+        "--compile-gemms", choices=("library", "template"), default="library",
+        help="the compiled lanes' linears: library (default: the engine's own, no copy of the weights, compiled "
+        "in seconds) or template (inductor's GEMMs on packed copies: faster steps, a copy of the target's "
+        "weights per compiled shape, minutes to compile)",
+    )
+    parser.add_argument(
         "--threads", type=int,
         help="torch CPU threads (default: all cores but one when serving on this machine's loopback, "
         "where the browser shares the CPU; all cores otherwise)",
@@ -126,7 +137,8 @@ def main(argv=None) -> None:
         default_id = args.pair
     zerogpu = on_zerogpu()
     # ZeroGPU: models go to (emulated) CUDA at start-up; no compute happens outside a GPU call.
-    cache = PairCache("cuda" if zerogpu else args.device, warm_up=not zerogpu, cpu_for_cpu_pairs=zerogpu)
+    cache = PairCache("cuda" if zerogpu else args.device, warm_up=not zerogpu, cpu_for_cpu_pairs=zerogpu,
+                      compile_gemms=None if zerogpu or args.no_compile else args.compile_gemms)
     demo = build_demo(pairs, default_id, cache, from_args(args))
     if zerogpu:
         from app.hosting.space import load_every_pair

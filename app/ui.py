@@ -26,6 +26,7 @@ from .guard.http_guard import MULTIPART_SLACK, HttpGuard, UploadBudget, refuse_u
 from .guard.limits import Limits
 from .guard.queue_bounds import bound_queue
 from .guard.readers import Readers
+from .guard.request_rate import RequestRate
 from .guard.traces import TraceStore
 from .pairs.registry import PairSpec, unavailable_here
 from .race.control import Controls
@@ -50,6 +51,8 @@ from .view.pinned import PINNED_CSS
 from .view.serving import serving_figure, serving_table_html
 from .view.speedup import FORMULA_MD, speedup_figure
 from .view.tips import TIP_CSS, TIP_JS
+
+COMPILE_TICK_S = 3  # how often the status line counts the compiled steps while a pair's lanes compile
 
 
 class App:
@@ -132,7 +135,8 @@ def private_trace_root() -> Path:
 
 def launch_options(demo: gr.Blocks) -> dict:
     """The `demo.launch` arguments every server of the app needs, beside host and port: uploads
-    bounded per file, per request and per visitor, no URL fetched through the file route, each
+    bounded per file, per request and per visitor, no URL fetched through the file route, a
+    visitor's requests to the queue bounded in rate, each
     session's event streams counted (a race nobody reads ends), the sessions kept in memory
     bounded, and every trace file deleted when the server stops."""
     app = demo.dflash_app
@@ -146,7 +150,8 @@ def launch_options(demo: gr.Blocks) -> dict:
             traces.close()
 
     budget = UploadBudget(per_request=MAX_BYTES + MULTIPART_SLACK, per_hour=limits.upload_mb_per_hour * 1_000_000)
-    middleware = [Middleware(HttpGuard, budget=budget), Middleware(app.readers.middleware)]
+    rate = RequestRate(limits.queue_requests_per_min)
+    middleware = [Middleware(HttpGuard, budget=budget, rate=rate), Middleware(app.readers.middleware)]
     if limits.trusted_proxy:  # outermost: every bound below sees the visitor the proxy names
         middleware.insert(0, Middleware(ProxyHeadersMiddleware, trusted_hosts=limits.trusted_proxy))
     return {"max_file_size": MAX_BYTES, "state_session_capacity": limits.session_capacity,
@@ -515,14 +520,20 @@ def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs
     # The thinking control follows the loaded pair: shown where its template has the switch.
     thinking_control = {"fn": app.loading.thinking_control, "inputs": [live.pair_state], "outputs": [live.thinking],
                         "api_visibility": "private"}
+    # While the pair's lanes compile, the status line counts the steps compiled (off once they are).
+    compiling = gr.Timer(COMPILE_TICK_S, active=False)
+    timer = {"fn": app.loading.compiling, "inputs": [live.pair_state], "outputs": [compiling],
+             "queue": False, "api_visibility": "private"}
+    compiling.tick(app.loading.compile_status, inputs=[live.pair_state, live.thinking],
+                   outputs=[live.status, compiling], queue=False, api_visibility="private")
     demo.load(app.loading.load_selected, inputs=[live.pair_state], outputs=[live.status, live.block_size],
-              api_visibility="private").then(**thinking_control)
+              api_visibility="private").then(**thinking_control).then(**timer)
     # Callable by name, not an MCP tool (see `replay`): a pair chosen in one MCP call would not
     # outlive it.
     live.pair_choice.change(
         app.loading.select_pair, inputs=[live.pair_choice], outputs=[live.pair_state, live.status, live.block_size],
         api_name="select_pair", api_visibility="undocumented",
-    ).then(**thinking_control)
+    ).then(**thinking_control).then(**timer)
     live.thinking.input(app.loading.thinking_status, inputs=[live.pair_state, live.thinking], outputs=[live.status],
                         queue=False, api_visibility="private")
     race = {

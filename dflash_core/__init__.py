@@ -30,12 +30,15 @@ _EXPORTS = {
     "Target": "models.target",
     "check_block_size": "decoding",
     "check_schedule": "decoding",
+    "compile_draft": "precompile",
+    "compile_verify": "precompile",
     "find_match": "ngram",
     "generate": "decoding",
     "load_pair": "loading.pair",
     "method_name": "models.drafter",
     "resolve_model_dir": "models.hub",
     "run": "decoding",
+    "size_caches": "precompile",
     "validate_pair": "loading.pair",
 }
 

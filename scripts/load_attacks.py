@@ -26,6 +26,9 @@ import itertools
 import json
 import os
 import re
+import select
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "assets" / "traces" / "math-greedy.json"
@@ -185,6 +189,12 @@ def crafted_traces() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def loopback(local_address: str) -> httpx.HTTPTransport:
+    """A transport from `local_address` for plain HTTP on loopback: no TLS, so no CA bundle loaded
+    (23 ms of this process's CPU per client otherwise, which would slow the victim's timing)."""
+    return httpx.HTTPTransport(verify=False, local_address=local_address)
+
+
 class Attacks:
     def __init__(self, runner, server, work: Path):
         self.runner, self.server, self.args = runner, server, runner.args
@@ -193,6 +203,7 @@ class Attacks:
         self.work = work
         self.config = httpx.get(self.url + "config", timeout=30).json()
         self._addresses = itertools.count(1)
+        self._victim: subprocess.Popen | None = None
 
     # --- helpers --------------------------------------------------------------------------------
     def probe(self) -> float:
@@ -214,6 +225,34 @@ class Attacks:
         if "error" in result:
             raise AssertionError(f"a normal race failed: {result['error']}")
         return round(time.perf_counter() - started, 2)
+
+    def victim_probe(self) -> tuple[float | str, bool]:
+        """`try_probe`'s answer for the same race raced by another visitor in a process of its own
+        (`load_victim.py`), so that the attack's client threads do not slow it down."""
+        if self._victim is None:
+            self._victim = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("load_victim.py")), self.url, str(self.args.block_size)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self._victim_answer(120)  # its imports done
+        self._victim.stdin.write("race\n")
+        self._victim.stdin.flush()
+        answer = self._victim_answer(self.args.probe_timeout_s)
+        if "seconds" in answer:
+            return answer["seconds"], True
+        return answer.get("error", "no answer"), False
+
+    def _victim_answer(self, timeout_s: float) -> dict:
+        ready, _, _ = select.select([self._victim.stdout], [], [], timeout_s)
+        if not ready:
+            self.close_victim()  # a late answer would be read as the next race's
+            return {"error": f"a normal race did not finish within {timeout_s} s"}
+        return json.loads(self._victim.stdout.readline() or '{"error": "the victim process ended"}')
+
+    def close_victim(self) -> None:
+        if self._victim is not None:
+            self._victim.kill()
+            self._victim.wait()
+            self._victim = None
 
     def try_probe(self) -> tuple[float | str, bool]:
         """(`probe()`'s seconds, True), or (why it failed, False)."""
@@ -257,7 +296,7 @@ class Attacks:
         got = {"outcome": "error", "message": "no answer", "streamed_mb": 0.0, "largest_event_mb": 0.0}
         streamed = largest = 0
         t0 = time.perf_counter()
-        with httpx.Client(transport=httpx.HTTPTransport(local_address=address),
+        with httpx.Client(transport=loopback(address),
                           timeout=self.args.max_replay_s + 120) as http:
             joined = http.post(f"{self.api}/queue/join", json={
                 "data": data, "fn_index": self.fn_index("", "replay"), "session_hash": session, "trigger_id": None})
@@ -286,7 +325,7 @@ class Attacks:
     def upload(self, name: str, content: bytes) -> tuple[int, str | None]:
         """Upload as a visitor of its own, so that the per-visitor upload budget (tested apart, in
         `upload_flood`) never refuses the crafted traces."""
-        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=120) as http:
+        with httpx.Client(transport=loopback(self.fresh_address()), timeout=120) as http:
             answer = http.post(f"{self.api}/upload", files={"files": (name, content, "application/json")})
         return answer.status_code, (answer.json()[0] if answer.status_code == 200 else None)
 
@@ -535,10 +574,11 @@ class Attacks:
         """17 joins at once from one address (127.0.0.2): most refused with the reason; another
         visitor's race (127.0.0.1) and replay (127.0.0.3) are still served."""
         self.runner.check_time()
+        # The API's ten inputs: ..., seed, lanes, the session's pair (a State), thinking, the tree budget.
         data = ["Count slowly from one to one hundred.", self.args.cancel_tokens, self.args.block_size, 0.0, 1.0, 0, None,
-                None, None]
+                None, None, None]
         codes, said = [], ""
-        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30) as http:
+        with httpx.Client(transport=loopback("127.0.0.2"), timeout=30) as http:
             for _ in range(17):
                 answer = http.post(f"{self.api}/queue/join", json={
                     "data": data, "fn_index": self.fn_index("run", "compare"), "session_hash": uuid.uuid4().hex[:11],
@@ -546,7 +586,7 @@ class Attacks:
                 codes.append(answer.status_code)
                 said = answer.text if answer.status_code != 200 else said
         probe, ok = self.try_probe()
-        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"), timeout=120) as http:
+        with httpx.Client(transport=loopback("127.0.0.3"), timeout=120) as http:
             posted = http.post(f"{self.api}/call/replay", json={"data": ["math-greedy", None, 4.0]})
             replay_ok = posted.status_code == 200 and "event: complete" in http.get(
                 f"{self.api}/call/replay/{posted.json()['event_id']}").text
@@ -560,7 +600,7 @@ class Attacks:
         self.runner.check_time()
         rss_before = self.server.rss()
         codes = []
-        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.4"), timeout=30) as http:
+        with httpx.Client(transport=loopback("127.0.0.4"), timeout=30) as http:
             replay = self.fn_index("", "replay")
             for _ in range(80):
                 answer = http.post(f"{self.api}/queue/join", json={
@@ -569,8 +609,8 @@ class Attacks:
                 codes.append(answer.status_code)
         time.sleep(min(30, self.args.max_replay_s + 5))  # the replays that started have ended
         grown = round((self.server.rss() - rss_before) / 2**20, 1)
-        # Gradio answers every join (a replay waits in the handler's line, not in Gradio's queue);
-        # the handler refuses all but the visitor's share, in the stream nobody reads.
+        # The replay queue starts each replay at once, so it counts the visitor's running replays:
+        # while two play, the next joins are refused (503).
         return {"joins": len(codes), "joins_answered": codes.count(200), "rss_growth_mb": grown,
                 "probe_s": self.probe(), "ok": grown < 100}
 
@@ -578,7 +618,7 @@ class Attacks:
         """A URL in a file-shaped value of any input, and in the file route: refused, never fetched."""
         link = {"path": "http://127.0.0.1:9/x.bin", "meta": {"_type": "gradio.FileData"}}
         checks = {}
-        outcome, message = self.call("compare", [link, 2, self.args.block_size, 0.0, 1.0, 0, None, None])
+        outcome, message = self.call("compare", [link, 2, self.args.block_size, 0.0, 1.0, 0, None, None, "default", 4])
         checks["a URL as the prompt"] = outcome == "error" and "does not download URLs" in message
         outcome, message = self.call("replay", ["math-greedy", None, link])
         checks["a URL as the replay speed"] = outcome == "error" and "does not download URLs" in message
@@ -591,14 +631,14 @@ class Attacks:
         its hourly budget refuses them; another address still uploads."""
         self.runner.check_time()
         big = b" " * (MAX_BYTES - 100)
-        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.5"), timeout=120) as http:
+        with httpx.Client(transport=loopback("127.0.0.5"), timeout=120) as http:
             t0 = time.perf_counter()
             many = http.post(f"{self.api}/upload", files=[("files", (f"t{i}.json", big, "application/json"))
                                                          for i in range(10)])
             many_s = round(time.perf_counter() - t0, 2)
             singles = [http.post(f"{self.api}/upload", files={"files": ("t.json", big, "application/json")}).status_code
                        for _ in range(7)]
-        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.6"), timeout=120) as http:
+        with httpx.Client(transport=loopback("127.0.0.6"), timeout=120) as http:
             other = http.post(f"{self.api}/upload", files={"files": ("o.json", b"{}", "application/json")}).status_code
         return {"ten_files_status": many.status_code, "ten_files_s": many_s, "singles": singles, "other_visitor": other,
                 "ok": many.status_code == 413 and 429 in singles and other == 200}
@@ -618,22 +658,36 @@ class Attacks:
 
     # --- the third pass: each attack beside another visitor's race ------------------------------------
     def beside_attack(self, attack) -> dict:
-        """`attack()`'s dict, with another visitor's race run while it runs: its seconds, their ratio to
-        the same race alone just before (the machine's other load changes from minute to minute), and
-        the server's peak RSS growth over the attack."""
+        """`attack()`'s dict, with another visitor's race run while it runs (`victim_probe`, from a
+        process of its own): its seconds, their ratio to the same race alone just before (the
+        machine's other load changes from minute to minute), the server's peak RSS growth over the
+        attack, and the CPU seconds the server spent over it (the victim's race included; alone, over
+        the second race alone) and the attack's client (this process) did:
+        on one shared machine the client's CPU slows the victim too, where a real attacker's would not."""
         self.runner.check_time()
-        self.alone_s = min(self.probe() for _ in range(2))  # the first may be the model's first race
+        alone = [self.victim_probe()]  # the first may be the model's first race
+        before = sum(self.server.ps.cpu_times()[:2])
+        alone.append(self.victim_probe())
+        alone_cpu = sum(self.server.ps.cpu_times()[:2]) - before
+        if not all(ok for _, ok in alone):
+            raise AssertionError(f"a normal race alone failed: {alone}")
+        self.alone_s = min(seconds for seconds, _ in alone)
         rss = self.server.rss()
         self.server.window()
+        cpu = (sum(self.server.ps.cpu_times()[:2]), sum(psutil.Process().cpu_times()[:2]))
         result: dict = {}
         worker = threading.Thread(target=lambda: result.update(attack()), daemon=True)
         worker.start()
         time.sleep(0.5)  # the attack under way
-        victim, ok = self.try_probe()
+        victim, ok = self.victim_probe()
         worker.join(self.args.request_timeout_s)
+        server_cpu = sum(self.server.ps.cpu_times()[:2]) - cpu[0]
+        client_cpu = sum(psutil.Process().cpu_times()[:2]) - cpu[1]
         ratio = round(victim / self.alone_s, 2) if ok else None
         return {**result, "victim_s": victim, "alone_s": self.alone_s, "victim_ratio": ratio,
                 "load_average_1m": round(os.getloadavg()[0], 1),
+                "server_cpu_s": round(server_cpu, 2), "alone_server_cpu_s": round(alone_cpu, 2),
+                "attack_client_cpu_s": round(client_cpu, 2),
                 "rss_growth_mb": round((self.server.window_peak_rss - rss) / 2**20, 1),
                 "ok": bool(result.get("ok")) and ratio is not None and ratio <= 1.5}
 
@@ -642,7 +696,7 @@ class Attacks:
         url = "http://127.0.0.1:9/probe"
         spellings = [url, url.replace(":", "%3A").replace("/", "%2F"), "http%3A//127.0.0.1:9/probe",
                      "HTTP%3A%2F%2F127.0.0.1%3A9%2Fprobe"]
-        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=30) as http:
+        with httpx.Client(transport=loopback(self.fresh_address()), timeout=30) as http:
             codes = [http.get(f"{self.api}/{route}{spelled}").status_code
                      for route in ("file/", "file=") for spelled in spellings for _ in range(5)]
         return {"requests": len(codes), "refused": codes.count(403), "ok": codes.count(403) == len(codes)}
@@ -652,7 +706,7 @@ class Attacks:
         body, address = b" " * 19_900_000, self.fresh_address()
 
         def upload(i: int) -> int:
-            with httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=300) as http:
+            with httpx.Client(transport=loopback(address), timeout=300) as http:
                 return http.post(f"{self.api}/upload", files={"files": (f"p{i}.json", body, "application/json")}).status_code
 
         with ThreadPoolExecutor(10) as pool:
@@ -668,13 +722,13 @@ class Attacks:
         all but the address's places refused before the file is read."""
         address = self.fresh_address()
         padded = SHIPPED.read_bytes() + b" " * (19_500_000 - SHIPPED.stat().st_size)
-        with httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=120) as http:
+        with httpx.Client(transport=loopback(address), timeout=120) as http:
             path = http.post(f"{self.api}/upload", files={"files": ("padded.json", padded, "application/json")}).json()[0]
         data = ["math-greedy", {"path": path, "meta": {"_type": "gradio.FileData"}}, 4.0]
         replay = self.fn_index("", "replay")
 
         def join(i: int) -> str:
-            with httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=120) as http:
+            with httpx.Client(transport=loopback(address), timeout=120) as http:
                 session = f"storm{i}-{uuid.uuid4().hex[:6]}"
                 joined = http.post(f"{self.api}/queue/join", json={"data": data, "fn_index": replay,
                                                                     "session_hash": session, "trigger_id": None})
@@ -694,20 +748,29 @@ class Attacks:
     def lane_tokens(self) -> dict:
         """A race of every lane at the most tokens with a 1,200-character prompt: refused by its lane-tokens."""
         prompt = ("Tell me about the sea. " * 60)[:1200]
+        # The API's inputs: prompt, max new tokens, block size, temperature, top-p, seed, lanes, the
+        # session's pair (a State: None), thinking, the tree lane's budget.
         outcome, message = self.call("compare", [prompt, 512, self.args.block_size, 0.0, 1.0, 0,
-                                                 ["scheduled", "dflash2", "fusion", "ar", "lookup"], None])
+                                                 ["scheduled", "tree", "dflash2", "fusion", "ar", "lookup"], None,
+                                                 "default", 4])
         return {"outcome": outcome, "message": message[:200], "ok": outcome == "error" and "lane-tokens" in message}
 
-    def session_ids(self) -> dict:
-        """4,000 event-stream requests under 14,000-character made-up session ids: refused, nothing kept."""
-        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=30) as http:
-            codes = [http.get(f"{self.api}/queue/data", params={"session_hash": uuid.uuid4().hex + "x" * 14_000}).status_code
-                     for _ in range(4000)]
-        return {"requests": len(codes), "refused": codes.count(400), "ok": codes.count(400) == len(codes)}
+    def session_ids(self, most: int = 4000, within_s: float = 20.0) -> dict:
+        """Event-stream requests under 14,000-character made-up session ids, one after another as fast
+        as the server answers, `most` of them or for `within_s`: refused (400 for the id's length, 429
+        past the address's rate, each after a second's wait), nothing kept."""
+        codes, t_end = [], time.perf_counter() + within_s
+        with httpx.Client(transport=loopback(self.fresh_address()), timeout=30) as http:
+            while len(codes) < most and time.perf_counter() < t_end:
+                codes.append(http.get(f"{self.api}/queue/data",
+                                      params={"session_hash": uuid.uuid4().hex + "x" * 14_000}).status_code)
+        refused = codes.count(400) + codes.count(429)
+        return {"requests": len(codes), "seconds": within_s, "refused": refused, "past_rate": codes.count(429),
+                "ok": refused == len(codes)}
 
     def direct_run(self) -> dict:
         """A queued function called on /gradio_api/run/: 404, so the queue's per-visitor bounds hold."""
-        with httpx.Client(transport=httpx.HTTPTransport(local_address=self.fresh_address()), timeout=30) as http:
+        with httpx.Client(transport=loopback(self.fresh_address()), timeout=30) as http:
             codes = [http.post(f"{self.api}/run/compare", json={"data": ["hi", 2, 4, 0.0, 1.0, 0, None, None]}).status_code
                      for _ in range(20)]
         return {"requests": len(codes), "refused": codes.count(404), "ok": codes.count(404) == len(codes)}
@@ -728,13 +791,16 @@ def run(runner, server, work: Path) -> dict:
               ("orphan", attacks.orphan),
               *((name, lambda name=name: attacks.beside_attack(getattr(attacks, name))) for name in THIRD_PASS))
     chosen = getattr(runner.args, "attacks", None)
-    for name, case in groups:
-        if chosen and name not in chosen.split(","):
-            continue
-        try:
-            out[name] = case()
-        except Exception as exc:  # noqa: BLE001 - the group failed; the others still run
-            out[name] = {"aborted": f"{type(exc).__name__}: {exc}"}
+    try:
+        for name, case in groups:
+            if chosen and name not in chosen.split(","):
+                continue
+            try:
+                out[name] = case()
+            except Exception as exc:  # noqa: BLE001 - the group failed; the others still run
+                out[name] = {"aborted": f"{type(exc).__name__}: {exc}"}
+    finally:
+        attacks.close_victim()
     return out
 
 

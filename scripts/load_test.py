@@ -24,7 +24,7 @@ value, or where a browser's own calls are imitated), stops the app, and prints o
    a race whose page leaves with another request right behind; and the third, each
    beside another visitor's race timed against the same race alone: URLs in the old file route,
    ten parallel 19.9 MB uploads and the recording route, 30 replays of one 19.5 MB upload at once,
-   a race of every lane at the most tokens, 4,000 event streams under 14,000-character session
+   a race of every lane at the most tokens, 20 s of event streams (at most 4,000) under 14,000-character session
    ids, direct calls of the race function; after each case a normal race from another client must
    finish within `--probe-timeout-s`. After the app stops, its trace files and uploads must be gone.
 

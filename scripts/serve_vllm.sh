@@ -33,6 +33,8 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "error: no vLLM venv at $venv: run \`bash scripts/setup.sh --vllm\` (or set DFLASH_VLLM_VENV)" >&2
   exit 1
 fi
+# A drafter this vLLM cannot run (DFlash2 on a CPU) is refused here, in a sentence naming it.
+"$venv/bin/python" scripts/vllm_can_draft.py "$drafter" || exit 1
 block=$(.venv/bin/python -c "import json,sys; c=json.load(open(sys.argv[1])); print((c.get('dflash_config') or {}).get('block_size') or c['block_size'])" "$drafter/config.json")
 k=${K:-$((block - 1))}
 # The converted default target: dflash_core/loading/default_target.py converts it into its cache on first

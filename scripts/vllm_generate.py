@@ -22,6 +22,10 @@ import os
 import sys
 import time
 
+# vllm_can_draft.py sits beside this script, which also runs through runpy (dev/measurements/).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vllm_can_draft import refusal  # noqa: E402
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -85,6 +89,8 @@ def main(argv=None) -> int:
 
     extra = {}
     if args.drafter:
+        if reason := refusal(args.drafter):
+            sys.exit(f"error: {reason}")
         k = args.num_speculative_tokens or drafter_block_size(args.drafter) - 1
         extra = {
             "speculative_config": {"method": "dflash", "model": args.drafter, "num_speculative_tokens": k},

@@ -18,10 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeVllm:
-    def __init__(self, model="tiny", k: int | None = None, accepted: int = 1, delay_s: float = 0.0, corrupt=()):
+    def __init__(self, model="tiny", k: int | None = None, accepted: int = 1, delay_s: float = 0.0, corrupt=(),
+                 root: str = "/tiny", vocab_size: int = 1000):
         """k: the draft tokens per step (None: a plain server, no counters); corrupt: prompts whose
-        first output id this server changes."""
+        first output id this server changes; root: the model directory it reports (the app reads the
+        tokenizer there); vocab_size: its output ids stay below it."""
         self.model, self.k, self.accepted, self.delay_s, self.corrupt = model, k, accepted, delay_s, set(corrupt)
+        self.root, self.vocab_size = root, vocab_size
         self.lock = threading.Lock()
         self.gather: threading.Barrier | None = None
         self.at_once = self.most_at_once = self.served = 0
@@ -45,7 +48,7 @@ class FakeVllm:
                 if self.path == "/metrics":
                     self._send(fake.metrics(), "text/plain")
                 else:
-                    self._send(json.dumps({"data": [{"id": fake.model, "root": "/tiny", "max_model_len": 512}]}))
+                    self._send(json.dumps({"data": [{"id": fake.model, "root": fake.root, "max_model_len": 512}]}))
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -56,10 +59,9 @@ class FakeVllm:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    @staticmethod
-    def output_of(prompt: str, n: int) -> list[int]:
+    def output_of(self, prompt: str, n: int) -> list[int]:
         seed = zlib.crc32(prompt.encode())
-        return [(seed + 7 * i) % 1000 for i in range(n)]
+        return [(seed + 7 * i) % self.vocab_size for i in range(n)]
 
     def answer(self, body: dict) -> str:
         prompt, n = body["messages"][-1]["content"], body["max_tokens"]

@@ -298,7 +298,7 @@ def test_a_replay_nobody_reads_ends_and_frees_its_slot():
     frames_of(stream)
     readers.closed("leaver")  # the page went away
     t0 = time.perf_counter()
-    rest = ended_within(10, stream)
+    ended_within(10, stream)
     assert time.perf_counter() - t0 < 3
     assert app.playback.slots.playing == 0
 

@@ -3,8 +3,10 @@ as a test over HTTP (loopback only) that failed on the code before.
 
 No file route fetches a URL and no look-up leaves the machine; parallel uploads cannot pass the
 hourly budget together; replays of one upload are parsed once, after the visitor's place is
-taken; a race is bounded by its lane-tokens and its frames' bytes; the open-stream table is
-bounded; a race runs on the pair the page shows. Visitors are told apart by their loopback
+taken, and those past the visitor's places are refused at the queue's join; a race is bounded by
+its lane-tokens and its frames' bytes; the open-stream table is bounded, and one address's flood
+of queue requests gets 429 while others are served; a race runs on the pair the page shows; the
+docs give every bound's flag and defaults. Visitors are told apart by their loopback
 source address (127.0.0.2, 127.0.0.3, ...), as the server's per-visitor bounds tell them apart.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -155,6 +158,55 @@ def test_made_up_session_ids_neither_grow_the_stream_table_nor_pass_when_long(se
             readers.max_left = 10_000
 
 
+def test_a_flood_of_queue_requests_from_one_address_gets_429_while_another_address_is_served():
+    demo = build_demo([], "", None, Limits(queue_requests_per_min=30), live=False)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo))
+    url = demo.local_url
+
+    def stream(i: int) -> httpx.Response:
+        with client("127.0.0.15", timeout=30) as http:
+            return http.get(f"{url}gradio_api/queue/data", params={"session_hash": f"{i:04d}" + "x" * 200})
+
+    try:
+        with ThreadPoolExecutor(16) as pool:  # a flood over 16 connections at once
+            flood = list(pool.map(stream, range(100)))
+        codes = [answer.status_code for answer in flood]
+        # The bucket's 30, and what refills at 0.5 a second while the flood is sent: the rest get 429.
+        assert 30 <= len(codes) - codes.count(429) <= 40 and codes.count(400) >= 30, codes
+        refused = next(answer for answer in flood if answer.status_code == 429)
+        assert "at most 30 a minute" in refused.text and "--queue-requests-per-min" in refused.text
+        assert refused.headers["retry-after"] == "2"
+        with client("127.0.0.15", timeout=30) as http:  # one request after another: one refusal a second
+            started = time.perf_counter()
+            joins = [http.post(f"{url}gradio_api/queue/join", json={"data": [], "fn_index": 0, "session_hash": "j"})
+                     for _ in range(4)]
+            refusals = [j.status_code for j in joins].count(429)  # every queue route, not only the streams
+            # Half of them: what the bucket refills (0.5 a second) while each refusal waits its second.
+            assert refusals >= 2 and time.perf_counter() - started >= refusals - 0.1
+        replay = _fn(demo, fn=demo.dflash_app.playback.replay)
+        started = time.perf_counter()
+        assert "process_generating" in _first_answer(url, "127.0.0.16", replay, ["math-greedy", None, 4.0], "other")
+        assert time.perf_counter() - started < 10  # another address waits for nothing
+    finally:
+        demo.close()
+        demo.dflash_app.traces.close()
+
+
+def test_the_request_rate_refills_at_its_rate_per_visitor_and_keeps_a_bounded_table():
+    from app.guard.request_rate import RequestRate
+
+    now = [0.0]
+    rate = RequestRate(per_min=60, clock=lambda: now[0], max_visitors=3)
+    assert [rate.allow("a") for _ in range(61)] == [True] * 60 + [False]
+    assert rate.allow("b")  # a bucket per visitor
+    now[0] += 2.5  # one a second comes back: two whole requests
+    assert [rate.allow("a") for _ in range(3)] == [True, True, False]
+    for visitor in ("c", "d", "e"):
+        rate.allow(visitor)
+    assert len(rate) == 3 and rate.retry_after_s() == 1
+
+
 # --- 6. a race runs on the pair the page shows, though the session's state was dropped -------------------
 def _fn(demo, *, elem_id: str | None = None, fn=None, api_name: str | None = None) -> int:
     """The function index of the first event with a handler that the component `elem_id` fires, of
@@ -276,6 +328,35 @@ def test_parallel_replays_of_one_upload_take_places_before_it_is_parsed_and_pars
     assert len(parsed) == 1  # the places given share one parse
 
 
+def test_replays_past_a_visitors_places_are_refused_at_the_queue_and_never_reach_the_handler(served, monkeypatch):
+    """A replay runs at once (its line is the handler's), so the queue counts a visitor's replays
+    playing as well as waiting: the joins past the places get 503, and the handler never runs for them."""
+    demo, url = served
+    app = demo.dflash_app
+    entered = []
+    join = app.playback.slots.join
+    monkeypatch.setattr(app.playback.slots, "join", lambda visitor="": (entered.append(visitor), join(visitor))[1])
+    padded = SHIPPED.read_bytes() + b" " * 600_000  # within the fixture's 1 MB hour
+    with client("127.0.0.14") as http:
+        answer = http.post(f"{url}gradio_api/upload", files={"files": ("big.json", padded, "application/json")})
+        assert answer.status_code == 200, answer.text
+    upload = {"path": answer.json()[0], "meta": {"_type": "gradio.FileData"}}
+    replay = _fn(demo, fn=app.playback.replay)
+
+    def join_only(i: int) -> httpx.Response:
+        with client("127.0.0.14") as http:
+            return http.post(f"{url}gradio_api/queue/join", json={
+                "data": [None, upload, 0.25], "fn_index": replay, "session_hash": f"storm-{i}", "trigger_id": None})
+
+    with ThreadPoolExecutor(12) as pool:
+        joins = list(pool.map(join_only, range(12)))
+    time.sleep(1.0)  # the admitted ones have reached the handler
+    codes = [j.status_code for j in joins]
+    assert codes.count(200) <= Limits().per_visitor and codes.count(503) >= 12 - Limits().per_visitor, codes
+    assert "Your address already has" in next(j.text for j in joins if j.status_code == 503)
+    assert len(entered) <= Limits().per_visitor, entered
+
+
 # --- 8. behind a trusted reverse proxy, each visitor has bounds of their own -------------------------------
 def test_a_trusted_proxys_forwarded_address_is_the_visitor_and_anyone_elses_is_ignored():
     demo = build_demo([], "", None, Limits(upload_mb_per_hour=1, trusted_proxy="127.0.0.11"), live=False)
@@ -312,3 +393,20 @@ def test_a_queued_function_is_not_run_by_a_direct_call_and_the_controls_still_ar
                           json={"data": [], "fn_index": _fn(demo, elem_id="pause"), "session_hash": "direct"})
         assert pause.status_code == 200  # the page's controls skip the queue on purpose
     assert "process_generating" in _first_answer(url, "127.0.0.13", replay, ["math-greedy", None, 4.0], "queued")
+
+
+# --- every visitor bound is documented with its flag and its defaults ------------------------------------
+def test_docs_state_every_visitor_bound_with_its_flag_and_both_defaults():
+    import re
+    from dataclasses import fields
+
+    from app.guard.limits import SPACE_LIMITS
+
+    table = (REPO / "docs" / "app.md").read_text(encoding="utf-8")
+    for bound in fields(Limits):
+        flag = "--" + bound.name.replace("_", "-")
+        row = re.search(r"^\| `" + re.escape(flag) + r"` \| ([^|]+) \| ([^|]+) \|", table, re.M)
+        assert row is not None, f"docs/app.md has no row for {flag}"
+        shown = [getattr(limits, bound.name) or "none" for limits in (Limits(), SPACE_LIMITS)]
+        assert [cell.strip() for cell in row.groups()] == [str(value) for value in shown], flag
+

@@ -1,7 +1,8 @@
 """The thinking switch in the app: a tiny pair whose chat template reads `enable_thinking` races with
 thinking on or off, every lane on the same prompt ids; the status line says which setting is used
 beside the drafter's trained one, the trace records both and a replay says them; a template without
-the switch hides the control and refuses a forced setting; bad values are named."""
+the switch hides the control and refuses a forced setting; bad values are named; a vLLM pair, whose
+servers apply the template, refuses a setting and races to its end without one."""
 
 from __future__ import annotations
 
@@ -158,3 +159,25 @@ def test_a_vllm_pair_refuses_a_thinking_setting_before_asking_its_servers():
     with pytest.raises(Exception, match="A vLLM pair's servers wrap the prompt in the chat template themselves, so this "
                                         "app cannot turn thinking off for them"):
         list(app.live.compare(PROMPT, 4, 4, 0.0, 1.0, 0, [], None, thinking="off"))
+
+
+def test_a_vllm_pairs_race_ends_with_its_trace_and_no_thinking_note(tiny_dirs):
+    """The servers apply the chat template themselves, so the trace records no settings; the race
+    still ends with its final frame and trace (fake servers in this process, serving the tiny target)."""
+    from fake_vllm import FakeVllm
+
+    from app.pairs.registry import vllm_pair
+
+    served = {"root": str(tiny_dirs[0]), "vocab_size": 300}
+    dflash, plain = FakeVllm(k=3, accepted=1, **served), FakeVllm(**served)
+    try:
+        spec = vllm_pair(dflash.url, plain.url, 4)
+        app = App([spec], spec.id, PairCache("cpu"))
+        *_, last = app.live.compare(PROMPT, 8, 4, 0.0, 1.0, 0)
+    finally:
+        dflash.close(), plain.close()
+    named = dict(zip(FRAME_FIELDS, last))
+    trace = json.loads(Path(named["trace_file"]).read_text())
+    assert trace["format"] == "vllm-race" and "settings" not in trace
+    assert sum(len(b["committed_ids"]) for b in trace["runs"]["dflash"]["blocks"]) + 1 == 8  # + the prefill's id
+    assert "Raced with" not in named["summary"]

@@ -129,6 +129,9 @@ def test_a_failure_in_a_line():
                             "RuntimeError: cancelled")
     assert failure_reason(error) == "vLLM failed (exit 1); RuntimeError: cancelled"
     assert failure_reason(ValueError("bad\nshape")) == "ValueError: bad"
+    refused = VllmUnavailable("vLLM failed (exit 1): /v/bin/python scripts/vllm_generate.py\nINFO x\n"
+                              "error: vLLM 0.32.0 cannot draft with d (DFlash2DraftModel)\nINFO y")
+    assert failure_reason(refused) == "vLLM failed (exit 1); error: vLLM 0.32.0 cannot draft with d (DFlash2DraftModel)"
     assert failure_reason(RuntimeError("x" * 300)).endswith("x ...") and len(failure_reason(RuntimeError("x" * 300))) == 160
 
 

@@ -8,7 +8,7 @@ import torch
 from test_decoding import random_prompts
 from tiny import build_drafter
 
-from dflash_core import DFlashDrafter, PromptLookup, Target, run
+from dflash_core import DFlashDrafter, PromptLookup, run
 from dflash_core.errors import GenerationInputError
 from dflash_core.models.drafter import method_name
 from dflash_core.prompt_lookup import lookup

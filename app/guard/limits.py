@@ -41,6 +41,9 @@ class Limits:
     max_replay_s: int = 300  # a replay lasting longer in real time is sped up to end within it
     per_visitor: int = 2  # requests one visitor (one address) may have waiting in each queue, races and replays
     upload_mb_per_hour: int = 100  # megabytes of uploads one visitor may send in an hour
+    # requests to the queue's routes (joins, event streams, heartbeats) one visitor may send in a
+    # minute, in a burst or spread out: a page sends 5 on loading and 2 per race
+    queue_requests_per_min: int = 300
     session_capacity: int = 200  # sessions whose last outputs Gradio keeps in memory (it drops the oldest)
     # Addresses of a reverse proxy whose X-Forwarded-For names the visitor ("": none; every visitor
     # is then the TCP peer, and behind a proxy all would share its bounds).
@@ -78,6 +81,8 @@ _FLAGS = {
     "per_visitor": "requests one visitor (one client address) may have waiting, in the race queue and in the replay "
     "line each (default %(default)s)",
     "upload_mb_per_hour": "megabytes of trace uploads one visitor may send per hour (default %(default)s)",
+    "queue_requests_per_min": "requests to the queue's routes (joins, event streams, heartbeats) one visitor may send "
+    "per minute, at once or spread out; past it they get HTTP 429 (default %(default)s)",
     "session_capacity": "browser sessions whose last outputs the server keeps in memory; the oldest are dropped "
     "(default %(default)s)",
     "trusted_proxy": "addresses (comma-separated, or *) of a reverse proxy in front of the app: a request from one "

@@ -24,6 +24,7 @@ from dflash_core.loading import (
     default_drafter_dtype,
     describe_template,
     fetch_target,
+    keep_compiled_code,
     load_drafter,
     load_lane_drafter,
     pair_size,
@@ -35,6 +36,7 @@ from dflash_core.trace import RUNS as LANES
 
 from ..race.lanes import DRAFTER_LANES
 from ..race.thinking import Thinking, race_thinking
+from .compiled import CompiledLanes
 from .registry import PairSpec, availability
 
 
@@ -55,6 +57,7 @@ class LoadedPair(ModelPair):
     # {lane: its drafter} for the lanes that race a drafter of their own (`race.lanes.DRAFTER_LANES`):
     # those the pair names and whose folders are there.
     lane_drafters: dict = field(default_factory=dict)
+    compiled: CompiledLanes | None = None  # the lanes on compiled steps, where the app compiles them
     _lane_targets: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -80,6 +83,13 @@ class LoadedPair(ModelPair):
         if lane not in self._lane_targets:
             self._lane_targets[lane] = Target(self.target.model, self.target.tokenizer)
         return self._lane_targets[lane]
+
+    def compiled_lanes(self, lanes, block_size: int, positions: int) -> tuple[dict | None, str]:
+        """({lane: compiled target} and "compiled steps", or None and "eager steps" with why a race of
+        `lanes` at `block_size` over `positions` tokens (prompt and new) runs them)."""
+        if self.compiled is None:
+            return None, "eager steps"
+        return self.compiled.lanes_for(lanes, block_size, positions)
 
     @property
     def chat_template(self) -> str:
@@ -163,9 +173,12 @@ class PairCache:
 
     def __init__(
         self, device: str | None = None, warm_up: bool = True, cpu_for_cpu_pairs: bool = False, memory=None,
-        hub_api=None,
+        hub_api=None, compile_gemms: str | None = None,
     ):
         """warm_up: run each pair once after loading (off where no compute is allowed at load: ZeroGPU).
+
+        compile_gemms: once a pair has loaded on the CPU, compile its lanes' steps in the background
+        with these GEMMs (`compiled.py`; None: never); its races run them once they are ready.
 
         cpu_for_cpu_pairs: pairs that do not need a GPU load on the CPU whatever `device` is (on
         ZeroGPU they then race without GPU quota).
@@ -177,6 +190,9 @@ class PairCache:
         self.cpu_for_cpu_pairs = cpu_for_cpu_pairs
         self.memory = memory or (lambda: gpu_memory(self.device))
         self.hub_api = hub_api
+        self.compile_gemms = compile_gemms
+        if compile_gemms:
+            keep_compiled_code()
         self.freed: list[str] = []  # labels of the pairs the last load freed
         self._pairs: dict[str, LoadedPair] = {}
         self._targets: dict[tuple, Target] = {}  # (target dir, device, dtype) -> the first pair's target
@@ -244,6 +260,9 @@ class PairCache:
                                 lane_drafters=lane_drafters)
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)
+            if self.compile_gemms and device == "cpu":
+                loaded.compiled = CompiledLanes(loaded.target, loaded.drafter, gemms=self.compile_gemms)
+                loaded.compiled.start(loaded.lock)
             self._pairs[spec.id] = loaded
             return loaded
 

@@ -49,18 +49,21 @@ class Lane:
         return "auto" if self.scheduled else self.block_size
 
 
-def pair_lanes(pair, block_size: int, names=("dflash", "plain"), tree_budget: int = TREE_BUDGET) -> dict[str, Lane]:
+def pair_lanes(pair, block_size: int, names=("dflash", "plain"), tree_budget: int = TREE_BUDGET,
+               compiled: dict | None = None) -> dict[str, Lane]:
     """The lanes `names` of a pair, in the order of `LANES`: its DFlash drafter at `block_size`, the
     same drafter with the block schedule (up to its trained size), the same drafter verifying
     trees of `tree_budget` drafts at `block_size`, its DFlash2, input-fusion and
     autoregressive drafters (`pair.lane_drafters`, each at most at its trained size), prompt
-    lookup, and plain decoding, each on a target instance of its own (`LoadedPair.lane_target`)."""
+    lookup, and plain decoding, each on a target instance of its own (`LoadedPair.lane_target`).
+    compiled: {lane: its compiled target} for every lane (`pairs/compiled.py`), DFlash's drafter
+    then the compiled lanes' own."""
     from dflash_core import PromptLookup  # torch only for a live race
 
     def lane(name: str) -> Lane:
-        target = pair.lane_target(name)
+        target = compiled[name] if compiled else pair.lane_target(name)
         if name == "dflash":
-            return Lane(target, pair.drafter, block_size)
+            return Lane(target, pair.compiled.drafter if compiled else pair.drafter, block_size)
         if name == "scheduled":
             return Lane(target, pair.drafter, pair.drafter.block_size, scheduled=True)
         if name == "tree":
@@ -124,7 +127,8 @@ class RaceSession:
         self.thinking = pair.thinking(req.thinking)
         self.prompt, self.prompt_ids = req.prompt, prompt_ids
         self.max_new_tokens, self.block_size, self.sampling = req.max_new_tokens, req.block_size, req.sampling
-        self.lanes = pair_lanes(pair, req.block_size, req.lanes, req.tree_budget)
+        compiled, self.steps = pair.compiled_lanes(req.lanes, req.block_size, len(prompt_ids) + req.max_new_tokens)
+        self.lanes = pair_lanes(pair, req.block_size, req.lanes, req.tree_budget, compiled)
         self.pieces = {name: TokenPieces(pair.tokenizer) for name in self.lanes}
         self.text_of = single_token_text(pair.tokenizer)
         self.last: Snapshot | None = None  # the newest snapshot

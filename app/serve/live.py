@@ -168,7 +168,9 @@ class LiveRace:
             raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None
         pacer, drawn = ChartPacer(), FramePacer()
+        steps = texts.STEPS.format(steps=race.steps) if getattr(race, "steps", None) else None  # local races
         note = kind.running_note
+        running = " ".join(filter(None, (note, steps))) or None
         try:
             for snapshot in race.snapshots(stop, control):
                 if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left
@@ -176,7 +178,7 @@ class LiveRace:
                     continue
                 if snapshot.done or not drawn.due(snapshot):  # the browser is still drawing the last frame
                     continue
-                frame = race_frame(snapshot, race.pieces, race.text_of, None, pacer.due(snapshot), viewer, running=note)
+                frame = race_frame(snapshot, race.pieces, race.text_of, None, pacer.due(snapshot), viewer, running=running)
                 drawn.sent(frame.html_bytes())
                 yield frame, None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
@@ -191,6 +193,8 @@ class LiveRace:
         thinking = recorded_thinking(result.trace)
         if thinking is not None:  # what a replay of its trace says too
             note = f"{texts.RECORDED_THINKING.format(words=thinking.words())} {note or texts.OWN_CLOCKS}"
+        if steps:
+            note = f"{note or texts.OWN_CLOCKS} {steps}"
         if result.report.stopped:
             # Stop answers with the text alone first: the hover boxes and the charts double what the
             # browser draws, and they follow once it can have drawn the text (sent together, the

@@ -94,7 +94,8 @@ class PairLoading:
             chat_template=describe_template(pair.tokenizer, used.args), thinking=used.trained_words(),
             size=pair.size.describe() if pair.size else "size not counted", freed=freed,
         ) + "".join(texts.LANE_NOT_OFFERED.format(lane=LABELS[lane], why=pair.spec.lane_missing(lane))
-                    for lane in pair.spec.lane_drafters() if pair.spec.lane_missing(lane))
+                    for lane in pair.spec.lane_drafters() if pair.spec.lane_missing(lane)) + (
+            texts.LANE_STEPS.format(status=pair.compiled.status()) if pair.compiled is not None else "")
 
     def _loaded(self, pair_id: str):
         """The loaded pair of a local `pair_id`, else None (not loaded yet, unknown, or served by vLLM)."""
@@ -119,6 +120,23 @@ class PairLoading:
             return self._ready(pair, self.cache.device_for(pair.spec), check_thinking(thinking))
         except ValueError as exc:  # DFlashError is a ValueError
             return texts.BAD_THINKING.format(why=str(exc))
+
+    def compiling(self, pair_id: str):
+        """The status line's timer: on while `pair_id`'s lanes compile (`pairs/compiled.py`)."""
+        pair = self._loaded(pair_id)
+        return gr.Timer(active=pair is not None and pair.compiled is not None and not pair.compiled.finished)
+
+    def compile_status(self, pair_id: str, thinking):
+        """Each tick of that timer: the status line with how far the compile has come, and the timer
+        off once it is over."""
+        pair = self._loaded(pair_id)
+        if pair is None or pair.compiled is None:
+            return gr.skip(), gr.Timer(active=False)
+        try:
+            used = check_thinking(thinking)
+        except ValueError:
+            used = None
+        return self._ready(pair, self.cache.device_for(pair.spec), used), gr.Timer(active=not pair.compiled.finished)
 
     def select_pair(self, pair_id: str):
         """The pair selector (also the `select_pair` endpoint): this session races `pair_id` from now on,

@@ -71,6 +71,7 @@ RACE_BYTES = (
     "Fewer lanes or fewer tokens stream less."
 )
 STOPPED_EARLY = "Stopped before every lane had a token."
+STEPS = "Every lane ran {steps}."  # compiled or eager, the same for every lane of a race
 OWN_CLOCKS = (
     "Times are each lane's own compute time: the lanes ran interleaved in one worker, "
     "so none slowed another down."
@@ -82,6 +83,8 @@ THINKING_CHOICES = [("the pair's default", "default"), ("on", "on"), ("off", "of
 NO_LANE_DRAFTER = "{label} cannot race the {lane} lane: {why}. Pairs that can: {pairs}."
 # After a pair's ready line: a lane whose drafter the pair names but whose folder is not there yet.
 LANE_NOT_OFFERED = " The {lane} lane is not offered: {why}."
+# After a pair's ready line, where the app compiles its lanes' steps: compiled, compiling k/n, or eager and why.
+LANE_STEPS = " Lane steps: {status}."
 VLLM_LANES = (
     "A vLLM pair races the server's DFlash against its plain decoding only: the scheduled block, AR "
     "drafter and prompt lookup lanes run in this engine, on the app's local pairs."

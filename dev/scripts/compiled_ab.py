@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 from dflash_core import Target, load_pair, run
-from dflash_core.bench.run import DEFAULT_DRAFTER, DEFAULT_TARGET, select_prompts, size_static_caches
+from dflash_core.bench.run import DEFAULT_DRAFTER, select_prompts
+from dflash_core.loading import DEFAULT_TARGET
 from dflash_core.loading.prompting import encode_prompt
+from dflash_core.precompile import size_caches
 from dflash_core.speed.cpu_linear import PackedLinear
 
 
@@ -66,7 +68,7 @@ def main() -> None:
     stop_ids = [tokenizer.eos_token_id]
     for target in targets.values():
         if target.static_cache:
-            size_static_caches(target, drafter, max(map(len, prompts)) + args.max_new_tokens)
+            size_caches(target, drafter, max(map(len, prompts)) + args.max_new_tokens)
     for name, target in targets.items():
         start = time.perf_counter()
         with rows_kernel_off((target.model, drafter), name == "libraries"):

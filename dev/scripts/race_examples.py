@@ -5,13 +5,15 @@ Start the app first (`python app.py --port 7861`), then:
     python dev/scripts/race_examples.py --url http://127.0.0.1:7861/ --pair smollm2-135m --block-size 4
 
 Each example is raced once (greedy, 128 new tokens); one row per example with tau, speedup and whether
-the two sides are token-identical, then one JSON line with all of them.
+the two sides are token-identical, then one JSON line with all of them. `--wait-compiled S` first
+polls the pair's status line until its lanes run compiled (at most S seconds), and says how long that took.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from gradio_client import Client
 
@@ -24,11 +26,23 @@ def main() -> None:
     p.add_argument("--pair", default=None, help="pair id to select first (app/pairs/pairs.json); default: the app's")
     p.add_argument("--block-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--wait-compiled", type=float, default=0, metavar="S",
+                   help="first wait up to S seconds for the status line to say the lanes run compiled")
     args = p.parse_args()
+    start = time.perf_counter()
     client = Client(args.url, verbose=False)
-    if args.pair:
-        status, _ = client.predict(args.pair, api_name="/select_pair")
-        print(status)
+    status, _ = client.predict(args.pair or "", api_name="/select_pair") if args.pair else (None, None)
+    default_ready = False
+    while args.wait_compiled and "Lane steps: compiled" not in (status or ""):
+        if time.perf_counter() - start > args.wait_compiled:
+            raise SystemExit(f"the lanes did not run compiled within {args.wait_compiled:g} s: {status}")
+        if not default_ready and "run compiled already" in (status or ""):
+            default_ready = True
+            print(f"{time.perf_counter() - start:.1f} s: {status[status.index('Lane steps'):]}", flush=True)
+        time.sleep(2)
+        status, _ = client.predict(args.pair or "", api_name="/select_pair")
+    if status:
+        print(f"{time.perf_counter() - start:.1f} s after this script started: {status}", flush=True)
     rows = []
     for (prompt,) in EXAMPLES:
         summary = client.predict(prompt, args.max_new_tokens, args.block_size, 0.0, 1.0, 0, api_name="/compare")[-2]

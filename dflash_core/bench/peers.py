@@ -84,12 +84,13 @@ def peer_rows_or_failure(name: str, args, encoded: list[list[int]], ours: list[d
 
 def failure_reason(exc: Exception, width: int = 160) -> str:
     """A peer's error in one line: its first line without the command it ran, and the last
-    exception its log names (a venv peer's error ends with the log's tail)."""
+    exception or refusal its log names (a venv peer's error ends with the log's tail)."""
     lines = str(exc).splitlines() or [""]
     first = re.sub(r"\): \S*python\S* .*", ")", lines[0])  # "vLLM failed (exit 1): /venv/bin/python ..."
     if not isinstance(exc, PeerUnavailable):
         first = f"{type(exc).__name__}: {first}"
-    raised = [line.strip() for line in lines[1:] if re.match(r"\s*[\w.]*(Error|Exception|Interrupt)\b", line)]
+    # An exception, or a driver script's own refusal ("error: ...", scripts/vllm_can_draft.py).
+    raised = [line.strip() for line in lines[1:] if re.match(r"\s*([\w.]*(Error|Exception|Interrupt)\b|error: )", line)]
     reason = f"{first}; {raised[-1]}" if raised else first
     return reason if len(reason) <= width else reason[: width - 4] + " ..."
 

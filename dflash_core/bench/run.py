@@ -48,6 +48,7 @@ from ..loading.cli import load_pair_of
 from ..loading.pair import load_drafter
 from ..loading.prompting import encode_prompt
 from ..lossless import compare as lossless_check
+from ..precompile import size_caches
 from ..schedule import AUTO
 from ..speed.batch_invariant import describe, is_batch_invariant, rows_alone_layers
 from ..speed.cpu_linear import single_row_library
@@ -159,7 +160,7 @@ def benchmark(args) -> dict:
                    stop_ids=stop_ids)
 
     if target.static_cache:  # sized for the longest run now: no timed run reallocates (or recompiles)
-        size_static_caches(target, drafter, max(map(len, encoded)) + args.max_new_tokens)
+        size_caches(target, drafter, max(map(len, encoded)) + args.max_new_tokens)
     decode(encoded[0][:8])  # warm up kernels and allocator outside the clock
     for variant in variants:
         decode(encoded[0][:8], variant)
@@ -303,12 +304,6 @@ def benchmark(args) -> dict:
             drafter.config, "draft_vocab_size", None) else "the target's whole head",
         **{name: field.get(name) for name in PEERS},
     }
-
-
-def size_static_caches(target, drafter, positions: int) -> None:
-    """Allocate the static caches (which only grow) for runs of up to `positions` tokens plus a block."""
-    target.reset(positions + drafter.block_size)
-    drafter.new_cache(positions + 2 * drafter.block_size)
 
 
 def variant_name(block_size: int | str) -> str:

@@ -27,6 +27,7 @@ _EXPORTS = {
     "ModelPair": "pair",
     "default_drafter_dtype": "pair",
     "fetch_target": "pair",
+    "keep_compiled_code": "pair",
     "load_drafter": "pair",
     "load_lane_drafter": "pair",
     "load_pair": "pair",

@@ -194,7 +194,13 @@ def keep_compiled_code() -> str:
     `inductor/` under $DFLASH_CACHE or ~/.cache/dflash-studio, unless TORCHINDUCTOR_CACHE_DIR
     names another; return the folder. Inductor's default is under the system's temp folder, which
     a reboot empties: the next process would compile every step again (minutes on a CPU)."""
-    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # Inductor writes its default into the environment the first time it asks (importing the
+    # compiled steps does): that value is its own, not a user's choice.
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 def load_pair(

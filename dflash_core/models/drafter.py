@@ -17,6 +17,7 @@ files of the older form still load. Also loads transformers' native DFlash check
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -374,6 +375,13 @@ class DFlashDrafter(nn.Module):
             cache = self._static_cache = DrafterCache(len(self.layers), -(-capacity // 256) * 256)
         cache.length = 0
         return cache
+
+    def with_own_cache(self) -> DFlashDrafter:
+        """This drafter, its modules and weights shared, with a static cache of its own: a second
+        graphed or compiled run beside one of this drafter's (`new_cache` keeps one per drafter)."""
+        twin = copy.copy(self)
+        twin._static_cache = None
+        return twin
 
     def before_draft(self, start: int) -> None:
         """Host-side work before a draft step whose slot 0 is at `start`, outside any CUDA graph

@@ -1,0 +1,78 @@
+"""How often one visitor may knock on the queue: a token bucket per address.
+
+Every request to the queue's routes (a join, an event stream, the page's heartbeat, the REST
+API's `call` routes) costs Gradio work before any bound of `queue_bounds` can look at it: a
+stream under a made-up session id costs the server about 4 ms of CPU, and one address can send
+hundreds a second. `RequestRate` gives each visitor (`callers.visitor_of`) a bucket of `per_min`
+requests, refilled at `per_min` / 60 a second; a request finding it empty is answered 429 by the
+HTTP guard before Gradio sees it. A browser page sends 5 such requests on loading and 2 per
+race, so the default leaves room for a class behind one address loading the page at once.
+The table holds the `max_visitors` seen last.
+
+A refusal still costs the server its HTTP parsing, about half a millisecond, and a client that
+sends the next request as soon as the last is answered would keep a core busy with them. So a
+refused request is answered after `DELAY_S`, a wait that costs the server nothing: a client
+sending one request after another is held to one a second per connection. A visitor has at most
+`MAX_HELD` refusals waiting; past that they are answered at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, OrderedDict
+
+API_PREFIX = "/gradio_api"
+QUEUE_ROUTES = (f"{API_PREFIX}/queue/", f"{API_PREFIX}/heartbeat/", f"{API_PREFIX}/call/")
+DELAY_S = 1.0
+MAX_HELD = 256
+
+
+def is_queue_route(path: str) -> bool:
+    return path.startswith(QUEUE_ROUTES)
+
+
+class RequestRate:
+    """A token bucket per visitor: `allow(visitor)` takes one request from it, if there is one."""
+
+    def __init__(self, per_min: int, clock=time.monotonic, max_visitors: int = 10_000):
+        self.per_min, self.max_visitors = per_min, max_visitors
+        self._clock = clock
+        self._per_s = per_min / 60.0
+        self._buckets: OrderedDict[str, list[float]] = OrderedDict()  # visitor -> [tokens, when], oldest first
+        self._held: Counter[str] = Counter()  # refusals waiting for their answer, by visitor
+        self._lock = threading.Lock()
+
+    def allow(self, visitor: str) -> bool:
+        now = self._clock()
+        with self._lock:
+            tokens, then = self._buckets.pop(visitor, (float(self.per_min), now))
+            tokens = min(float(self.per_min), tokens + (now - then) * self._per_s)
+            allowed = tokens >= 1.0
+            self._buckets[visitor] = [tokens - 1.0 if allowed else tokens, now]  # now the newest
+            if len(self._buckets) > self.max_visitors:
+                # The one seen longest ago goes: its bucket has refilled the most, and a visitor
+                # forgotten starts again from a full one.
+                self._buckets.popitem(last=False)
+            return allowed
+
+    def hold(self, visitor: str) -> bool:
+        """Whether a refusal of `visitor`'s may wait `DELAY_S` before its answer (`release` after)."""
+        with self._lock:
+            if self._held[visitor] >= MAX_HELD:
+                return False
+            self._held[visitor] += 1
+            return True
+
+    def release(self, visitor: str) -> None:
+        with self._lock:
+            self._held[visitor] -= 1
+            if self._held[visitor] <= 0:
+                del self._held[visitor]
+
+    def retry_after_s(self) -> int:
+        """Seconds until an empty bucket holds a request again."""
+        return max(1, round(1.0 / self._per_s))
+
+    def __len__(self) -> int:
+        return len(self._buckets)

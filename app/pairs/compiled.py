@@ -1,0 +1,154 @@
+"""A loaded pair's lanes on compiled steps, compiled in the background while races run eagerly.
+
+Each lane that can run compiled (DFlash, plain decoding, prompt lookup) gets a target of its own
+with static caches and compiled steps (`dflash_core.precompile`). A thread compiles the steps those
+lanes take, the default race's first (the one-token step, then the draft and verify steps at the
+trained block size), on targets of its own; the lanes' targets reuse that code at their first call.
+A race runs compiled only when every step each of its lanes takes is compiled, otherwise all its
+lanes run the eager steps: a race never compares a compiled lane with an eager one, and no lane
+changes path within a race. The tree, scheduled and drafter lanes run eagerly.
+
+Costs: the compiled steps use the same weights (`library` GEMMs: no packed copy per shape), and
+each lane's static KV caches hold `positions` tokens whatever a race's length. Inductor's code goes
+to its on-disk cache under the project's cache folder, so a second launch finds most of it there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from dflash_core import Target, compile_draft, compile_verify, size_caches
+
+from ..race.lanes import LABELS
+
+COMPILED_LANES = ("dflash", "plain", "lookup")
+# Positions the compiled lanes' static KV caches hold: a race of up to this many less a block (prompt
+# and new tokens) runs compiled. A compiled step attends over all of them, used or not, so larger
+# costs every race's steps.
+POSITIONS = 1024
+# `library`: the linears stay the engine's (the CPU rows kernel and oneDNN's packed weights), so a
+# compiled step holds no copy of the weights and compiles in seconds. `template` runs faster steps,
+# but each compiled shape packs its own copy of the target's weights and takes minutes to compile,
+# and a second launch still repacks them (docs/benchmarks.md, "Compiled lanes in the app").
+GEMMS = "library"
+# A loaded machine can take many minutes per step (template GEMMs: more): past this, compiling stops.
+BUDGET_S = 30 * 60
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step to compile on `lane`'s target: the verify step of `length` tokens, or with `draft`, the
+    drafter's draft step at block size `length` and the verify step DFlash takes with it."""
+
+    lane: str
+    length: int
+    draft: bool = False
+
+    def describe(self) -> str:
+        if self.draft:
+            return f"{self.lane} lane's draft and verify steps at block {self.length}"
+        return f"{self.lane} lane's verify step of {self.length} token{'s' if self.length > 1 else ''}"
+
+
+def needed(lanes, block_size: int) -> set[Step]:
+    """The steps a race of `lanes` at `block_size` takes."""
+    steps = set()
+    for lane in lanes:
+        if lane == "plain" or block_size == 1:
+            steps.add(Step(lane, 1))
+        elif lane == "dflash":
+            steps.add(Step(lane, block_size, draft=True))
+        elif lane == "lookup":  # it verifies the prefix of its block that it found in the context
+            steps.update(Step(lane, n) for n in range(1, block_size + 1))
+    return steps
+
+
+def plan(trained: int) -> list[Step]:
+    """Every step of races at block sizes 1 to `trained`, the default race's (DFlash at the trained
+    block size against plain decoding) first."""
+    first = sorted(needed(("plain", "dflash"), trained), key=lambda step: step.draft)
+    rest = {step for block in range(trained, 0, -1) for step in needed(COMPILED_LANES, block)} - set(first)
+    return first + sorted(rest, key=lambda step: (step.lane != "lookup", -step.length if step.draft else step.length))
+
+
+class CompiledLanes:
+    """The compiled targets of a pair's lanes and the thread that compiles their steps."""
+
+    def __init__(self, target: Target, drafter, positions: int = POSITIONS, gemms: str = GEMMS,
+                 budget_s: float = BUDGET_S):
+        """positions: what the static caches hold, at most the target's context; races of up to that
+        less the drafter's block (prompt and new tokens) run compiled. budget_s: no step but the first
+        starts to compile after this many seconds; races that need the steps left run eagerly."""
+        context = getattr(target.model.config, "max_position_embeddings", None) or positions
+        self.positions = min(positions, context) - drafter.block_size
+        self.gemms, self.budget_s = gemms, budget_s
+        self.drafter = drafter.with_own_cache()  # the eager lanes' drafter keeps its static cache
+        self.targets = {lane: self._compiled(target) for lane in COMPILED_LANES}
+        self.steps = plan(drafter.block_size)
+        self.done: set[Step] = set()
+        self.failed: str | None = None
+        self.seconds = 0.0
+        self._thread: threading.Thread | None = None
+
+    def _compiled(self, target: Target) -> Target:
+        compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=self.gemms)
+        size_caches(compiled, self.drafter, self.positions)
+        return compiled
+
+    def start(self, lock: threading.Lock) -> None:
+        """Compile every step in a background thread (once), each while holding `lock`, the pair's:
+        a step compiles on a lane's own target, and the targets over one model share its layers'
+        feature taps, so no race of the pair may run meanwhile."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._compile_all, args=(lock,), name="compile-lanes", daemon=True)
+            self._thread.start()
+
+    def _compile_all(self, lock: threading.Lock) -> None:
+        start = time.perf_counter()
+        for step in self.steps:
+            if self.done and time.perf_counter() - start > self.budget_s:
+                self.failed = f"compiling stopped at its bound of {self.budget_s / 60:.0f} minutes"
+                return
+            target = self.targets[step.lane]
+            try:
+                with lock:
+                    if step.draft:
+                        compile_draft(target, self.drafter, step.length)
+                    else:
+                        compile_verify(target, step.length)
+            except Exception as exc:  # noqa: BLE001 - those races stay eager, and the status line says why
+                self.failed = f"compiling the {step.describe()} failed ({type(exc).__name__}: {exc})"
+                return
+            if any(entry is None for entry in target.graphs.graphs.values()):  # it fell back to eager
+                self.failed = f"the {step.describe()} did not compile (its warning says why)"
+                return
+            self.done.add(step)
+            self.seconds = time.perf_counter() - start
+
+    @property
+    def finished(self) -> bool:
+        return self.failed is not None or len(self.done) == len(self.steps)
+
+    def status(self) -> str:
+        """`compiled`, `compiling k/n`, or what compiled and why the rest did not."""
+        done, total = len(self.done), len(self.steps)
+        if self.failed:
+            return f"{done}/{total} compiled, the others eager: {self.failed}"
+        if done == total:
+            return f"compiled (in {self.seconds:.0f} s)"
+        first = needed(("dflash", "plain"), self.drafter.block_size)
+        ready = f"; DFlash at block {self.drafter.block_size} and plain decoding run compiled already" if (
+            first <= self.done) else ""
+        return f"compiling {done}/{total}{ready}"
+
+    def lanes_for(self, lanes, block_size: int, positions: int) -> tuple[dict | None, str]:
+        """({lane: compiled target} and "compiled steps", or None and "eager steps" with why)."""
+        if extra := [LABELS[lane] for lane in lanes if lane not in COMPILED_LANES]:
+            return None, f"eager steps (the {' and '.join(extra)} lane{'s run' if len(extra) > 1 else ' runs'} them only)"
+        if positions > self.positions:
+            return None, f"eager steps ({positions} positions, past the {self.positions} the compiled steps hold)"
+        if needed(lanes, block_size) - self.done:
+            return None, f"eager steps ({self.status()})"
+        return {lane: self.targets[lane] for lane in lanes}, "compiled steps"

@@ -1,0 +1,54 @@
+"""Compiling a target's steps before the runs that take them.
+
+A compiled target (`Target(..., compiled=True)`, `speed/compiled_steps.py`) compiles a step the
+first time a run takes it: one verify step per length and set of tapped layers, and a drafter's
+draft step per block size, each at the size of the static caches. That first run pays the compile
+(seconds to minutes on a CPU) inside its own timings. `compile_verify` and `compile_draft` take a
+step ahead of the runs, on a target of their own: dynamo keeps the compiled code per step function,
+so every other target over the same model reuses it at its first call, where guards pass
+(same shapes, same cache capacity, same compile options).
+
+The caches only grow, and a step compiled at one capacity is not the step of another:
+`size_caches` sets both caches to hold runs of up to `positions` tokens, before the steps are
+compiled and before the runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .decoding import run
+from .models.target import Target
+
+# Any ids do: a step's code depends on shapes, not values. Long enough to give a draft step whole
+# blocks after the first (the block-16 drafters included).
+_PROMPT = list(range(10, 42))
+
+
+def size_caches(target: Target, drafter, positions: int) -> None:
+    """Hold runs of up to `positions` tokens in `target`'s static cache and `drafter`'s (if any)."""
+    block = drafter.block_size if drafter is not None else 1
+    target.reset(positions + block)
+    if drafter is not None:
+        drafter.new_cache(positions + 2 * block)
+
+
+@torch.inference_mode()
+def compile_verify(target: Target, length: int, layer_ids=()) -> None:
+    """Compile `target`'s verify step of `length` tokens with `layer_ids` tapped (a DFlash drafter's
+    `target_layer_ids`; none for plain decoding and prompt lookup), at its cache's capacity."""
+    capacity = target.kv.capacity
+    target.reset(capacity)
+    target.tap_layers(layer_ids)
+    try:
+        target.forward(torch.tensor([_PROMPT[:4]], device=target.device))  # the prefill runs eagerly
+        target.forward(torch.tensor([_PROMPT[4:4 + length]], device=target.device))
+    finally:
+        target.tap_layers(())
+        target.reset(capacity)
+
+
+def compile_draft(target: Target, drafter, block_size: int) -> None:
+    """Compile `drafter`'s draft step at `block_size` and the verify step its runs take with it, by
+    decoding a few blocks (greedy) on `target`."""
+    run(target, _PROMPT, drafter, max_new_tokens=3 * block_size, block_size=block_size)

@@ -1,0 +1,142 @@
+"""The app's lanes on compiled steps (`app/pairs/compiled.py`): compiled in the background, the
+default race's steps first, a race running them only when every step of every lane is compiled,
+and then decoding token for token and cycle for cycle as the eager lanes do; the status line and
+the race's note say which steps ran, and why a race stayed eager."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from tiny import build_drafter
+from torch._dynamo.utils import counters
+
+from app.pairs.compiled import COMPILED_LANES, CompiledLanes, Step, needed, plan
+from app.pairs.models import PairCache
+from app.pairs.registry import cli_pair
+from app.ui import App
+from app.view import texts
+from app.view.frames import FRAME_FIELDS
+from dflash_core.trace import validate_trace
+
+PROMPT = "What is the capital of France? Paris is the capital of France. What is"
+BLOCK = 4
+NEW = 20
+
+
+@pytest.mark.parametrize("trained", [1, 4, 16])
+def test_the_plan_holds_every_step_of_every_race_once_the_default_races_first(trained):
+    steps = plan(trained)
+    assert len(steps) == len(set(steps))
+    races = [needed(lanes, block) for block in range(1, trained + 1)
+             for n in range(1, len(COMPILED_LANES) + 1) for lanes in itertools.combinations(COMPILED_LANES, n)]
+    assert set(steps) == set().union(*races)
+    default = needed(("dflash", "plain"), trained)
+    assert set(steps[:len(default)]) == default
+    if trained > 1:
+        assert Step("dflash", trained, draft=True) in default and Step("plain", 1) in default
+
+
+def test_a_race_needs_the_steps_its_lanes_take():
+    assert needed(("dflash", "plain"), 4) == {Step("dflash", 4, draft=True), Step("plain", 1)}
+    assert needed(("lookup",), 3) == {Step("lookup", 1), Step("lookup", 2), Step("lookup", 3)}
+    assert needed(("dflash", "lookup"), 1) == {Step("dflash", 1), Step("lookup", 1)}
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tiny_dirs, tmp_path_factory):
+    """The tiny target and a block-4 drafter that drafts only the target's three most frequent
+    tokens on the prompt (it keeps some drafts, so its features matter)."""
+    from collections import Counter
+
+    from dflash_core import Target, run
+    from dflash_core.loading.prompting import encode_prompt
+
+    target_dir = tiny_dirs[0]
+    target = Target.from_pretrained(target_dir)
+    plain = run(target, encode_prompt(target.tokenizer, PROMPT), None, max_new_tokens=NEW).output_ids
+    vocab = [token for token, _ in Counter(plain).most_common(3)]
+    drafter = build_drafter(tmp_path_factory.mktemp("compiled-lanes") / "drafter", target_dir, draft_vocab=vocab,
+                            block_size=BLOCK)
+    return target_dir, drafter
+
+
+def race(app, lanes, block=BLOCK) -> dict:
+    """Every output as the page shows it at the end."""
+    shown = {}
+    for frame in app.live.compare(PROMPT, NEW, block, 0.0, 1.0, 0, lanes):
+        shown.update((name, value) for name, value in zip(FRAME_FIELDS, frame) if isinstance(value, (str, dict)))
+    return shown
+
+
+def cycles(shown) -> dict:
+    """Each lane's tokens and acceptance lengths, from the race's trace."""
+    return {name: (run["output_ids"], [block["accepted"] for block in run["blocks"]])
+            for name, run in validate_trace(shown["trace_file"])["runs"].items()}
+
+
+def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread):
+    spec = cli_pair(*map(str, pair_dirs))
+    eager_app = App([spec], spec.id, PairCache("cpu"))
+    app = App([spec], spec.id, PairCache("cpu", compile_gemms="library"))
+    lanes = ["lookup"]
+    pair = app.loading.cache.get(spec)
+    compiled = pair.compiled
+    assert isinstance(compiled, CompiledLanes)
+    compiled._thread.join(timeout=600)
+    assert compiled.failed is None and compiled.finished, compiled.status()
+    assert compiled.status().startswith("compiled (in ")
+    status = app.loading.compile_status(spec.id, "default")
+    assert "Lane steps: compiled (in " in status[0]
+
+    graphs = counters["stats"]["unique_graphs"]
+    shown = race(app, lanes)
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled during the race: all of it before
+    assert texts.STEPS.format(steps="compiled steps") in shown["summary"]
+    report = shown["report"]["lanes"]
+    assert report["dflash"]["identical"] is True and report["lookup"]["identical"] is True
+    eager = race(eager_app, lanes)
+    assert texts.STEPS.format(steps="eager steps") in eager["summary"]
+    assert cycles(shown) == cycles(eager)  # the same tokens, and the same drafts kept in every cycle
+    assert any(accepted for _, kept in cycles(shown).values() for accepted in kept)
+
+    # A lane with no compiled steps keeps the whole race eager, and the race says why.
+    tree = race(app, ["tree"])
+    assert texts.STEPS.format(steps="eager steps (the DFlash, tree lane runs them only)") in tree["summary"]
+    assert cycles(tree)["dflash"] == cycles(shown)["dflash"]
+
+
+def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_dirs):
+    from dflash_core import DFlashDrafter, Target
+
+    target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
+    compiled = CompiledLanes(target, drafter, positions=64 + BLOCK)
+    assert compiled.status() == f"compiling 0/{len(compiled.steps)}"
+    assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40) == (None, f"eager steps (compiling 0/{len(compiled.steps)})")
+    compiled.done.update(needed(("dflash", "plain"), BLOCK))
+    assert compiled.status() == (f"compiling 2/{len(compiled.steps)}; DFlash at block {BLOCK} and plain decoding run "
+                                 "compiled already")
+    targets, steps = compiled.lanes_for(("dflash", "plain"), BLOCK, 40)
+    assert steps == "compiled steps" and set(targets) == {"dflash", "plain"}
+    assert targets["dflash"] is not targets["plain"] and targets["dflash"].graphs is not None
+    assert compiled.lanes_for(("dflash", "plain"), BLOCK, 65) == (
+        None, "eager steps (65 positions, past the 64 the compiled steps hold)")
+    assert compiled.lanes_for(("dflash", "plain", "lookup"), BLOCK, 40)[0] is None  # lookup's steps are not done
+    assert compiled.lanes_for(("dflash", "scheduled", "ar"), BLOCK, 40) == (
+        None, "eager steps (the DFlash, scheduled block and AR drafter lanes run them only)")
+
+
+def test_compiling_stops_at_its_bound_and_says_what_compiled(pair_dirs):
+    import threading
+
+    from dflash_core import DFlashDrafter, Target
+
+    target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
+    compiled = CompiledLanes(target, drafter, budget_s=0)
+    compiled.start(threading.Lock())
+    compiled._thread.join(timeout=600)  # the first step starts at once; the bound stops the second
+    assert compiled.done == {compiled.steps[0]} and compiled.finished
+    assert compiled.status() == (f"1/{len(compiled.steps)} compiled, the others eager: compiling stopped at its "
+                                 "bound of 0 minutes")
+    assert compiled.lanes_for(("plain",), BLOCK, 40)[1] == "compiled steps"
+    assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40)[0] is None
