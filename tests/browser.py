@@ -377,13 +377,11 @@ def pin_and_race_again(url: str, out: Path | None = None, timeout_s: float = 180
     seen = {}
     with open_page(url, timeout_s, height=1080, width=1920) as page:
         page.wait_for_selector("#replay-run")
-        page.locator("#pin").click()  # nothing finished yet: nothing pinned
-        page.wait_for_timeout(500)
-        seen["pinned_before"] = page.locator("#pinned-pane").is_visible()
+        seen["pin_before"] = page.locator("#pin").is_visible()  # nothing has finished: nothing to pin
         _replay_to_end(page, "code, T=0")
         seen["first_summary"] = page.locator("#summary").inner_text()
         seen["first_text"] = page.locator("#dflash-tokens").inner_text()
-        page.locator("#pin").click()
+        page.locator("#pin").click()  # shown once the run has ended
         page.wait_for_selector("#pinned :text('Pinned race')")
         _replay_to_end(page, "code-greedy-b16")
         page.evaluate("window.scrollTo(0, 0)")

@@ -241,7 +241,7 @@ def test_browser_pins_a_finished_race_and_races_again_beside_it(lessons_url):
     from browser import pin_and_race_again
 
     seen = pin_and_race_again(lessons_url, ARTIFACTS / "pinned.png")
-    assert seen["pinned_before"] is False  # nothing finished yet: Pin does nothing
+    assert seen["pin_before"] is False  # Pin shows once a run has ended
     pinned = seen["pinned"]
     assert pinned.startswith("Pinned race · recording code-greedy · block 4, T=0 · “Write a Python function")
     # The pinned race's numbers are its own summary's, its text its own DFlash pane's.

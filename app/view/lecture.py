@@ -42,6 +42,7 @@ body.large-text .chip-rejected { opacity: 1 !important; text-decoration-thicknes
     f"body.large-text .tok-{kind}, body.large-text .chip-{kind} {{ box-shadow: inset 0 -4px 0 {color}; color: #000; }}\n"
     for kind, color in STRONG.items()
 ) + """
+body:not(.run-ended) #pin { visibility: hidden; }
 body.no-block-bars .tok { border-left: none !important; padding-left: 0 !important; margin-left: 0 !important; }
 .whatif { border: 1px solid #ccd; border-radius: 8px; padding: 10px 14px; background: #fff; color: #111; }
 .whatif h4 { margin: 0 0 6px 0; }
@@ -73,6 +74,12 @@ if (!window.dflashKeys) {
     else if (event.key === 'ArrowLeft') done = press('cycle-prev');
     if (done) event.preventDefault();
   });
+  // "Pin this race" shows once the run on screen has ended (its status line says so); hidden, it
+  // keeps its place, so nothing moves when it appears.
+  setInterval(() => {
+    const status = (document.getElementById('control-status') || {}).innerText || '';
+    document.body.classList.toggle('run-ended', /Finished|finished|Ended/.test(status));
+  }, 400);
 }
 """
 
