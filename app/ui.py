@@ -38,6 +38,7 @@ from .serve.lecture import Lecture
 from .serve.lessons import LESSONS, Lessons
 from .serve.live import LiveRace
 from .serve.loading import PairLoading
+from .serve.pinning import TABS, Pinning
 from .serve.playback import MAX_SPEED, MIN_SPEED, Playback
 from .serve.replay import ReplayError, load_trace, shipped_traces
 from .serve.serving import LEVELS, Serving
@@ -46,6 +47,7 @@ from .view import charts, lecture, render, texts
 from .view.cycle_view import cycle_html
 from .view.frames import FRAME_FIELDS
 from .view.howto import howto_html
+from .view.pinned import PINNED_CSS
 from .view.serving import serving_figure, serving_table_html
 from .view.speedup import FORMULA_MD, speedup_figure
 from .view.tips import TIP_CSS, TIP_JS
@@ -80,6 +82,7 @@ class App:
         self.serving = Serving(self.loading.pairs, limits, self.readers)
         self.lecture = Lecture(self.controls)
         self.lessons = Lessons(self.controls)
+        self.pinning = Pinning(self.controls)
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
 
     def end_session(self, request: gr.Request = None) -> None:
@@ -215,6 +218,8 @@ class RaceArea:
     cycle_next: gr.Button | None = None
     cycle_panel: gr.Accordion | None = None
     cycle_extremes: tuple = ()  # the cycle view at the best / the worst cycle
+    pin_button: gr.Button | None = None  # "Pin this race"
+    pinned: tuple = ()  # the pinned race's column, its panel, its Unpin button
 
 
 def pair_choices(pairs: list[PairSpec], device_for) -> list[tuple[str, str]]:
@@ -343,10 +348,15 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
                                                       js_on_load=TIP_JS)
                     panes[f"{lane}_strip"] = gr.HTML(elem_id=f"{lane}-strip", css_template=TIP_CSS, js_on_load=TIP_JS,
                                                      visible=lane != "plain")
+            # Beside the lanes: a finished race pinned there (`serve/pinning.py`), kept while the next ones race.
+            with gr.Column(visible=False, elem_id="pinned-pane", min_width=280) as pinned_column:
+                pinned = gr.HTML(elem_id="pinned", css_template=PINNED_CSS + render.TOKEN_CSS)
+                unpin_button = gr.Button(texts.UNPIN, elem_id="unpin", size="sm")
         # Under the lanes, so that they stay where they are when the finished race's numbers arrive.
         doctor = None
         with gr.Row(equal_height=False):
             summary = gr.HTML(render.summary_html(None), elem_id="summary", scale=6)
+            pin_button = gr.Button(texts.PIN, elem_id="pin", size="sm", scale=0, min_width=140)
             if doctor_intro is not None:
                 button = gr.Button(texts.DOCTOR_BUTTON, elem_id="doctor-run", size="sm", scale=0, min_width=140)
         gr.HTML(render.legend_html())
@@ -388,7 +398,8 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
         "report": report_json, "trace_file": trace_file, "trace_csv": trace_csv,
     }
     return RaceArea(outputs, pause_button, step_button, resume_button, follow, doctor, cycle_lane, column,
-                    cycle_prev, cycle_next, cycle_panel, (cycle_best, cycle_worst))
+                    cycle_prev, cycle_next, cycle_panel, (cycle_best, cycle_worst), pin_button,
+                    (pinned_column, pinned, unpin_button))
 
 
 def build_demo(
@@ -421,7 +432,8 @@ def build_demo(
             gr.Markdown(texts.HEADER, elem_id="headline")
             large_text = gr.Checkbox(False, label=texts.LARGE_TEXT, elem_id="large-text", scale=0, min_width=220)
             block_bars = gr.Checkbox(True, label=texts.BLOCK_BARS, elem_id="block-bars", scale=0, min_width=130)
-        with gr.Tabs(selected="live" if live and not replay else "replay", elem_id="source-tabs"):
+        first_tab = "live" if live and not replay else "replay"
+        with gr.Tabs(selected=first_tab, elem_id="source-tabs"):
             tabs = {}
             if live:
                 with gr.Tab("Live race", id="live") as tabs["live"]:
@@ -440,6 +452,7 @@ def build_demo(
         if live:
             _wire_serving(app, limits, live_inputs, serving)
         _wire_lecture(app, live_inputs if live else None, replay_inputs, area, tabs, (large_text, block_bars), shown)
+        _wire_pins(app, area, tabs, first_tab)
     # A queued function runs only through the queue, where the bounds per visitor apply; Gradio
     # would otherwise run it on /gradio_api/run/<name> as well, up to its first frame.
     demo.queue(api_open=False)
@@ -483,16 +496,22 @@ def _wire(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab | None, repla
     area.pause_button.click(app.stepping.pause, outputs=[control_status], queue=False, api_visibility="private")
     # Every click is one more cycle: with Gradio's default ("once"), a click made while the previous
     # Step's reply is still on its way (a busy CPU sends the stream's frame first) would be dropped.
+    # No timer over the status line and the follow checkbox while the reply is on its way.
     area.step_button.click(
-        app.stepping.step, outputs=[control_status], queue=False, api_visibility="private", trigger_mode="multiple"
+        app.stepping.step, outputs=[control_status, area.follow], queue=False, api_visibility="private",
+        trigger_mode="multiple", show_progress="hidden",
     )
-    area.resume_button.click(app.stepping.resume, outputs=[control_status], queue=False, api_visibility="private")
-    cycle_pick, cycle_view = area.outputs["cycle_pick"], area.outputs["cycle_view"]
+    area.resume_button.click(app.stepping.resume, outputs=[control_status, area.follow], queue=False,
+                             api_visibility="private", show_progress="hidden")
+    # Every cycle picker answers with the follow checkbox and the race's outputs (`stepping.look_at`):
+    # in a paused or finished run the panes go back to the cycle picked.
+    looked = [area.follow, *outputs]
+    cycle_pick = area.outputs["cycle_pick"]
+    now = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
     for event in (cycle_pick.release, cycle_pick.input):
-        event(app.stepping.pick_cycle, inputs=[cycle_pick], outputs=[cycle_view, area.follow], queue=False, api_visibility="private")
-    area.follow.input(app.stepping.follow_latest, inputs=[area.follow], outputs=[cycle_view], queue=False, api_visibility="private")
-    area.cycle_lane.input(app.stepping.pick_lane, inputs=[area.cycle_lane], outputs=[cycle_view, cycle_pick], queue=False,
-                          api_visibility="private")
+        event(app.stepping.pick_cycle, inputs=[cycle_pick], outputs=looked, **now)
+    area.follow.input(app.stepping.follow_latest, inputs=[area.follow], outputs=looked, **now)
+    area.cycle_lane.input(app.stepping.pick_lane, inputs=[area.cycle_lane], outputs=looked, **now)
     demo.unload(app.end_session)
 
 
@@ -611,7 +630,7 @@ def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceA
     control_status = area.outputs["control_status"]
     area.step_button.click(app.lecture.step_when_idle, outputs=[control_status], **now).then(
         None, inputs=[control_status], js=lecture.START_PAUSED_JS, **now)
-    cycle_outputs = [area.outputs["cycle_view"], area.outputs["cycle_pick"], area.follow]
+    cycle_outputs = [area.follow, *outputs]  # `stepping.look_at`
     for button, shift in ((area.cycle_prev, app.lecture.previous_cycle), (area.cycle_next, app.lecture.next_cycle)):
         button.click(lambda: gr.Accordion(open=True), outputs=[area.cycle_panel], **now)
         button.click(shift, inputs=[area.outputs["cycle_pick"]], outputs=cycle_outputs, **now)
@@ -629,6 +648,20 @@ def _wire_lecture(app: App, live: LiveTab | None, replay: ReplayTab, area: RaceA
     block_bars.input(None, inputs=[block_bars], js=lecture.toggle_js("no-block-bars", when_on=False), **now)
 
 
+def _wire_pins(app: App, area: RaceArea, tabs: dict, first_tab: str) -> None:
+    """Pin / Unpin, and each racing tab showing its own pin: the tab on screen and the pins (tab ->
+    panel) are the page's session state."""
+    now = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
+    tab, pins = gr.State(first_tab), gr.State({})
+    column, panel, unpin = area.pinned
+    area.pin_button.click(app.pinning.pin, inputs=[tab, pins], outputs=[pins, panel, column], **now)
+    unpin.click(app.pinning.unpin, inputs=[tab, pins], outputs=[pins, panel, column], **now)
+    for name in TABS:
+        if name in tabs:
+            tabs[name].select(lambda held, name=name: (name, *Pinning.show(name, held)), inputs=[pins],
+                              outputs=[tab, panel, column], **now)
+
+
 def _wire_lessons(app: App, replay: ReplayTab, area: RaceArea) -> None:
     """A lesson's button picks its recording and replays it, held at its first stop (one click);
     Previous / Next go between its stops."""
@@ -642,7 +675,7 @@ def _wire_lessons(app: App, replay: ReplayTab, area: RaceArea) -> None:
             show_progress="hidden").then(
             app.playback.replay, inputs=replay.inputs, outputs=outputs, api_visibility="private",
             concurrency_limit=None, concurrency_id="replay", show_progress="hidden")
-    moved = [callout, state, area.outputs["cycle_view"], area.outputs["cycle_pick"], area.follow, area.cycle_panel]
+    moved = [callout, state, area.cycle_panel, area.follow, *outputs]  # `Lessons.move`
     for button, move in ((previous, app.lessons.previous), (following, app.lessons.next)):
         button.click(move, inputs=[state], outputs=moved, queue=False, api_visibility="private", show_progress="hidden")
 

@@ -19,6 +19,7 @@ from importlib import import_module
 _EXPORTS = {
     "Block": "events",
     "DFlashDrafter": "models.drafter",
+    "DEFAULT_NGRAM_SIZES": "ngram",
     "DFlashError": "errors",
     "ModelPair": "loading.pair",
     "Prefill": "events",
@@ -31,6 +32,7 @@ _EXPORTS = {
     "check_schedule": "decoding",
     "compile_draft": "precompile",
     "compile_verify": "precompile",
+    "find_match": "ngram",
     "generate": "decoding",
     "load_pair": "loading.pair",
     "method_name": "models.drafter",

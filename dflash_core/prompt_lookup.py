@@ -16,31 +16,9 @@ import torch
 
 from .drafting import DraftView, Proposal, RunSettings
 from .errors import GenerationInputError
+from .ngram import DEFAULT_NGRAM_SIZES, lookup
 
-DEFAULT_NGRAM_SIZES = (3, 2, 1)
-
-
-def lookup(context: list[int], ngram_sizes, max_tokens: int) -> list[int]:
-    """The up to `max_tokens` tokens after the latest earlier occurrence of the last n tokens of
-    `context`, for the first n of `ngram_sizes` (longest first) that occurs; [] when none does."""
-    length = len(context)
-    for n in ngram_sizes:
-        if n >= length:
-            continue
-        tail = context[length - n :]
-        best: list[int] = []
-        # Latest start first: recent text is the likeliest to repeat. A match right before the
-        # end has a short continuation (in a run of one token, a single one), so the latest match
-        # with a full continuation wins, else the longest continuation found.
-        for start in range(length - n - 1, -1, -1):
-            if context[start : start + n] == tail:
-                found = context[start + n : start + n + max_tokens]
-                if len(found) == max_tokens:
-                    return found
-                best = found if len(found) > len(best) else best
-        if best:
-            return best
-    return []
+__all__ = ["DEFAULT_NGRAM_SIZES", "PromptLookup", "lookup"]
 
 
 @dataclass(frozen=True)

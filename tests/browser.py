@@ -266,7 +266,8 @@ def _status(page) -> str:
 
 def _numbers(page) -> dict:
     """Every place that numbers the cycles on screen: the control status, DFlash's bonus tokens (one
-    per cycle), the strip's newest row, the cycle view's title and the cycle picker."""
+    per cycle), the strip's newest row, the cycle view's title and the cycle picker; and the text of
+    the DFlash and plain decoding panes."""
     strip = page.locator("#dflash-strip .strip-head")
     return {
         "status": _status(page),
@@ -274,6 +275,8 @@ def _numbers(page) -> dict:
         "strip": strip.last.inner_text() if strip.count() else "",  # the newest row is drawn last
         "title": page.locator("#cycle-view .cycle h4").first.inner_text() if page.locator("#cycle-view .cycle h4").count() else "",
         "picker": page.locator("#cycle-pick input[type=number]").input_value(),
+        "dflash_text": page.locator("#dflash-tokens").inner_text(),
+        "plain_text": page.locator("#plain-tokens").inner_text(),
     }
 
 
@@ -284,9 +287,10 @@ def _key(page, key: str) -> None:
 
 
 def step_replay_with_keys(url: str, timeout_s: float = 90.0) -> list[dict]:
-    """In an app without models: Replay with "Start paused", then right arrow three times, left arrow
-    twice and space. Returns what numbered the cycles after each key (`_numbers`), the first entry
-    before any key."""
+    """In an app without models: Replay with "Start paused", then right arrow three times (Step),
+    left arrow twice (back to cycles 2 and 1), right arrow three times (on to 2, to 3 where the replay
+    paused, then Step to 4) and space. Returns what numbered the cycles after each key (`_numbers`),
+    the first entry before any key."""
     seen = []
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#replay-run")
@@ -295,16 +299,26 @@ def step_replay_with_keys(url: str, timeout_s: float = 90.0) -> list[dict]:
         page.wait_for_selector("#control-status :text('before cycle 1')")
         page.locator("#cycle-panel > button").first.click()  # "Inside a cycle" open
         seen.append(_numbers(page))
+
+        def at(k: int, of: int, status: str) -> None:
+            page.wait_for_selector(f"#control-status :text('{status}')")
+            page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {k} of {of} ')")
+            page.wait_for_function(f"document.querySelector('#cycle-pick input[type=number]').value === '{k}'")
+            page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length === {k}")
+            seen.append(_numbers(page))
+
         for k in (1, 2, 3):
             _key(page, "ArrowRight")
-            page.wait_for_selector(f"#control-status :text('after cycle {k}:')")
-            page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {k} of {k} ')")
-            seen.append(_numbers(page))
+            at(k, k, f"after cycle {k}:")
         for k in (2, 1):
             _key(page, "ArrowLeft")
-            page.wait_for_selector(f"#cycle-view .cycle h4:has-text('Cycle {k} of 3 ')")
-            page.wait_for_function(f"document.querySelector('#cycle-pick input[type=number]').value === '{k}'")
-            seen.append(_numbers(page))
+            at(k, 3, f"Back at cycle {k} of 3")
+        _key(page, "ArrowRight")
+        at(2, 3, "Back at cycle 2 of 3")
+        _key(page, "ArrowRight")
+        at(3, 3, "after cycle 3:")
+        _key(page, "ArrowRight")
+        at(4, 4, "after cycle 4:")
         _key(page, " ")
         page.wait_for_selector("#control-status :text('Playing')")
         seen.append(_numbers(page))
@@ -316,12 +330,19 @@ def move_whatif(url: str, timeout_s: float = 60.0) -> dict:
     acceptance and verify-cost sliders and clicking the GPU preset, and the requests the page sent
     meanwhile."""
     with open_page(url, timeout_s) as page:
-        page.wait_for_selector("#whatif svg polyline#wi-dflash", state="attached")
-        page.wait_for_timeout(1000)  # the page's own start-up requests are over
         sent = []
         # What the page asks of the server (fonts drawn for the first time load as files, not calls).
-        page.on("request", lambda request: sent.append(request.url)
+        page.on("request", lambda request: sent.append(f"{request.url} {(request.post_data or '')[:160]}".strip())
                 if request.resource_type in ("xhr", "fetch", "eventsource", "websocket") else None)
+        page.wait_for_selector("#whatif svg polyline#wi-dflash", state="attached")
+        # The page's own start-up calls are over (the selected tab's `select` events, answered late on
+        # a loaded machine): a second with none, within 15 s.
+        for _ in range(30):
+            seen_before = len(sent)
+            page.wait_for_timeout(1000)
+            if len(sent) == seen_before:
+                break
+        sent.clear()
         curve = lambda: page.locator("#whatif svg").get_attribute("data-dflash")  # noqa: E731
         seen = {"start": curve()}
         for name, value in (("wi-a", "0.8"), ("wi-v", "4")):
@@ -337,9 +358,51 @@ def move_whatif(url: str, timeout_s: float = 60.0) -> dict:
     return seen
 
 
+def _replay_to_end(page, choice: str) -> None:
+    """Pick the recorded run whose label starts with `choice`, replay it at 4x and wait for its end."""
+    page.locator("#trace-choice input").click()
+    page.get_by_role("option").filter(has_text=choice).first.click()
+    box = page.locator("#replay-speed input[type=number]")
+    box.fill("4")
+    box.press("Enter")
+    page.locator("#replay-run").click()
+    page.wait_for_selector("#summary :text('Replaying')")
+    page.wait_for_selector("#control-status :text('Finished')", timeout=120_000)
+
+
+def pin_and_race_again(url: str, out: Path | None = None, timeout_s: float = 180.0) -> dict:
+    """In an app without models: replay the block-4 recording of the code prompt to its end, pin it,
+    replay the block-16 one beside it (a screenshot of the first screen to `out`), then unpin.
+    Returns the pinned panel's text, the new race's DFlash stats and text, and what showed when."""
+    seen = {}
+    with open_page(url, timeout_s, height=1080, width=1920) as page:
+        page.wait_for_selector("#replay-run")
+        seen["pin_before"] = page.locator("#pin").is_visible()  # nothing has finished: nothing to pin
+        _replay_to_end(page, "code, T=0")
+        seen["first_summary"] = page.locator("#summary").inner_text()
+        seen["first_text"] = page.locator("#dflash-tokens").inner_text()
+        page.locator("#pin").click()  # shown once the run has ended
+        page.wait_for_selector("#pinned :text('Pinned race')")
+        _replay_to_end(page, "code-greedy-b16")
+        page.evaluate("window.scrollTo(0, 0)")
+        if out is not None:
+            page.screenshot(path=str(out))
+        seen["pinned"] = page.locator("#pinned").inner_text()
+        seen["pinned_text"] = page.locator("#pinned .dflash-pane").inner_text()
+        seen["dflash_stats"] = page.locator("#dflash-stats").inner_text()
+        seen["dflash_text"] = page.locator("#dflash-tokens").inner_text()
+        seen["cycles"] = (page.locator("#pinned .tok-bonus").count(), _bonus_count(page))  # pinned, new
+        seen["side_by_side"] = all(page.locator(selector).is_visible() for selector in ("#pinned", "#dflash-tokens"))
+        page.locator("#unpin").click()
+        page.wait_for_selector("#pinned-pane", state="hidden")
+        seen["pinned_after_unpin"] = page.locator("#pinned-pane").is_visible()
+    return seen
+
+
 def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
-    """In an app with a live pair: replay the first recorded run to its end, open "How it works",
-    then "Live race". Returns whether the race area shows under each, and what it holds."""
+    """In an app with a live pair: replay the first recorded run to its end and pin it, open "How it
+    works", then "Replay", "Live race" and "Replay" again. Returns whether the race area and the pin
+    show under each, and what the area holds."""
     seen = {}
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
@@ -350,6 +413,9 @@ def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
         page.locator("#replay-run").click()
         page.wait_for_selector("#summary :text('speedup')")
         seen["replayed_tokens"] = page.locator("#dflash-tokens .tok").count()
+        page.wait_for_selector("#control-status :text('Finished')")
+        page.locator("#pin").click()
+        page.wait_for_selector("#pinned :text('Pinned race')")
         page.get_by_role("tab", name="How it works").click()
         page.wait_for_selector("#race-area", state="hidden")
         seen["area_under_howto"] = page.locator("#race-area").is_visible()
@@ -357,11 +423,16 @@ def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
         page.wait_for_selector("#race-area", state="visible")
         page.wait_for_timeout(800)
         seen["kept_under_replay"] = page.locator("#dflash-tokens .tok").count()
+        seen["pin_under_replay"] = page.locator("#pinned-pane").is_visible()
         page.get_by_role("tab", name="Live race").click()
         page.wait_for_selector("#summary :text('Run a prompt')")
         seen["live_tokens"] = page.locator("#dflash-tokens .tok").count()
         seen["live_summary"] = page.locator("#summary").inner_text()
         seen["live_status"] = _status(page)
+        seen["pin_under_live"] = page.locator("#pinned-pane").is_visible()
+        page.get_by_role("tab", name="Replay a recorded run").click()  # its run went, its pin stays
+        page.wait_for_selector("#pinned-pane", state="visible")
+        seen["pin_back_under_replay"] = page.locator("#pinned").inner_text().startswith("Pinned race · recording ")
     return seen
 
 
@@ -506,7 +577,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--lanes", default="", help="lanes to add to DFlash and plain decoding, e.g. scheduled,ar,lookup")
     parser.add_argument("--cycle-lane", help="after the race, save the last cycle of this lane's \"Inside a cycle\" "
-                        "view as OUTPUT's name with -cycle.png (dflash, dflash2, fusion)")
+                        "view as OUTPUT's name with -cycle.png (dflash, tree, dflash2, fusion, ar, lookup)")
     parser.add_argument("--cycle", type=int, help="with --cycle-lane: that cycle rather than the last")
     parser.add_argument(
         "--replay-shots", action="store_true",

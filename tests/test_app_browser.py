@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from pathlib import Path
 
@@ -177,17 +178,24 @@ def test_browser_replays_pauses_steps_and_explains_a_rejected_draft(replay_url):
 def test_browser_steps_a_paused_replay_from_cycle_one_with_the_keyboard(replay_url):
     from browser import step_replay_with_keys
 
-    before, *stepped, back2, back1, playing = step_replay_with_keys(replay_url)
+    before, *forward, back2, back1, on2, on3, on4, playing = step_replay_with_keys(replay_url)
     assert before["status"].startswith("Paused before cycle 1") and before["bonus"] == 0 and not before["strip"]
-    for k, seen in enumerate(stepped, start=1):  # every place numbers the cycle on screen the same way
+    for k, seen in enumerate([*forward, on4], start=1):  # every place numbers the cycle on screen the same way
         assert seen["status"].startswith(f"Paused after cycle {k}: Step (→) shows cycle {k + 1}")
         assert seen["bonus"] == k and seen["strip"].startswith(f"#{k} · ")
         assert seen["title"].startswith(f"Cycle {k} of {k} ") and seen["picker"] == str(k)
         assert " drafts: " in seen["title"] and " kept + 1 bonus" in seen["title"]
-    for k, seen in ((2, back2), (1, back1)):  # back through the cycles shown; the race stays at cycle 3
-        assert seen["title"].startswith(f"Cycle {k} of 3 ") and seen["picker"] == str(k)
-        assert seen["status"].startswith("Paused after cycle 3") and seen["bonus"] == 3
-    assert playing["bonus"] >= 3 and "Paused" not in playing["status"]
+    # Back to cycles 2 and 1 and on again: the panes of both lanes show the race as it was paused at
+    # that cycle, and the status, the strip, the cycle view and the picker number it the same.
+    for k, seen in ((2, back2), (1, back1), (2, on2), (3, on3)):
+        then = forward[k - 1]
+        assert seen["dflash_text"] == then["dflash_text"] and seen["plain_text"] == then["plain_text"]
+        assert seen["bonus"] == k and seen["strip"].startswith(f"#{k} · ") and seen["picker"] == str(k)
+        assert seen["title"].startswith(f"Cycle {k} of 3 ")
+        assert seen["status"].startswith(f"Back at cycle {k} of 3: every pane shows the race after it" if k < 3
+                                         else "Paused after cycle 3: Step (→) shows cycle 4")
+    assert forward[0]["plain_text"] != forward[2]["plain_text"]  # the plain pane moved with the cycles
+    assert playing["bonus"] >= 4 and "Paused" not in playing["status"]
 
 
 @pytest.mark.slow
@@ -224,6 +232,29 @@ def test_browser_each_tab_shows_only_its_own_outputs(app_url):
     assert seen["replayed_tokens"] > 0 and seen["area_under_howto"] is False
     assert seen["kept_under_replay"] == seen["replayed_tokens"]  # back on its own tab, the replay is kept
     assert seen["live_tokens"] == 0 and "Run a prompt" in seen["live_summary"] and seen["live_status"] == ""
+    # A pin belongs to its tab: shown under Replay (even after its run was cleared), never under Live race.
+    assert seen["pin_under_replay"] and not seen["pin_under_live"] and seen["pin_back_under_replay"]
+
+
+@pytest.mark.slow
+def test_browser_pins_a_finished_race_and_races_again_beside_it(lessons_url):
+    from browser import pin_and_race_again
+
+    seen = pin_and_race_again(lessons_url, ARTIFACTS / "pinned.png")
+    assert seen["pin_before"] is False  # Pin shows once a run has ended
+    pinned = seen["pinned"]
+    assert pinned.startswith("Pinned race · recording code-greedy · block 4, T=0 · “Write a Python function")
+    # The pinned race's numbers are its own summary's, its text its own DFlash pane's.
+    speedup = re.search(r"speedup\s+([0-9.]+)×", seen["first_summary"]).group(1)
+    tau = re.search(r"tau \(mean acceptance length\)\s+([0-9.]+)", seen["first_summary"]).group(1)
+    assert re.search(rf"DFlash\s+[0-9.]+\s+{tau}\s+{speedup}×", pinned), pinned
+    for lane in ("AR drafter", "prompt lookup", "plain decoding"):
+        assert lane in pinned
+    assert seen["pinned_text"] == seen["first_text"]
+    # Beside it, the block-16 race of the same prompt: the same text (temperature 0), cut into other cycles.
+    assert "DFlash (block 16" in seen["dflash_stats"] and seen["dflash_text"] == seen["first_text"]
+    assert seen["cycles"][0] != seen["cycles"][1] and min(seen["cycles"]) > 0
+    assert seen["side_by_side"] and seen["pinned_after_unpin"] is False
 
 
 @pytest.mark.slow

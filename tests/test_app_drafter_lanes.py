@@ -42,6 +42,13 @@ def app(tiny_dirs, dflash2_dir, fusion_dir, one_thread):
     return App([spec], spec.id, PairCache("cpu"))
 
 
+def picked(answer) -> tuple[str, object]:
+    """A cycle picker's cycle view and slider update (`stepping.look_at`: the follow checkbox, then
+    the race's outputs)."""
+    outputs = dict(zip(FRAME_FIELDS, answer[1:]))
+    return outputs["cycle_view"], outputs["cycle_pick"]
+
+
 def race(app, lanes, temperature=0.0) -> dict:
     *_, last = app.live.compare(PROMPT, 24, BLOCK, temperature, 1.0, 0, lanes)
     return dict(zip(FRAME_FIELDS, last))
@@ -76,7 +83,7 @@ def test_dflash2_and_fusion_lanes_race_losslessly_and_record_the_walk(raced):
 
 
 def test_the_cycle_view_lays_out_the_picked_lane_with_the_walk_highlighted(app, raced):
-    view, slider = app.stepping.pick_lane("dflash2")
+    view, slider = picked(app.stepping.pick_lane("dflash2"))
     trace = validate_trace(raced["trace_file"])
     blocks = trace["runs"]["dflash2"]["blocks"]
     last = blocks[-1]
@@ -92,15 +99,15 @@ def test_the_cycle_view_lays_out_the_picked_lane_with_the_walk_highlighted(app, 
     assert f"the walk left the head's first choice in <b>{left}</b> of {len(last['draft_ids'])} slots" in view
     assert "✓ accepted" in view or "✗ rejected" in view  # the target's verdict per slot, as for DFlash
     # Picking a cycle keeps the lane; the fusion lane's features enter at its input; DFlash has no walk.
-    first, _ = app.stepping.pick_cycle(1)
+    first, _ = picked(app.stepping.pick_cycle(1))
     assert f"DFlash2 lane · Cycle 1 of {len(blocks)}" in first
-    fusion, _ = app.stepping.pick_lane("fusion")
+    fusion, _ = picked(app.stepping.pick_lane("fusion"))
     assert "input fusion lane · Cycle" in fusion and "fed <b>once</b>, at the drafter's input" in fusion
     assert '<tr class="walk">' not in fusion
     # After a race without the lane picked the view says so; picking DFlash lays out DFlash's cycles.
     race(app, [])
-    assert "The DFlash2 lane is not in this race" in app.stepping.pick_lane("dflash2")[0]
-    dflash, _ = app.stepping.pick_lane("dflash")
+    assert "The DFlash2 lane is not in this race" in picked(app.stepping.pick_lane("dflash2"))[0]
+    dflash, _ = picked(app.stepping.pick_lane("dflash"))
     assert dflash.count("<h4>Cycle ") == 1 and "injected into every drafter layer" in dflash
 
 
@@ -144,3 +151,14 @@ def test_a_lane_drafter_of_another_target_or_kind_is_a_clear_error(tiny_dirs, df
             PairCache("cpu", warm_up=False).get(spec)
         *_, (status, _) = App([spec], spec.id, PairCache("cpu", warm_up=False)).loading.load_status(spec)
         assert message in status
+
+
+def test_a_live_race_pinned_names_its_pair_settings_and_prompt(app):
+    raced = race(app, ["dflash2"])
+    pins, panel, column = app.pinning.pin("live", {}, None)
+    label = html.escape(next(iter(app.pairs.values())).label)
+    prompt = html.escape(PROMPT[:57])  # a long prompt is cut at 60 characters
+    assert f"Pinned race</b> · {label} · block {BLOCK}, T=0, at most 24 tokens · “{prompt}…”" in panel
+    assert set(pins) == {"live"} and column["visible"] is True
+    for lane, name in (("dflash", "DFlash"), ("dflash2", "DFlash2"), ("plain", "plain decoding")):
+        assert f">{name}</td><td>{raced['report']['lanes'][lane]['tok_s']:.1f}</td>" in panel

@@ -165,12 +165,20 @@ def test_a_live_race_pauses_steps_one_cycle_and_stays_lossless(app):
         frame = dict(zip(FRAME_FIELDS, next(frames)))
     paused = bonus_count(frame)
     assert "cycle 1 · slot" in frame["dflash_tokens"]  # paused frames carry the hover boxes
+    panes = [name for name in FRAME_FIELDS if name.endswith(("_stats", "_tokens", "_strip"))]
+    seen = {}
     for k in (1, 2):
-        assert app.stepping.step(request) == gr.update()  # the race's next frame says where it paused
+        assert app.stepping.step(request)[0] == gr.update()  # the race's next frame says where it paused
         frame = dict(zip(FRAME_FIELDS, next(frames)))
         while "Paused" not in str(frame["control_status"]):
             frame = dict(zip(FRAME_FIELDS, next(frames)))
         assert bonus_count(frame) == paused + k  # one DFlash cycle per Step
+        seen[k] = {name: frame[name] for name in panes if isinstance(frame[name], str)}
+    # Back one cycle in the paused race: both lanes' panes as the race showed them paused there.
+    follow, *back = app.lecture.previous_cycle(paused + 2, request)
+    back = dict(zip(FRAME_FIELDS, back))
+    assert follow is False and back["control_status"].startswith(f"**Back at cycle {paused + 1}** of {paused + 2}:")
+    assert all(back[name] == html for name, html in seen[1].items()) and seen[1]["plain_tokens"] != seen[2]["plain_tokens"]
     app.stepping.resume(request)
     *_, last = frames
     report = dict(zip(FRAME_FIELDS, last))["report"]

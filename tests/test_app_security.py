@@ -563,17 +563,30 @@ def test_a_replay_is_paced_by_the_bytes_it_draws(shipped, tmp_path, crafting):
     assert seen[-1][0] - seen[0][0] >= sum(size for _, size in seen[:-1]) / BYTES_DRAWN_PER_S - 0.05
 
 
+def cycle_view_of(answer) -> str:
+    """The cycle view in a cycle picker's answer (`stepping.look_at`: the follow checkbox, then the race's outputs)."""
+    return answer[1 + FRAME_FIELDS.index("cycle_view")]
+
+
 def test_the_cycle_picker_answers_within_its_budget_whatever_the_cycle(shipped, tmp_path, crafting):
     from app.view.budget import CYCLE_BYTES
+    from app.view.lane_cycles import ar_cycle_html, lookup_cycle_html
 
     for data in (crafting.wide_blocks(shipped, tr.MAX_BLOCK_SIZE, 20, explained=20),
                  crafting.long_texts(shipped, tr.MAX_TOKEN_CHARS)):
         app, _, _ = replayed(data, tmp_path, session="picker")
         request = SimpleNamespace(session_hash="picker")
-        answers = [app.stepping.pick_cycle(index, request)[0] for index in (0, 1, 5, 10**6)]
-        answers.append(app.stepping.follow_latest(True, request))
+        answers = [cycle_view_of(app.stepping.pick_cycle(index, request)) for index in (0, 1, 5, 10**6)]
+        answers.append(cycle_view_of(app.stepping.follow_latest(True, request)))
         assert all("Cycle " in a and len(a.encode()) <= CYCLE_BYTES for a in answers)  # was 0.73 MB at block 1024
-    assert "more slots not drawn" in answers[0] or "more slots not drawn" in app.stepping.pick_cycle(0, request)[0]
+        # The AR drafter's and prompt lookup's views of the same cycles (the widest lanes they could record).
+        viewer = app.controls.find("picker").viewer
+        snap = viewer.latest
+        for index in (0, 1, 10**6):
+            for view in (ar_cycle_html(snap.dflash, snap.plain, snap.dflash, index, viewer.text_of),
+                         lookup_cycle_html(snap.dflash, snap.plain, index, viewer.text_of, viewer.prompt_ids)):
+                assert "Cycle " in view and len(view.encode()) <= CYCLE_BYTES
+    assert "more slots not drawn" in answers[0] or "more slots not drawn" in cycle_view_of(app.stepping.pick_cycle(0, request))
 
 
 def test_a_long_races_final_frame_keeps_its_hover_boxes_within_budget(shipped, tmp_path, crafting):

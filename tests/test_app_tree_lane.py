@@ -48,6 +48,13 @@ def app(tiny_dirs, tmp_path_factory, one_thread):
     return App([spec], spec.id, PairCache("cpu"))
 
 
+def picked(answer) -> tuple[str, object]:
+    """A cycle picker's cycle view and slider update (`stepping.look_at`: the follow checkbox, then
+    the race's outputs)."""
+    outputs = dict(zip(FRAME_FIELDS, answer[1:]))
+    return outputs["cycle_view"], outputs["cycle_pick"]
+
+
 def race(app, lanes, tree_budget=None, block=BLOCK, temperature=0.0) -> dict:
     """Every output as the page shows it at the end: the last value each frame set (a frame may keep one)."""
     shown = {}
@@ -137,10 +144,10 @@ def test_a_target_that_cannot_verify_trees_gets_the_engines_reason(tmp_path, one
 def test_inside_a_cycle_draws_the_tree_lanes_cycle_from_its_real_tree(app):
     trace = validate_trace(race(app, ["tree"], tree_budget=8)["trace_file"])
     blocks = trace["runs"]["tree"]["blocks"]
-    view, slider = app.stepping.pick_lane("tree")
+    view, slider = picked(app.stepping.pick_lane("tree"))
     assert f"DFlash, tree lane · Cycle {len(blocks)} of {len(blocks)}" in view and slider["maximum"] == len(blocks)
     best = max(range(len(blocks)), key=lambda i: (blocks[i]["accepted"], len(blocks[i]["tree"]["tokens"])))
-    view, _ = app.stepping.pick_cycle(best + 1)
+    view, _ = picked(app.stepping.pick_cycle(best + 1))
     block, tree = blocks[best], blocks[best]["tree"]
     nodes = len(tree["tokens"]) - 1
     assert f"Cycle {best + 1} of {len(blocks)}" in view and f"one pass of {nodes + 1} rows" in view

@@ -156,8 +156,8 @@ def test_the_engine_keeps_its_loop_at_the_top_level():
     top = sorted(name for name, path in modules().items()
                  if within(name, ("dflash_core",)) and path.parent.name == "dflash_core" and path.name != "__init__.py")
     assert top == ["dflash_core.__main__", "dflash_core.decoding", "dflash_core.drafting", "dflash_core.errors",
-                   "dflash_core.events", "dflash_core.explain", "dflash_core.lossless", "dflash_core.precompile",
-                   "dflash_core.prompt_lookup",
+                   "dflash_core.events", "dflash_core.explain", "dflash_core.lossless", "dflash_core.ngram",
+                   "dflash_core.precompile", "dflash_core.prompt_lookup",
                    "dflash_core.sampling", "dflash_core.schedule", "dflash_core.trace", "dflash_core.tree",
                    "dflash_core.verify"]
 

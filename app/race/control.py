@@ -29,6 +29,13 @@ class Viewer:
     text_of: Callable[[int], str] = str  # one token's text, for the race shown
     follow: bool = True  # the cycle view shows the newest cycle (else the one picked)
     lane: str = "dflash"  # whose cycles the cycle view lays out (`lanes.CYCLE_LANES`)
+    pieces: dict | None = None  # per lane, the pane text of its tokens (`extend(ids)`), for the run shown
+    report: object = None  # the finished run's `RaceReport` (None while it runs)
+    label: str = ""  # the run's source, settings and prompt, in words (`view/pinned.run_label`)
+    prompt_ids: tuple[int, ...] = ()  # the prompt the run decoded (prompt lookup's cycles search it)
+    # The cycle of `lane` (0-based) the panes were stepped back to, while the run stands still;
+    # None: they show the run's latest snapshot.
+    back_at: int | None = None
 
     @property
     def shown(self) -> int:

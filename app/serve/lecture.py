@@ -1,5 +1,6 @@
 """The handlers a class needs beside the race's own: start a run paused before its first cycle,
-step the cycle view back and forth, and clear what an earlier run left on screen.
+step the cycle view (and, in a run that stands still, every pane) back and forth, and clear what an
+earlier run left on screen.
 
 They act on the caller's `Control` (the same one Pause / Step use) and answer at once (no queue).
 """
@@ -10,9 +11,8 @@ import gradio as gr
 
 from ..race.control import Controls
 from ..view import texts
-from ..view.cycle_view import lane_cycle_html
-from ..view.frames import blank_frame, cycle_slider
-from .stepping import cycle_index
+from ..view.frames import blank_frame
+from .stepping import NOTHING_TO_LOOK_AT, cycle_index, look_at
 
 
 class Lecture:
@@ -30,6 +30,7 @@ class Lecture:
         control = self.controls.find(getattr(request, "session_hash", None))
         if control is not None:
             control.viewer.latest = None  # the cycle picker has nothing to show either
+            control.viewer.back_at = None
         return blank_frame().values()
 
     def before_run(self, start_paused, request: gr.Request = None):
@@ -74,9 +75,9 @@ class Lecture:
         snap = control.viewer.latest if control is not None else None
         view = snap.lanes.get(control.viewer.lane) if snap is not None else None
         if view is None or not view.blocks:
-            return gr.skip(), gr.skip(), gr.skip()
+            return NOTHING_TO_LOOK_AT
         lengths = [block.acceptance_length for block in view.blocks]
-        return self.shift_cycle(0, lengths.index(pick(lengths)) + 1, request)
+        return look_at(control, lengths.index(pick(lengths)))
 
     def previous_cycle(self, number, request: gr.Request = None):
         return self.shift_cycle(-1, number, request)
@@ -85,16 +86,14 @@ class Lecture:
         return self.shift_cycle(1, number, request)
 
     def shift_cycle(self, delta, number, request: gr.Request = None):
-        """The cycle view `delta` cycles from cycle `number` (counted from 1), within the lane's cycles."""
+        """Cycle `number` (counted from 1) of the lane's cycles shown, moved by `delta` within them
+        (`look_at`: in a paused or ended run, every pane goes with it)."""
         control = self.controls.find(getattr(request, "session_hash", None))
-        viewer = control.viewer if control is not None else None
-        snap = viewer.latest if viewer is not None else None
-        view = snap.lanes.get(viewer.lane) if snap is not None else None
+        snap = control.viewer.latest if control is not None else None
+        view = snap.lanes.get(control.viewer.lane) if snap is not None else None
         if view is None or not view.blocks:
-            return gr.skip(), gr.skip(), gr.skip()
+            return NOTHING_TO_LOOK_AT
+        last = len(view.blocks) - 1
         index = cycle_index(number)
-        index = index if isinstance(index, int) and 0 <= index < len(view.blocks) else len(view.blocks) - 1
-        index = min(max(index + int(delta), 0), len(view.blocks) - 1)
-        viewer.follow = False
-        return (lane_cycle_html(snap, viewer.lane, index, viewer.text_of), cycle_slider(len(view.blocks), index + 1),
-                False)
+        index = index if isinstance(index, int) and 0 <= index <= last else last
+        return look_at(control, min(max(index + int(delta), 0), last))

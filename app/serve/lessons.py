@@ -5,7 +5,7 @@ A callout's numbers come from the recorded trace itself (`{tau}`, `{speedup}`, a
 when the lesson opens, so they are always the recording's; the machine it was recorded on is named
 from the trace's `hardware`. `open` arms the viewer's control to hold at the first stop and picks
 the recording; the replay handler, chained after it, plays it there. `move` goes to another stop:
-further in the race (the replay moves on to it) or back (the cycle view shows that cycle).
+further in the race (the replay moves on to it) or back (the cycle view and the panes show that cycle).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import gradio as gr
 
 from ..race.control import Controls
-from ..view.cycle_view import lane_cycle_html
-from ..view.frames import cycle_slider
 from .replay import SHIPPED
+from .stepping import NOTHING_TO_LOOK_AT, look_at
 
 END = 10**6  # a stop at the end of the race: the replay plays out
 
@@ -127,17 +126,18 @@ class Lessons:
         return self.move(1, state, request)
 
     def move(self, delta: int, state, request: gr.Request = None):
-        """Another stop of the lesson open: the callout, the state, and the cycle view at that stop."""
+        """Another stop of the lesson open: the callout, the state, the cycle panel opened or not, then
+        the follow checkbox and the race's outputs at that stop (`look_at`)."""
         key = (state or {}).get("key")
         if key not in BY_KEY:
-            return (gr.skip(),) * 6
+            return (gr.skip(),) * 3 + NOTHING_TO_LOOK_AT
         lesson = BY_KEY[key]
         stop = min(max(int(state.get("stop", 0)) + delta, 0), len(lesson.stops) - 1)
         cycle = lesson.stops[stop].cycle
         control = self.controls.find(getattr(request, "session_hash", None))
-        new_state = {"key": key, "stop": stop}
+        said = (self.callout(key, stop), {"key": key, "stop": stop})
         if control is None:
-            return self.callout(key, stop), new_state, gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return (*said, gr.skip(), *NOTHING_TO_LOOK_AT)
         viewer = control.viewer
         if control.active and cycle > viewer.shown:
             viewer.follow = True  # the replay moves on to the stop; its frames show the cycle
@@ -145,12 +145,8 @@ class Lessons:
                 control.resume()
             else:
                 control.advance_to(cycle)
-            return self.callout(key, stop), new_state, gr.skip(), gr.skip(), True, gr.skip()
-        snap = viewer.latest
-        view = snap.lanes.get(viewer.lane) if snap is not None else None
-        if view is None or not view.blocks:
-            return self.callout(key, stop), new_state, gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        index = min(cycle, len(view.blocks)) - 1
-        viewer.follow = False
-        return (self.callout(key, stop), new_state, lane_cycle_html(snap, viewer.lane, index, viewer.text_of),
-                cycle_slider(len(view.blocks), index + 1), False, gr.Accordion(open=True))
+            return (*said, gr.skip(), True, *NOTHING_TO_LOOK_AT[1:])
+        looked = look_at(control, min(cycle, viewer.shown) - 1)
+        if looked is NOTHING_TO_LOOK_AT:
+            return (*said, gr.skip(), *NOTHING_TO_LOOK_AT)
+        return (*said, gr.Accordion(open=True), *looked)

@@ -24,6 +24,7 @@ from ..race.stopping import StopRequests
 from ..race.thinking import recorded_thinking
 from ..view import texts
 from ..view.frames import ChartPacer, Frame, FramePacer, note_frame, race_frame, released_text
+from ..view.pinned import run_label
 from .failures import failure_message, visitor_error
 from .loading import PairLoading
 
@@ -127,6 +128,10 @@ class LiveRace:
             # An agent's race gets a control of its own (nobody can pause it), for the same budgets.
             if in_process:
                 control = self.controls.get(session) if not mcp else self.controls.detached()
+                control.viewer.label = run_label(
+                    self.pairs[req.pair_id].label, f"block {req.block_size}, T={req.temperature:g}, "
+                    f"at most {req.max_new_tokens} tokens", req.prompt)
+                control.viewer.prompt_ids = tuple(prompt_ids)
             kwargs = {"control": control} if in_process else {}
             stream = self.race_stream(req, prompt_ids, stop=stop if in_process else None, **kwargs)
             try:

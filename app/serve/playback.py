@@ -42,6 +42,7 @@ from ..view.frames import (
     released_text,
     start_frame,
 )
+from ..view.pinned import run_label
 from .failures import visitor_error
 from .replay import RecordedPieces, ReplayError, load_trace
 
@@ -228,6 +229,9 @@ class Playback:
 
     def _play(self, recording, speed: float, control, run: int, gone=lambda: False):
         control.viewer.text_of = recording.text_of
+        control.viewer.label = run_label(f"recording {recording.name}", f"block {recording.block_size}, "
+                                         f"T={recording.temperature:g}", recording.settings.get("prompt", ""))
+        control.viewer.prompt_ids = tuple(recording.settings.get("prompt_ids") or ())
         note = texts.REPLAY_NOTE.format(name=recording.name)
         if recording.thinking is not None:
             note += " " + texts.RECORDED_THINKING.format(words=recording.thinking.words())

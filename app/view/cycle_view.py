@@ -158,17 +158,6 @@ def cycle_html(dflash, plain, index, text_of: Callable[[int], str], ar=None, lan
     )
 
 
-def lane_cycle_html(snap, lane: str, index, text_of: Callable[[int], str]) -> str:
-    """The view of cycle `index` of `lane` in the race snapshot `snap` (None: nothing raced yet)."""
-    if snap is None:
-        return cycle_html(None, None, None, text_of, lane=lane)
-    view = snap.lanes.get(lane)
-    if view is None:
-        return (f'<style>{CYCLE_CSS}</style><div class="cycle" style="color:#667">The {_esc(LABELS[lane])} lane is not '
-                "in this race: add it under “Also race”, or pick a lane that raced.</div>")
-    return cycle_html(view, snap.plain, index, text_of, snap.lanes.get("ar"), lane)
-
-
 # The headings, table and row markup around the slots' cells, and the notes of slots left out.
 _MARKUP_BYTES = 1_000
 
@@ -182,9 +171,10 @@ def _index(index, last: int) -> int:
     return index if 0 <= index <= last else last
 
 
-def _slots(view, index: int, positions: list[int], text_of) -> Iterator[_Slot]:
+def _slots(view, index: int, positions: list[int], text_of, ranked: bool = True) -> Iterator[_Slot]:
     """Every slot of the cycle's view, built one at a time: 0 (the last bonus), each draft, and
-    a bonus column when every draft was kept."""
+    a bonus column when every draft was kept. ranked=False: each draft alone, not the drafter's
+    top-3 (a copied token has no ranking)."""
     block = view.blocks[index]
     drafts = len(block.draft_ids)
     for s in range(drafts + 1 + (1 if block.accepted == drafts else 0)):
@@ -200,7 +190,7 @@ def _slots(view, index: int, positions: list[int], text_of) -> Iterator[_Slot]:
         position = f"<td>{_esc(positions[s] if s < len(positions) else positions[-1] + 1)}</td>"
         head = f"<th>slot {s}" + (" (bonus)" if s == drafts + 1 else "") + "</th>"
         chip = _tok(text_of(block.draft_ids[s - 1]), COLORS["accepted"]) if 1 <= s <= block.accepted else ""
-        yield _Slot(noisy, (head, position, *_slot_cells(block, s, text_of)), chip)
+        yield _Slot(noisy, (head, position, *_slot_cells(block, s, text_of, ranked)), chip)
 
 
 def _left_out(slots: list[_Slot], total: int) -> str:
@@ -255,14 +245,16 @@ def _path_note(path) -> str:
     )
 
 
-def _slots_grid(slots: list[_Slot], block) -> str:
-    """One column per slot (and one for the bonus when every draft was kept): the drafter's top-3,
-    the target's verdict with its top-3, and what was committed."""
+def _slots_grid(slots: list[_Slot], block, first: str | None = None) -> str:
+    """One column per slot (and one for the bonus when every draft was kept): the drafter's top-3
+    (its row headed `first`, else by the drafter's kind), the target's verdict with its top-3, and
+    what was committed."""
     drafts = len(block.draft_ids)
     head = "".join(slot.grid[0] for slot in slots)
     pos_row = "".join(slot.grid[1] for slot in slots)
     walked = block.explain is not None and block.explain.path is not None
-    first = "3 · the selector's path: each slot's candidates" if walked else "3 · drafter's one pass: top-3"
+    if first is None:
+        first = "3 · the selector's path: each slot's candidates" if walked else "3 · drafter's one pass: top-3"
     rows = [f"<tr><th>{label}</th>{''.join(slot.grid[2 + i] for slot in slots)}</tr>" for i, label in enumerate(
         (first, "4 · target's verdict: its top-3", "committed")
     )]
@@ -271,15 +263,15 @@ def _slots_grid(slots: list[_Slot], block) -> str:
             f"{_left_out(slots, total)}")
 
 
-def _slot_cells(block, s: int, text_of) -> tuple[str, str, str]:
-    """(drafter, verdict, committed) cells of slot `s`."""
+def _slot_cells(block, s: int, text_of, ranked: bool = True) -> tuple[str, str, str]:
+    """(drafter, verdict, committed) cells of slot `s` (ranked=False: the draft alone, no top-3)."""
     if s == 0:
         return ('<td style="color:#667">known (last bonus)</td>', '<td style="color:#667">context</td>',
                 '<td style="color:#667">kept</td>')
     explain = block.explain
     drafts = len(block.draft_ids)
     draft_id = block.draft_ids[s - 1] if s <= drafts else None
-    draft_rows = explain.draft_topk if explain is not None else ()
+    draft_rows = explain.draft_topk if explain is not None and ranked else ()
     path = explain.path if explain is not None else None
     if path is not None and s <= min(drafts, len(path.chosen)):
         drafter = f"<td>{_path_cell(path, s - 1, text_of)}</td>"

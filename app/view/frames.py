@@ -19,8 +19,9 @@ from ..race.control import PAUSE_EXPIRED, TIME_UP, Control, Viewer
 from ..race.interleave import Snapshot
 from ..race.lanes import LABELS, LANES, lane_title
 from ..race.report import RaceReport
+from ..race.rewind import as_of
 from . import charts, render, texts
-from .cycle_view import lane_cycle_html
+from .lane_cycles import lane_cycle_html
 from .speedup import speedup_figure
 from .why_speed import cycle_cost, why_html
 
@@ -230,7 +231,7 @@ def race_frame(
             {name: view.as_summary() for name, view in drafted.items()}, p.as_summary(), measured
         )
     if viewer is not None:
-        _show_to(viewer, frame, snap, text_of, report, with_charts)
+        _show_to(viewer, frame, snap, pieces, text_of, report, with_charts)
     return frame
 
 
@@ -266,15 +267,64 @@ def _difference(report: RaceReport | None, lane: str) -> int | None:
     return found.first_difference if found is not None else report.first_difference
 
 
-def _show_to(viewer: Viewer, frame: Frame, snap: Snapshot, text_of, report: RaceReport | None, with_charts: bool) -> None:
+def _show_to(viewer: Viewer, frame: Frame, snap: Snapshot, pieces, text_of, report: RaceReport | None,
+             with_charts: bool) -> None:
     d = snap.dflash
-    viewer.latest = snap
+    viewer.latest, viewer.pieces, viewer.report = snap, pieces, report
+    if viewer.back_at is not None:  # the run moved on from a cycle stepped back to: the view follows it again
+        viewer.back_at, viewer.follow = None, True
     shown = snap.lanes.get(viewer.lane, d)  # the lane the cycle view lays out, DFlash's count if it did not race
     # The cycle view goes out with the charts (a few times a second), not with every frame.
     if viewer.follow and shown.blocks and with_charts:
-        frame.cycle_view = lane_cycle_html(snap, viewer.lane, None, text_of)
+        frame.cycle_view = lane_cycle_html(snap, viewer.lane, None, text_of, viewer.prompt_ids)
         frame.cycle_pick = cycle_slider(len(shown.blocks))
     if snap.paused:
         frame.control_status = paused_line(len(d.blocks))
     elif report is not None:
         frame.control_status = texts.FINISHED
+
+
+class _Prefix:
+    """A lane's pane text for a prefix of its tokens: read off the pieces of its whole output shown
+    (`full`), which the race's own pieces hold already, so that they are not decoded anew."""
+
+    def __init__(self, pieces, full: list[int]):
+        self.pieces, self.full = pieces, full
+
+    def extend(self, ids) -> list[str]:
+        ids = list(ids)
+        if ids == self.full[: len(ids)]:
+            return self.pieces.extend(self.full)[: len(ids)]
+        return self.pieces.extend(ids)
+
+
+def look_back_frame(viewer: Viewer, index: int, still: bool, paused: bool = False) -> Frame:
+    """The run on screen (`viewer.latest`) with the cycle view and its picker at cycle `index`
+    (0-based, within the cycles shown) of the viewer's lane.
+
+    still: the run is paused or has ended; then every lane's pane goes with the cycle view, as the race
+    stood after that cycle (`rewind.as_of`), and the status line says which cycle the panes show.
+    At the lane's last cycle shown the panes are the run's latest, as it paused or ended (`paused`
+    names which status line goes back). A playing run keeps its panes: its frames own them.
+    """
+    snap = viewer.latest
+    lane = viewer.lane
+    view = snap.lanes[lane]
+    last = len(view.blocks) - 1
+    frame = Frame(cycle_view=lane_cycle_html(snap, lane, index, viewer.text_of, viewer.prompt_ids),
+                  cycle_pick=cycle_slider(last + 1, index + 1))
+    if not still or viewer.pieces is None:
+        return frame
+    if index == last:
+        viewer.back_at = None
+        shown, report = snap, viewer.report
+        frame.control_status = paused_line(len(snap.lead.blocks)) if paused else texts.FINISHED if report else ""
+    else:
+        viewer.back_at = index
+        shown, report = as_of(snap, lane, index + 1), None
+        whose = "" if lane == "dflash" else f" ({LABELS[lane]})"
+        line = texts.BACK_AT_PAUSED if paused else texts.BACK_AT_ENDED
+        frame.control_status = line.format(cycle=index + 1, last=last + 1, whose=whose)
+    pieces = {name: _Prefix(viewer.pieces[name], snap.lanes[name].output_ids) for name in shown.lanes}
+    frame.panes = _panes(shown, pieces, viewer.text_of, report).panes
+    return frame

@@ -42,6 +42,7 @@ body.large-text .chip-rejected { opacity: 1 !important; text-decoration-thicknes
     f"body.large-text .tok-{kind}, body.large-text .chip-{kind} {{ box-shadow: inset 0 -4px 0 {color}; color: #000; }}\n"
     for kind, color in STRONG.items()
 ) + """
+body:not(.run-ended) #pin { visibility: hidden; }
 body.no-block-bars .tok { border-left: none !important; padding-left: 0 !important; margin-left: 0 !important; }
 .whatif { border: 1px solid #ccd; border-radius: 8px; padding: 10px 14px; background: #fff; color: #111; }
 .whatif h4 { margin: 0 0 6px 0; }
@@ -53,8 +54,9 @@ body.no-block-bars .tok { border-left: none !important; padding-left: 0 !importa
 .whatif .readout { font-size: 14px; }
 """
 
-# Space: Pause / Continue; right arrow: Step (or the next cycle of a finished run); left arrow: the
-# previous cycle. Keys typed into a field are left alone.
+# Space: Pause / Continue (nothing in a finished run); right arrow: Step, or the next cycle of a
+# finished run or of a run stepped back ("Back at cycle"); left arrow: the previous cycle. Keys typed
+# into a field are left alone.
 PAGE_JS = """
 if (!window.dflashKeys) {
   window.dflashKeys = true;
@@ -65,12 +67,19 @@ if (!window.dflashKeys) {
     const target = event.target;
     if (target && target.closest && target.closest('input, textarea, select, [contenteditable="true"]')) return;
     const status = (document.getElementById('control-status') || {}).innerText || '';
+    const finished = /Finished|finished/.test(status), back = /Back at cycle/.test(status);
     let done = false;
-    if (event.key === ' ') done = press(/Paused/.test(status) ? 'continue' : 'pause');
-    else if (event.key === 'ArrowRight') done = press(/Finished/.test(status) ? 'cycle-next' : 'step');
+    if (event.key === ' ') done = finished || press(/Paused/.test(status) || back ? 'continue' : 'pause');
+    else if (event.key === 'ArrowRight') done = press(finished || back ? 'cycle-next' : 'step');
     else if (event.key === 'ArrowLeft') done = press('cycle-prev');
     if (done) event.preventDefault();
   });
+  // "Pin this race" shows once the run on screen has ended (its status line says so); hidden, it
+  // keeps its place, so nothing moves when it appears.
+  setInterval(() => {
+    const status = (document.getElementById('control-status') || {}).innerText || '';
+    document.body.classList.toggle('run-ended', /Finished|finished|Ended/.test(status));
+  }, 400);
 }
 """
 

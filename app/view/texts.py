@@ -30,7 +30,9 @@ GLOSSARY = (
     "**Glossary.** *slot*: a position of the block (slot 0 holds the last committed token); *mask_id*: the "
     "token id the drafter reads in a slot it must fill; *target layers*: the target's hidden layers whose "
     "features the drafter is given; *fc + hidden_norm*: the drafter's projection of those features; *tau*: "
-    "tokens committed per cycle, the bonus counted; *bonus*: the target's own token after the kept drafts."
+    "tokens committed per cycle, the bonus counted; *bonus*: the target's own token after the kept drafts; *pass*: "
+    "one forward of a drafter (DFlash: one a cycle; the AR drafter: one a draft); *n-gram*: the context's last n "
+    "tokens, which prompt lookup searches for earlier in the context."
 )
 
 LESSONS = "**Lessons** (one click: a recorded race, paused where it teaches; *Next* goes on):"
@@ -126,12 +128,21 @@ PAUSED = "**Paused** after cycle {cycle}: *Step* (→) shows cycle {next}, *Cont
 PAUSED_BEFORE = "**Paused** before cycle 1: *Step* (→) shows cycle 1, *Continue* (space) plays."
 PLAYING = "**Playing.**"
 FINISHED = "**Finished**: pick any cycle under *Inside a cycle* to look inside it."
+# The panes stepped back to an earlier cycle of a paused or finished run (← / →, the cycle picker).
+BACK_AT_PAUSED = ("**Back at cycle {cycle}** of {last}{whose}: every pane shows the race after it. → goes on "
+                  "(cycle {last} is where it paused), *Continue* (space) resumes.")
+BACK_AT_ENDED = ("**Back at cycle {cycle}** of {last}{whose}, the race finished: every pane shows the race after "
+                 "it. → goes on; cycle {last} shows the finished race.")
 PAUSE_EXPIRED = (
     "Ended: paused for {seconds:g} s in all, this server's pause budget per race (--max-pause-s), so the "
     "race ended to free the model for other visitors; what was shown is kept."
 )
 STARTING_PAUSED = "Starting paused before cycle 1…"
 NOTHING_TO_PAUSE = "Nothing to pause: start a race or a replay first."
+PIN = "Pin this race"
+UNPIN = "Unpin"
+NOTHING_TO_PIN = "Nothing to pin yet: pin a race once it has finished (or stopped), then race again beside it."
+UNNAMED_RUN = "a race"
 TIME_UP = (
     "Ended: the race reached this server's limit of {seconds:g} s from its start, pauses included "
     "(--max-race-s), so it ended to free the model for other visitors; what was shown is kept."
