@@ -3,8 +3,8 @@
 Each lane that can run compiled (DFlash, plain decoding, prompt lookup) gets a target of its own
 with static caches and compiled steps (`dflash_core.precompile`). A thread compiles the steps those
 lanes take, the default race's first (the one-token step, then the draft and verify steps at the
-trained block size), on targets of its own; the lanes' targets reuse that code at their first call.
-A race runs compiled only when every step each of its lanes takes is compiled, otherwise all its
+trained block size), each on its lane's target while it holds the pair's lock; a step that traces
+the graph another lane's target compiled reuses that code. A race runs compiled only when every step each of its lanes takes is compiled, otherwise all its
 lanes run the eager steps: a race never compares a compiled lane with an eager one, and no lane
 changes path within a race. The tree, scheduled and drafter lanes run eagerly.
 
