@@ -19,6 +19,17 @@ from app.view import texts
 from app.view.frames import FRAME_FIELDS
 from dflash_core.trace import validate_trace
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Dynamo keeps a bounded number of compiled versions per function for the whole process (the
+    suite's earlier compiles count): each test here compiles from none."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 PROMPT = "What is the capital of France? Paris is the capital of France. What is"
 BLOCK = 4
 NEW = 20
