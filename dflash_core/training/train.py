@@ -728,6 +728,9 @@ def main(argv=None) -> dict:
         # The DDP wrapper's reducer must go before its process group: torn down afterwards, as
         # main's locals are on return, it could hang a rank at exit.
         del trainer, model
+        # No rank leaves while another still writes or logs: a peer's closed connection aborted a
+        # gloo rank at exit (SIGABRT) on a loaded machine.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return summary
 
