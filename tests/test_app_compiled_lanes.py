@@ -101,6 +101,8 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert "Lane steps: compiled (in " in status[0]
 
     graphs = counters["stats"]["unique_graphs"]
+    frames = [dict(zip(FRAME_FIELDS, frame)) for frame in app.live.compare(PROMPT, NEW, BLOCK, 0.0, 1.0, 0, lanes)]
+    assert any(texts.STEPS_RUNNING.format(steps="compiled steps") in str(frame["summary"]) for frame in frames)
     shown = race(app, lanes)
     assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled during the race: all of it before
     assert texts.STEPS.format(steps="compiled steps") in shown["summary"]

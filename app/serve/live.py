@@ -168,9 +168,10 @@ class LiveRace:
             raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None
         pacer, drawn = ChartPacer(), FramePacer()
-        steps = texts.STEPS.format(steps=race.steps) if getattr(race, "steps", None) else None  # local races
+        steps = getattr(race, "steps", None)  # local races: compiled or eager steps, and why
         note = kind.running_note
-        running = " ".join(filter(None, (note, steps))) or None
+        running = " ".join(filter(None, (note, steps and texts.STEPS_RUNNING.format(steps=steps)))) or None
+        steps = steps and texts.STEPS.format(steps=steps)
         try:
             for snapshot in race.snapshots(stop, control):
                 if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left

@@ -72,6 +72,7 @@ RACE_BYTES = (
 )
 STOPPED_EARLY = "Stopped before every lane had a token."
 STEPS = "Every lane ran {steps}."  # compiled or eager, the same for every lane of a race
+STEPS_RUNNING = "Every lane runs {steps}."
 OWN_CLOCKS = (
     "Times are each lane's own compute time: the lanes ran interleaved in one worker, "
     "so none slowed another down."
