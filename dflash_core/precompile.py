@@ -4,8 +4,9 @@ A compiled target (`Target(..., compiled=True)`, `speed/compiled_steps.py`) comp
 first time a run takes it: one verify step per length and set of tapped layers, and a drafter's
 draft step per block size, each at the size of the static caches. That first run pays the compile
 (seconds to minutes on a CPU) inside its own timings. `compile_verify` and `compile_draft` take a
-step ahead of the runs, on a target of their own: dynamo keeps the compiled code per step function,
-so every other target over the same model reuses it at its first call, where guards pass
+step ahead of the runs, on the target that will run them: a step that taps layers traces that
+target's own hooks, so another target compiles it again. A step with no taps is kept by dynamo per
+step function, and another target over the same model reuses it at its first call where guards pass
 (same shapes, same cache capacity, same compile options).
 
 The caches only grow, and a step compiled at one capacity is not the step of another:
