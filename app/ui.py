@@ -346,7 +346,7 @@ def race_area(doctor_intro: str | None = None) -> RaceArea:
                     panes[f"{lane}_stats"] = gr.HTML(elem_id=f"{lane}-stats")
                     panes[f"{lane}_tokens"] = gr.HTML(elem_id=f"{lane}-tokens", css_template=TIP_CSS + render.TOKEN_CSS,
                                                       js_on_load=TIP_JS)
-                    panes[f"{lane}_strip"] = gr.HTML(elem_id=f"{lane}-strip", css_template=TIP_CSS, js_on_load=TIP_JS,
+                    panes[f"{lane}_strip"] = gr.HTML(elem_id=f"{lane}-strip", css_template=TIP_CSS + render.STRIP_CSS, js_on_load=TIP_JS,
                                                      visible=lane != "plain")
             # Beside the lanes: a finished race pinned there (`serve/pinning.py`), kept while the next ones race.
             with gr.Column(visible=False, elem_id="pinned-pane", min_width=280) as pinned_column:

@@ -91,6 +91,7 @@ def test_draft_strip_shows_rejected_drafts():
     v = view([block(0, [2, 1, 4], accepted=1, bonus=5), block(1, [3, 3, 3], accepted=3, bonus=9)])
     strip = render.draft_strip_html(v, text_of)
     assert strip.count("chip-rejected") == 2 and strip.count("chip-accepted") == 4
+    assert "style=" not in strip.split("</summary>")[1]  # every chip styled by class (`STRIP_CSS`): a frame's bytes
     assert "&lt;b&gt;&amp;amp;" in strip and "⏎" in strip  # escaped, and newlines made visible
     assert "#1 · 3 drafts: 1 kept + 1 bonus" in strip and "#2 · 3 drafts: 3 kept + 1 bonus" in strip
 
@@ -106,7 +107,9 @@ def test_draft_strip_marks_the_drafts_a_block_schedule_left_unverified():
     # The label names the drafts verified and kept, cycles counted from 1.
     assert "#1 · 2 of 5 drafts verified: 2 kept + 1 bonus" in strip
     assert "#2 · 2 of 5 drafts verified: 0 kept + 1 bonus" in strip and "#3 · 5 drafts: 5 kept + 1 bonus" in strip
-    assert strip.count('class="chip chip-unverified"') == 6 and strip.count('class="chip chip-rejected"') == 2
+    assert strip.count('class="chip chip-unverified"') == 6 and strip.count('class="chip chip-rejected') == 2
+    # The draft the target replaced is drawn fully (`chip-cut`), the rejected ones after it faded.
+    assert strip.count('class="chip chip-rejected chip-cut"') == 1
     assert strip.count('class="chip chip-accepted"') == 7
     assert "not verified" in strip.split("</summary>")[0]
     # The first cut block's bonus and its unverified drafts say the schedule cut them, not a rejection.

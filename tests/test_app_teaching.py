@@ -79,7 +79,7 @@ def test_hover_boxes_show_block_slot_topk_and_why_all_escaped():
     # A tooltip replaces the title attribute (no double hover).
     assert 'title="' not in out.split('class="tok tok-bonus"')[1].split(">")[0]
     strip = render.draft_strip_html(view, text_of, tips=True)
-    rejected, discarded = strip.split('class="chip chip-rejected"')[1:3]
+    rejected, discarded = strip.split('class="chip chip-rejected')[1:3]
     assert "slot 2" in rejected and "Rejected:" in rejected and "50.0%" in rejected
     assert "slot 3" in discarded and "Discarded unverified" in discarded
     plain = render.tokens_html(render.plain_marks(plain_view()), ["a", "b", "c"], text_of, None,

@@ -11,7 +11,8 @@ GPU worker process.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property, partial
 
 from dflash_core.events import Summary
 from dflash_core.loading import describe_template
@@ -109,12 +110,19 @@ def check_race(req: RaceRequest, pair) -> None:
 
 @dataclass(frozen=True)
 class RaceResult:
-    """A finished (or stopped) race."""
+    """A finished (or stopped) race; its trace is built when first read."""
 
     summaries: dict[str, Summary]  # by lane: the engine's summary, or one over what was shown
     verdict: Verdict | None  # the lossless check of a greedy race that ran to its end
     report: RaceReport
-    trace: dict  # the dflash-trace/2 dict, with the panes' exact text per token under "pieces"
+    # Building the trace of a long race takes a tenth of a second or more: a stopped race shows
+    # its report first, and its trace is built after.
+    build: Callable[[], dict] = field(repr=False)
+
+    @cached_property
+    def trace(self) -> dict:
+        """The dflash-trace/2 dict, with the panes' exact text per token under "pieces"."""
+        return self.build()
 
 
 class RaceSession:
@@ -184,6 +192,9 @@ class RaceSession:
                         for name, summary in summaries.items() if name != "plain"}
         report = race_report(d, p, self.sampling.temperature, self.block_size, verdicts.get("dflash"),
                              stopped=self.last.stopped, lanes=summaries, verdicts=verdicts)
+        return RaceResult(summaries, verdicts.get("dflash"), report, partial(self._trace, summaries, report))
+
+    def _trace(self, summaries: dict[str, Summary], report: RaceReport) -> dict:
         spec, thinking = self.pair.spec, self.thinking
         trace = build_trace(
             settings=settings_of(
@@ -205,7 +216,7 @@ class RaceSession:
         # The panes' exact text per token: a replay shows it as it was shown live (a byte-level
         # token that completes a character decodes differently on its own).
         trace["pieces"] = {name: self.pieces[name].extend(summary.output_ids) for name, summary in summaries.items()}
-        return RaceResult(summaries, verdicts.get("dflash"), report, trace)
+        return trace
 
 
 def _never() -> bool:

@@ -127,6 +127,6 @@ class VllmRaceSession:
                  "model": self.models["dflash"].name, "prompt": self.prompt, "report": report.to_dict(),
                  "runs": {name: summary.to_trace() for name, summary in summaries.items()},
                  "pieces": {name: self.pieces[name].extend(s.output_ids) for name, s in summaries.items()}}
-        return RaceResult(summaries, None, report, trace)
+        return RaceResult(summaries, None, report, lambda: trace)
 
 

@@ -21,7 +21,6 @@ from ..hosting.space import gpu_errors_as_messages, gpu_task
 from ..race.control import Control, Controls
 from ..race.request import RaceRequest
 from ..race.stopping import StopRequests
-from ..race.thinking import recorded_thinking
 from ..view import texts
 from ..view.frames import ChartPacer, Frame, FramePacer, note_frame, race_frame, released_text
 from ..view.pinned import run_label
@@ -191,8 +190,9 @@ class LiveRace:
             return
         if released is not None:
             note = f"{released} {texts.OWN_CLOCKS}"
-        thinking = recorded_thinking(result.trace)
-        if thinking is not None:  # what a replay of its trace says too
+        # What a replay of its trace says too (`recorded_thinking`); a vLLM pair's servers applied the template.
+        thinking = getattr(race, "thinking", None)
+        if thinking is not None and thinking.used is not None:
             note = f"{texts.RECORDED_THINKING.format(words=thinking.words())} {note or texts.OWN_CLOCKS}"
         if steps:
             note = f"{note or texts.OWN_CLOCKS} {steps}"
@@ -203,6 +203,7 @@ class LiveRace:
             text = race_frame(race.last, race.pieces, race.text_of, result.report, False, viewer, note=note, hover=False)
             drawn.sent(text.html_bytes())
             yield text, None
+            result.trace  # noqa: B018  (built while the browser draws the text)
             drawn.wait()
         frame = race_frame(race.last, race.pieces, race.text_of, result.report, True, viewer, note=note)
         if released is not None:

@@ -24,7 +24,8 @@ PANE_BYTES = 160_000
 # Hover boxes of one pane: the shipped 128-token races' take at most 97 KB; a longer race keeps them
 # for its newest tokens (a final frame is kept per session by Gradio: this bounds what it holds).
 PANE_TIPS_BYTES = 112_000
-# Rows of one draft strip (at most its last 40 blocks): 40 rows at block 16 take about 160 KB.
+# Rows of one draft strip (at most its last 40 blocks): 40 rows at block 16 take about 85 KB (chips
+# styled by class; 160 KB while the style was inline).
 STRIP_BYTES = 192_000
 # Hover boxes of one draft strip: 40 rows at block 4 take at most 115 KB.
 STRIP_TIPS_BYTES = 128_000

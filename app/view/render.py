@@ -39,6 +39,18 @@ TOKEN_CSS = "".join(f".tok-{kind} {{ background: {color}; }}\n" for kind, color 
 .tok {{ border-radius: 3px; padding: 1px 0; }}
 .tok-start {{ border-left: 2px solid {BOUNDARY}; padding-left: 1px; margin-left: 1px; }}
 """
+# The strip's chips are styled by class for the same reason: 40 rows of a block-8 race took 80 KB
+# with the style inline, most of a running frame, and a click on Stop waited behind its drawing.
+STRIP_CSS = "".join(f".chip-{kind} {{ background: {color}; }}\n" for kind, color in COLORS.items()) + f"""
+.chip {{ border-radius: 3px; padding: 0 2px; margin-right: 2px; }}
+.chip-bonus {{ margin-right: 0; margin-left: 6px; }}
+.chip-rejected {{ text-decoration: line-through; opacity: 0.55; }}
+.chip-rejected.chip-cut {{ opacity: 1; }}
+.chip-unverified {{ {_UNVERIFIED}; color: #555; }}
+.strip-rows {{ font-family: ui-monospace, monospace; font-size: 12px; max-height: 14em; overflow: auto; }}
+.strip-rows > div {{ white-space: nowrap; }}
+.strip-head {{ color: #556; display: inline-block; min-width: 17em; }}
+"""
 
 _PANE = (
     "font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:14px;line-height:1.9;"
@@ -207,7 +219,7 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
     kinds = "accepted / rejected / not verified / bonus; kept / verified" if cut else "accepted / rejected / bonus"
     return (
         f'<details class="draft-strip" open><summary>Drafts per block ({kinds})</summary>'
-        f'<div style="font-family:ui-monospace,monospace;font-size:12px;max-height:14em;overflow:auto">{more}'
+        f'<div class="strip-rows">{more}'
         f"{''.join(reversed(rows))}</div></details>"
     )
 
@@ -238,8 +250,7 @@ def _strip_row(block, text_of, left: int, tips_left: int) -> tuple[str | None, i
     bonus_slot = block.accepted + 1
     bonus_tip = tip(bonus_slot, "bonus token", block.bonus_id)
     bonus = _chip(block, bonus_slot, block.bonus_id, "bonus", text_of, bonus_tip, "bonus token")
-    head = (f'<div style="white-space:nowrap"><span class="strip-head" style="color:#556;display:inline-block;'
-            f'min-width:17em">#{_text(block.index + 1)} · {html.escape(cycle_label(block))}</span>')
+    head = f'<div><span class="strip-head">#{_text(block.index + 1)} · {html.escape(cycle_label(block))}</span>'
     left -= len(head.encode()) + len(bonus.encode()) - len(bonus_tip.encode()) + len("</div>")
     if left < 0:
         return None, 0, tips_left
@@ -259,19 +270,14 @@ def _strip_row(block, text_of, left: int, tips_left: int) -> tuple[str | None, i
 
 
 def _chip(block, slot: int, token: int, kind: str, text_of, tip: str, what: str) -> str:
-    """One chip of the strip: a draft in `slot` (accepted or rejected), or the bonus token."""
-    if kind == "bonus":
-        style = f"background:{COLORS['bonus']};border-radius:3px;padding:0 2px;margin-left:6px"
-    elif kind == "unverified":
-        style = f"background:{COLORS[kind]};{_UNVERIFIED};border-radius:3px;padding:0 2px;margin-right:2px;color:#555"
-    else:
-        deco = "" if kind == "accepted" else ";text-decoration:line-through;opacity:%s" % (
-            "1" if slot == block.accepted + 1 else "0.55")
-        style = f"background:{COLORS[kind]};border-radius:3px;padding:0 2px;margin-right:2px{deco}"
+    """One chip of the strip: a draft in `slot` (accepted or rejected), or the bonus token; its look
+    comes from its classes (`STRIP_CSS`): the draft the target replaced (`chip-cut`) is drawn fully,
+    the rejected ones after it faded."""
+    cut = " chip-cut" if kind == "rejected" and slot == block.accepted + 1 else ""
     hover = "" if tip else f' title="{html.escape(f"cycle {block.index + 1}, slot {slot}: {what}", quote=True)}"'
     return (
-        f'<span class="chip chip-{kind}" data-block="{_text(block.index)}" data-slot="{slot}"{hover} '
-        f'style="{style}">{html.escape(_visible(text_of(token)))}{tip}</span>'
+        f'<span class="chip chip-{kind}{cut}" data-block="{_text(block.index)}" data-slot="{slot}"{hover}>'
+        f'{html.escape(_visible(text_of(token)))}{tip}</span>'
     )
 
 
