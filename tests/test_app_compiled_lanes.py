@@ -19,6 +19,7 @@ from app.view import texts
 from app.view.frames import FRAME_FIELDS
 from dflash_core.trace import validate_trace
 
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     """Dynamo keeps a bounded number of compiled versions per function for the whole process (the

@@ -121,7 +121,7 @@ def test_the_scheduled_lane_races_losslessly_and_its_trace_records_each_verified
     assert out["scheduled_strip"].count('class="chip chip-unverified"') == unverified
     first, verified = run["blocks"][0], lengths[0] - 1
     label = (f"{verified} of {drafted[0]} drafts verified" if verified < drafted[0] else f"{drafted[0]} drafts")
-    label = f"{label}: {first['accepted']} kept + 1 bonus" if verified else "no drafts: 1 bonus"
+    label = f"{label}: {first['accepted']} kept + 1 bonus" if verified else f"{drafted[0]} drafts, none verified: 1 bonus"
     assert f"#1 · {label}" in out["scheduled_strip"]
 
 

@@ -69,6 +69,7 @@ def test_cycles_are_labelled_in_words_and_the_range_covers_every_slot_shown():
     assert cycle_label(block([1, 2, 3], 2)) == "3 drafts: 2 kept + 1 bonus"
     assert cycle_label(block([], 0)) == "no drafts: 1 bonus"
     assert cycle_label(block([1, 2, 3], 1, verify_len=3)) == "2 of 3 drafts verified: 1 kept + 1 bonus"
+    assert cycle_label(block([1, 2, 3], 0, verify_len=1)) == "3 drafts, none verified: 1 bonus"
     # Block index 3 is the 4th cycle; with every draft kept, the bonus column is at position 14.
     view = SimpleNamespace(blocks=[block([1, 2, 3], 0)] * 3 + [block([1, 2, 3], 3)], prefill=None, name="dflash")
     head = re.search(r"<h4>(.*?)</h4>", cycle_html(view, None, 3, str)).group(1)

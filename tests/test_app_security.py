@@ -614,7 +614,7 @@ def test_a_shipped_replay_still_draws_every_token_and_hover_box(tmp_path):
         pane = last[f"{lane}_tokens"]
         assert pane.count('<span class="tok ') == 128 == pane.count('<span class="tip">') and 'title="' not in pane
     strip = last["dflash_strip"]
-    assert strip.count("<div style=\"white-space:nowrap\">") == 40 and "not drawn" not in strip
+    assert strip.count('class="strip-head"') == 40 and "not drawn" not in strip
     assert strip.count('<span class="chip ') == strip.count('<span class="tip">')
 
 

@@ -201,3 +201,32 @@ def test_inside_a_dflash2_cycle_shows_each_slots_candidates_and_the_path_walked(
     assert "&lt;img src=x onerror=alert(1)&gt;" in out and "<img" not in out  # candidate 1's text, escaped
     assert "the walk left the head's first choice in <b>2</b> of 3 slots" in out
     assert "✓ accepted" in out and "✗ rejected" in out  # the target's verdict per slot, as for DFlash
+
+
+def test_inside_a_scheduled_cycle_shows_what_the_schedule_drafted_weighed_and_verified():
+    """Drafts 2, 4, 5 drafted in one pass, the first two verified (verify of 3): the drafter's
+    probabilities 70, 50 and 90% give the chances kept up to each slot, 70, 35 and 31.5%; the target
+    keeps 2, rejects 4 and puts 6. The next cycle the schedule paused the drafter: a plain step."""
+    from app.race.interleave import Snapshot
+    from app.view.lane_cycles import lane_cycle_html
+
+    recorded = explain().to_dict()
+    recorded.update(positions=[10, 11, 12], target_topk=recorded["target_topk"][:3])  # a verify of 3
+    cut = Block(0, 10, (2, 4, 5), 1, 6, (2, 6), 0.01, 0.03, 0.092, verify_len=3,
+                explain=CycleExplanation.from_dict(recorded))
+    paused = Block(1, 12, (), 0, 7, (7,), 0.0, 0.02, 0.115, verify_len=1)
+    view = SideView("scheduled", Prefill(10, 1, 0.05), (cut, paused), None, 0.115, 4, ())
+    snap = Snapshot({"scheduled": view, "plain": plain_view()}, 0.2, True)
+    shown = lane_cycle_html(snap, "scheduled", 0, text_of)
+    words = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<style>.*?</style>", "", shown, flags=re.S)).split())
+    assert ("DFlash, scheduled block lane · Cycle 1 of 2 · positions 10–12 · 2 of 3 drafts verified: 1 kept + 1 bonus "
+            "→ 2 tokens") in words
+    assert "3 drafts in one pass, 2 verified" in words
+    assert "drafter's probability 70.0% 50.0% 90.0% chance kept up to here 70.0% 35.0% 31.5%" in words
+    assert "the schedule ✓ verified ✓ verified not verified" in words
+    grid = shown.split("the target's verdict on each draft")[1]
+    assert "slot 1" in grid and "slot 2" in grid and "slot 3" not in grid  # the unverified draft has no verdict
+    assert "✓ accepted" in grid and "✗ rejected" in grid
+    rest = lane_cycle_html(snap, "scheduled", 1, text_of)
+    assert "Cycle 2 of 2" in rest and "no drafts: 1 bonus" in rest and "paused the drafter" in rest
+    assert "decoded <span class=\"tk\" style=\"background:#ffd98a\">z</span> alone" in rest

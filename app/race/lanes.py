@@ -20,7 +20,7 @@ CHOICES = [("DFlash, scheduled block (verifies what each cycle's drafts are wort
 # The lanes that race a drafter of their own, which a pair names (`pairs/pairs.json`), and what it is.
 DRAFTER_LANES = {"dflash2": "DFlash2 drafter", "fusion": "input-fusion drafter", "ar": "autoregressive drafter"}
 # The lanes whose cycles "Inside a cycle" lays out, each in its own words (`view/lane_cycles.py`).
-CYCLE_LANES = ("dflash", "tree", "dflash2", "fusion", "ar", "lookup")
+CYCLE_LANES = ("dflash", "scheduled", "tree", "dflash2", "fusion", "ar", "lookup")
 # Lanes of research interest (ablations, a newer drafter): offered under "More lanes", not beside the basics.
 RESEARCH_LANES = ("tree", "dflash2", "fusion")
 # The tree lane's draft nodes per cycle unless the visitor sets them, and the most it may set. 4 is

@@ -1,5 +1,5 @@
-""""Inside a cycle" for every lane kind: which view lays out a lane's cycle (`lane_cycle_html`), and
-the views of the two lanes that do not draft in one pass.
+""""Inside a cycle" for every lane kind: which view lays out a lane's cycle (`lane_cycle_html`), the
+views of the two lanes that do not draft in one pass, and the scheduled block's.
 
 The AR drafter drafts token by token: one forward of its own per draft, each reading the token the
 pass before proposed, with the target's features injected as for DFlash. Prompt lookup runs no
@@ -7,12 +7,16 @@ model: it copies the tokens that followed the latest earlier occurrence of the c
 n-gram, found again here from the recorded context (`dflash_core.ngram`, the engine's own search),
 and the view names where that occurrence is: in the prompt or in the text generated so far. Both
 then show the target's verdict per slot, the kept prefix and the bonus, and the cycle's time beside
-a plain decoding step. Every view stays within CYCLE_BYTES, as `cycle_view.py`'s do.
+a plain decoding step. The scheduled block's cycle is DFlash's pass with a choice before the verify:
+how many of its drafts are worth verifying (`dflash_core.schedule`); its view shows what was drafted,
+the drafter's chance for each, what was verified, and a paused drafter's plain steps. Every view
+stays within CYCLE_BYTES, as `cycle_view.py`'s do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from dflash_core import DEFAULT_NGRAM_SIZES, find_match
 
@@ -54,13 +58,15 @@ def lane_cycle_html(snap, lane: str, index, text_of: Callable[[int], str], promp
         return ar_cycle_html(view, snap.plain, snap.lanes.get("dflash"), index, text_of)
     if lane == "lookup" and view.blocks:
         return lookup_cycle_html(view, snap.plain, index, text_of, prompt_ids)
+    if lane == "scheduled" and view.blocks:
+        return scheduled_cycle_html(view, snap.plain, index, text_of)
     return cycle_html(view, snap.plain, index, text_of, snap.lanes.get("ar"), lane)
 
 
 def _head(lane: str, block, last: int, positions: list[int]) -> str:
-    drafts = len(block.draft_ids)
+    verified = block.verified  # the drafts a block schedule left unverified hold no position in the verify
     n = block.acceptance_length
-    end = positions[0] + drafts + (1 if block.accepted == drafts else 0)
+    end = positions[0] + verified + (1 if block.accepted == verified else 0)
     return (
         f'<style>{CYCLE_CSS}</style><div class="cycle" id="cycle-{_esc(block.index + 1)}">'
         f"<h4>{_esc(LABELS[lane])} lane · Cycle {_esc(block.index + 1)} of {last + 1} · positions "
@@ -245,3 +251,77 @@ def _search(view, index: int, text_of, prompt_ids) -> str:
         f"{'s' if len(match.tokens) != 1 else ''} that followed it there (n-grams of {sizes} tokens are tried, longest "
         f"first):</div><div style=\"margin:4px 0\">{snippet}</div>"
     )
+
+
+def scheduled_cycle_html(view, plain, index, text_of: Callable[[int], str]) -> str:
+    """Cycle `index` of the scheduled lane (`view`; None or out of range: the latest): how many drafts the
+    schedule drafted and how many it verified, with the drafter's probability for each draft and the
+    chance that every draft up to it is kept (what the schedule weighs against the verify's cost),
+    then the target's verdict on the verified ones and the time. A paused cycle is a plain step."""
+    last = len(view.blocks) - 1
+    index = _index(index, last)
+    block = view.blocks[index]
+    positions = _positions(block)
+    head = _head("scheduled", block, last, positions)
+    drafts, verified = len(block.draft_ids), block.verified
+    bonus = _tok(text_of(block.bonus_id), COLORS["bonus"])
+    time = (f"<h4>where the time went</h4>{_time_bars(view, plain, index, 'scheduled', 'draft')}"
+            f"<div>The schedule learns these costs from the run's own cycles: a verify of more tokens costs more "
+            "here, and a draft costs its pass whatever is kept.</div></div>")
+    if not drafts:
+        choice = ("<h4>1 · the schedule's choice: no draft</h4><div>The schedule paused the drafter: the best verify "
+                  "it could buy in the cycles before was still slower than a plain decoding step. So no drafter pass "
+                  f"ran, and the target's pass over the last token decoded {bonus} alone, as plain decoding does. The "
+                  "drafter takes the features of the paused positions when it drafts again.</div>")
+        return f"{head}{choice}{time}"
+    fixed = sum(len(part.encode()) for part in (head, time)) + _MARKUP_BYTES
+    weighed, weighed_bytes = _schedule_table(block, text_of, (CYCLE_BYTES - fixed) // 2)
+    choice = (f"<h4>1 · the schedule's choice: {drafts} draft{'s' if drafts > 1 else ''} in one pass, "
+              f"{verified} verified</h4><div>The drafter proposed {drafts} slots in one pass (DFlash's: the noisy "
+              "block, the injected features); the schedule asks for a few more than the most it verified in recent "
+              "cycles (the whole block at first). It then verified the first k drafts, the k with the most expected "
+              "tokens per second: 1 (the bonus) + the chances kept up to slot k, over the cycle's cost with a verify "
+              "of k + 1 tokens. The chances below are the drafter's own; the schedule scales them by how often the "
+              f"run's earlier drafts were kept.</div>{weighed}")
+    if not verified:
+        verdict = (f"<h4>2 · the target's pass</h4><div>No draft was worth its verify: the target verified slot 0 "
+                   f"alone and decoded {bonus}, as a plain step does. The drafter's pass was spent.</div>")
+    else:
+        shown = replace(view, blocks=(*view.blocks[:index], replace(block, draft_ids=block.draft_ids[:verified]),
+                                      *view.blocks[index + 1:]))
+        verdict = _verdict_and_end(shown, index, positions, text_of, "the drafter's pass: top-3",
+                                   fixed + weighed_bytes + len(choice.encode()))
+        verdict = verdict.replace("<h4>3, 4 ·", "<h4>2 ·", 1).replace("<h4>5 ·", "<h4>3 ·", 1)
+    return f"{head}{choice}{verdict}{time}"
+
+
+def _schedule_table(block, text_of: Callable[[int], str], budget: int) -> tuple[str, int]:
+    """(the per-draft table: draft, the drafter's probability for it, the chance that it and every
+    draft before it are kept, verified or not; its bytes), its columns within `budget` bytes."""
+    rows = block.explain.draft_topk if block.explain is not None else ()
+    chance = 1.0
+
+    def column(k: int) -> tuple[str, str, str, str]:
+        nonlocal chance
+        draft = block.draft_ids[k]
+        p = next((float(q) for token, q in (rows[k] if k < len(rows) else ()) if token == draft), None)
+        chance = chance * p if p is not None and chance is not None else None
+        checked = ('<td style="color:#127a2a">✓ verified</td>' if k < block.verified
+                   else '<td style="color:#667">not verified</td>')
+        return (f"<th>slot {k + 1}</th><td>{_tok(text_of(draft))}</td>", f"<td>{_percent(p)}</td>",
+                f"<td>{_percent(chance)}</td>", checked)
+
+    columns = first_within((column(k) for k in range(len(block.draft_ids))),
+                           lambda cells: sum(len(c.encode()) for c in cells), budget)
+    left = len(block.draft_ids) - len(columns)
+    table = ('<table class="grid"><tr><th>draft</th>' + "".join(c[0] for c in columns) + "</tr>"
+             + "".join(f"<tr><th>{label}</th>{''.join(c[i] for c in columns)}</tr>" for i, label in (
+                 (1, "drafter's probability"), (2, "chance kept up to here"), (3, "the schedule")))
+             + "</table>" + (f'<div style="color:#889">… {left} more drafts not drawn</div>' if left > 0 else ""))
+    return table, len(table.encode())
+
+
+def _percent(p: float | None) -> str:
+    if p is None:
+        return "—"  # the draft is not in the recorded top-k (or the run recorded none)
+    return "&lt;0.1%" if p < 0.001 else f"{100 * p:.1f}%"

@@ -229,8 +229,10 @@ def cycle_label(block) -> str:
     if block.tree is not None:  # its draft_ids are the walked path; the tree held every verified draft
         return f"tree of {len(block.tree.tokens) - 1} drafts: {block.accepted} kept + 1 bonus"
     drafts, verified = len(block.draft_ids), block.verified
-    if not drafts or not verified:
+    if not drafts:
         return "no drafts: 1 bonus"
+    if not verified:  # a schedule drafted, then found no draft worth its verify
+        return f"{drafts} draft{'s' if drafts > 1 else ''}, none verified: 1 bonus"
     checked = f"{verified} of {drafts} drafts verified" if verified < drafts else f"{drafts} draft{'s' if drafts > 1 else ''}"
     return f"{checked}: {block.accepted} kept + 1 bonus"
 
