@@ -222,7 +222,8 @@ def test_inside_a_scheduled_cycle_shows_what_the_schedule_drafted_weighed_and_ve
     assert ("DFlash, scheduled block lane · Cycle 1 of 2 · positions 10–12 · 2 of 3 drafts verified: 1 kept + 1 bonus "
             "→ 2 tokens") in words
     assert "3 drafts in one pass, 2 verified" in words
-    assert "drafter's probability 70.0% 50.0% 90.0% chance kept up to here 70.0% 35.0% 31.5%" in words
+    assert ("slot 1 slot 2 slot 3 draft ok x y drafter's probability 70.0% 50.0% 90.0% "
+            "chance kept up to here 70.0% 35.0% 31.5%") in words
     assert "the schedule ✓ verified ✓ verified not verified" in words
     grid = shown.split("the target's verdict on each draft")[1]
     assert "slot 1" in grid and "slot 2" in grid and "slot 3" not in grid  # the unverified draft has no verdict

@@ -291,7 +291,8 @@ def scheduled_cycle_html(view, plain, index, text_of: Callable[[int], str]) -> s
                                       *view.blocks[index + 1:]))
         verdict = _verdict_and_end(shown, index, positions, text_of, "the drafter's pass: top-3",
                                    fixed + weighed_bytes + len(choice.encode()))
-        verdict = verdict.replace("<h4>3, 4 ·", "<h4>2 ·", 1).replace("<h4>5 ·", "<h4>3 ·", 1)
+        verdict = (verdict.replace("<h4>3, 4 ·", "<h4>2 ·", 1).replace("<h4>5 ·", "<h4>3 ·", 1)
+                   .replace("<th>4 · target's verdict", "<th>the target's verdict", 1))
     return f"{head}{choice}{verdict}{time}"
 
 
@@ -301,22 +302,22 @@ def _schedule_table(block, text_of: Callable[[int], str], budget: int) -> tuple[
     rows = block.explain.draft_topk if block.explain is not None else ()
     chance = 1.0
 
-    def column(k: int) -> tuple[str, str, str, str]:
+    def column(k: int) -> tuple[str, str, str, str, str]:
         nonlocal chance
         draft = block.draft_ids[k]
         p = next((float(q) for token, q in (rows[k] if k < len(rows) else ()) if token == draft), None)
         chance = chance * p if p is not None and chance is not None else None
         checked = ('<td style="color:#127a2a">✓ verified</td>' if k < block.verified
                    else '<td style="color:#667">not verified</td>')
-        return (f"<th>slot {k + 1}</th><td>{_tok(text_of(draft))}</td>", f"<td>{_percent(p)}</td>",
+        return (f"<th>slot {k + 1}</th>", f"<td>{_tok(text_of(draft))}</td>", f"<td>{_percent(p)}</td>",
                 f"<td>{_percent(chance)}</td>", checked)
 
     columns = first_within((column(k) for k in range(len(block.draft_ids))),
                            lambda cells: sum(len(c.encode()) for c in cells), budget)
     left = len(block.draft_ids) - len(columns)
-    table = ('<table class="grid"><tr><th>draft</th>' + "".join(c[0] for c in columns) + "</tr>"
+    table = ('<table class="grid"><tr><th></th>' + "".join(c[0] for c in columns) + "</tr>"
              + "".join(f"<tr><th>{label}</th>{''.join(c[i] for c in columns)}</tr>" for i, label in (
-                 (1, "drafter's probability"), (2, "chance kept up to here"), (3, "the schedule")))
+                 (1, "draft"), (2, "drafter's probability"), (3, "chance kept up to here"), (4, "the schedule")))
              + "</table>" + (f'<div style="color:#889">… {left} more drafts not drawn</div>' if left > 0 else ""))
     return table, len(table.encode())
 
