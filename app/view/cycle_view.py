@@ -333,15 +333,16 @@ def _caches(explain: CycleExplanation | None) -> str:
     )
 
 
-def _ar_cycle_s(ar) -> tuple[int, float, float, float, float] | None:
-    """(cycles, passes, draft, verify, other seconds) per cycle of the AR lane shown so far, means."""
-    if ar is None or not ar.blocks or ar.prefill is None:
+def mean_cycle_s(view) -> tuple[int, float, float, float, float] | None:
+    """(cycles, drafter passes, draft, verify, other seconds) per cycle of a lane shown so far, means;
+    None before its first cycle (or without the lane)."""
+    if view is None or not view.blocks or view.prefill is None:
         return None
-    n = len(ar.blocks)
-    draft = sum(b.draft_s for b in ar.blocks) / n
-    verify = sum(b.verify_s for b in ar.blocks) / n
-    cycle = (ar.blocks[-1].elapsed_s - ar.prefill.seconds) / n
-    return n, sum(b.draft_passes for b in ar.blocks) / n, draft, verify, max(cycle - draft - verify, 0.0)
+    n = len(view.blocks)
+    draft = sum(b.draft_s for b in view.blocks) / n
+    verify = sum(b.verify_s for b in view.blocks) / n
+    cycle = (view.blocks[-1].elapsed_s - view.prefill.seconds) / n
+    return n, sum(b.draft_passes for b in view.blocks) / n, draft, verify, max(cycle - draft - verify, 0.0)
 
 
 def _time_split(dflash, plain, index: int, ar=None, lane: str = "dflash") -> str:
@@ -353,7 +354,7 @@ def _time_split(dflash, plain, index: int, ar=None, lane: str = "dflash") -> str
     draft_s, verify_s, other_s = _cycle_times(dflash, index)
     step = plain_step_s(plain)
     cycle = draft_s + verify_s + other_s
-    measured = _ar_cycle_s(ar)
+    measured = mean_cycle_s(ar)
     if measured is not None:
         cycles, passes, ar_draft, ar_verify, ar_other = measured
         ar_label = f"AR drafter, {passes:.3g} passes (measured, mean of {cycles} cycles)"

@@ -36,6 +36,7 @@ from .cycle_view import (
     _slots_grid,
     _tok,
     cycle_html,
+    mean_cycle_s,
     plain_step_s,
 )
 from .render import COLORS, cycle_label
@@ -120,17 +121,6 @@ def _time_bars(view, plain, index: int, lane: str, draft_name: str, extra=None) 
     return bars + cost
 
 
-def _dflash_mean(dflash) -> tuple[int, float, float, float] | None:
-    """(cycles, draft, verify, other seconds) per cycle of the DFlash lane shown so far, means."""
-    if dflash is None or not dflash.blocks or dflash.prefill is None:
-        return None
-    n = len(dflash.blocks)
-    draft = sum(b.draft_s for b in dflash.blocks) / n
-    verify = sum(b.verify_s for b in dflash.blocks) / n
-    cycle = (dflash.blocks[-1].elapsed_s - dflash.prefill.seconds) / n
-    return n, draft, verify, max(cycle - draft - verify, 0.0)
-
-
 def ar_cycle_html(view, plain, dflash, index, text_of: Callable[[int], str]) -> str:
     """Cycle `index` of the AR drafter lane (`view`; None or out of range: the latest): its passes one
     draft at a time, each with its top-3, then the target's verdict, the caches and the time, beside
@@ -159,10 +149,10 @@ def ar_cycle_html(view, plain, dflash, index, text_of: Callable[[int], str]) -> 
              "own, one per draft</h4><div>Pass 1 reads the token committed last (slot 0); each later pass reads the "
              "draft the pass before it proposed, so the passes run one after another.</div>")
     injected = f"<h4>2 · target features injected into every drafter layer</h4><div>{_injected(explain)}</div>"
-    mean = _dflash_mean(dflash)
+    mean = mean_cycle_s(dflash)
     draft_s = _cycle_times(view, index)[0]
     if mean is not None:
-        cycles, d_draft, d_verify, d_other = mean
+        cycles, _, d_draft, d_verify, d_other = mean
         extra = (f"a DFlash cycle (1 pass, measured, mean of {cycles})",
                  [("1× draft", d_draft, SPLIT_COLORS["draft"]), ("verify", d_verify, SPLIT_COLORS["verify"]),
                   ("other", d_other, SPLIT_COLORS["other"])])
