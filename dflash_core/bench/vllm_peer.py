@@ -36,9 +36,12 @@ def vllm_python() -> Path:
     return VLLM.python()
 
 
-def subprocess_env(threads: int | None) -> dict[str, str]:
-    """This process's environment, less what belongs to it alone, plus vLLM's CPU settings."""
+def subprocess_env(threads: int | None, compile_cache: bool = True) -> dict[str, str]:
+    """This process's environment, less what belongs to it alone, plus vLLM's CPU settings
+    (and, without `compile_cache`, vLLM's torch.compile cache switched off)."""
     env = clean_env()
+    if not compile_cache:
+        env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
     if threads:
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
     # vLLM's CPU speculative decoding warns that it loses speed without Intel OpenMP preloaded;
@@ -52,7 +55,7 @@ def subprocess_env(threads: int | None) -> dict[str, str]:
 def vllm_generate(target_dir: str, prompts: list[list[int]], *, drafter: str | None = None,
                   num_speculative_tokens: int | None = None, max_new_tokens: int = 128, dtype: str = "float32",
                   threads: int | None = None, eager: bool = False, max_model_len: int = 2048,
-                  workdir: str | Path | None = None) -> dict:
+                  workdir: str | Path | None = None, compile_cache: bool = True) -> dict:
     """vLLM's greedy decoding of `prompts` (token ids, already through the chat template), one at a
     time: plain, or DFlash with `drafter` drafting `num_speculative_tokens` per cycle.
 
@@ -60,6 +63,7 @@ def vllm_generate(target_dir: str, prompts: list[list[int]], *, drafter: str | N
     spec_decode), "summary" (tok_per_s, and for DFlash tau from the per-request records and
     tau_counters from the aggregate counters), "spec_decode_totals", "load_s", "vllm".
     eager: skip torch.compile (starts in about a third of the time; for correctness, not timing).
+    compile_cache: False compiles afresh rather than loading vLLM's torch.compile cache.
     """
     args = ["--target", str(target_dir), "--max-tokens", str(max_new_tokens), "--dtype", dtype,
             "--max-model-len", str(max_model_len)]
@@ -71,4 +75,4 @@ def vllm_generate(target_dir: str, prompts: list[list[int]], *, drafter: str | N
             args += ["--num-speculative-tokens", str(num_speculative_tokens)]
     if eager:
         args.append("--eager")
-    return VLLM.run(GENERATE_SCRIPT, prompts, args, subprocess_env(threads), TIMEOUT_S, workdir)
+    return VLLM.run(GENERATE_SCRIPT, prompts, args, subprocess_env(threads, compile_cache), TIMEOUT_S, workdir)
