@@ -2,7 +2,7 @@
 # The same 1-thread field run with --compile (template GEMMs), after the vLLM retry compiles afresh;
 # run from the repo root.
 set -u
-out=dev/measurements/field-avx512-1thread-2026-12-06
+out=dev/measurements/field-avx512-night-2026-12-06
 export DFLASH_VLLM_VENV=$PWD/.venv-vllm
 { date -u; uptime; } > $out/template-vllm.txt
 .venv/bin/python -m dflash_core.bench --target default:smollm2 --drafter assets/drafters/smollm2-135m-instruct-dflash \

@@ -2,7 +2,7 @@
 # The field in one run on the AVX-512 class, 1 thread, this engine with --compile (template GEMMs, the
 # bench's default) and then with the path the app's lanes take by default (library GEMMs); run from the repo root.
 set -u
-out=dev/measurements/field-avx512-1thread-2026-12-06
+out=dev/measurements/field-avx512-night-2026-12-06
 common=(--target default:smollm2 --drafter assets/drafters/smollm2-135m-instruct-dflash --dtype float32
         --max-new-tokens 128 --prompt-set natural --num-prompts 4 --block-sizes 4 --threads 1)
 export DFLASH_VLLM_VENV=$PWD/.venv-vllm

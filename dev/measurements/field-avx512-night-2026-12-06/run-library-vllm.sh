@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The path the app's lanes take by default (--compile with library GEMMs) against vLLM, 1 thread; run from the repo root.
 set -u
-out=dev/measurements/field-avx512-1thread-2026-12-06
+out=dev/measurements/field-avx512-night-2026-12-06
 export DFLASH_VLLM_VENV=$PWD/.venv-vllm
 { date -u; uptime; } > $out/library-vllm.txt
 DFLASH_COMPILE_GEMMS=library .venv/bin/python -m dflash_core.bench --target default:smollm2 \
