@@ -245,10 +245,10 @@ def _path_note(path) -> str:
     )
 
 
-def _slots_grid(slots: list[_Slot], block, first: str | None = None) -> str:
+def _slots_grid(slots: list[_Slot], block, first: str | None = None, verdict: str = "4 · target's verdict") -> str:
     """One column per slot (and one for the bonus when every draft was kept): the drafter's top-3
-    (its row headed `first`, else by the drafter's kind), the target's verdict with its top-3, and
-    what was committed."""
+    (its row headed `first`, else by the drafter's kind), the target's verdict with its top-3 (its
+    row headed `verdict`), and what was committed."""
     drafts = len(block.draft_ids)
     head = "".join(slot.grid[0] for slot in slots)
     pos_row = "".join(slot.grid[1] for slot in slots)
@@ -256,7 +256,7 @@ def _slots_grid(slots: list[_Slot], block, first: str | None = None) -> str:
     if first is None:
         first = "3 · the selector's path: each slot's candidates" if walked else "3 · drafter's one pass: top-3"
     rows = [f"<tr><th>{label}</th>{''.join(slot.grid[2 + i] for slot in slots)}</tr>" for i, label in enumerate(
-        (first, "4 · target's verdict: its top-3", "committed")
+        (first, f"{verdict}: its top-3", "committed")
     )]
     total = drafts + 1 + (1 if block.accepted == drafts else 0)
     return (f'<table class="grid"><tr><th></th>{head}</tr><tr><th>position</th>{pos_row}</tr>{"".join(rows)}</table>'

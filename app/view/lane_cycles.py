@@ -82,10 +82,10 @@ def _positions(block) -> list[int]:
 
 
 def _verdict_and_end(view, index: int, positions: list[int], text_of, first: str, fixed: int,
-                     ranked: bool = True) -> str:
+                     ranked: bool = True, steps: tuple[str, str, str] = ("3, 4 · ", "4 · ", "5 · ")) -> str:
     """Steps 3 to 5: the target's verdict per slot (the first row headed `first`, with the drafter's
     top-3 unless not `ranked`), the kept prefix and the bonus, within what is left of CYCLE_BYTES
-    after `fixed` bytes."""
+    after `fixed` bytes. `steps` numbers the verdict's heading, its row and the prefix's heading."""
     block = view.blocks[index]
     slots = first_within(_slots(view, index, positions, text_of, ranked), lambda slot: slot.bytes,
                          CYCLE_BYTES - fixed - _MARKUP_BYTES)
@@ -94,9 +94,11 @@ def _verdict_and_end(view, index: int, positions: list[int], text_of, first: str
     if len(kept) < block.accepted:
         kept_text += f" … and {block.accepted - len(kept)} more"
     n = block.acceptance_length
+    verdict = f"{steps[1]}target's verdict"
     return (
-        f"<h4>3, 4 · the target's verdict on each draft, all in one target pass</h4>{_slots_grid(slots, block, first)}"
-        f"<h4>5 · accepted prefix and bonus</h4><div>{kept_text} + bonus "
+        f"<h4>{steps[0]}the target's verdict on each draft, all in one target pass</h4>"
+        f"{_slots_grid(slots, block, first, verdict)}"
+        f"<h4>{steps[2]}accepted prefix and bonus</h4><div>{kept_text} + bonus "
         f"{_tok(text_of(block.bonus_id), COLORS['bonus'])}"
         f" → {n} token{'s' if n > 1 else ''} from one target pass.</div>"
     )
@@ -280,9 +282,7 @@ def scheduled_cycle_html(view, plain, index, text_of: Callable[[int], str]) -> s
         shown = replace(view, blocks=(*view.blocks[:index], replace(block, draft_ids=block.draft_ids[:verified]),
                                       *view.blocks[index + 1:]))
         verdict = _verdict_and_end(shown, index, positions, text_of, "the drafter's pass: top-3",
-                                   fixed + weighed_bytes + len(choice.encode()))
-        verdict = (verdict.replace("<h4>3, 4 ·", "<h4>2 ·", 1).replace("<h4>5 ·", "<h4>3 ·", 1)
-                   .replace("<th>4 · target's verdict", "<th>the target's verdict", 1))
+                                   fixed + weighed_bytes + len(choice.encode()), steps=("2 · ", "the ", "3 · "))
     return f"{head}{choice}{verdict}{time}"
 
 
