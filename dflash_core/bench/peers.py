@@ -16,12 +16,12 @@ row `failed: <reason>` (the whole error in the JSON), and the rest of the benchm
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 
 from ..loading.pair import fetch_target
 from .reference_peer import REFERENCE, reference_generate
@@ -133,8 +133,7 @@ def vllm_rows(target_dir, drafter, encoded, ours, args, block_size, compile_cach
     compile again; the run after a failure skips the cache (`VLLM_DISABLE_COMPILE_CACHE`).
     """
     # vLLM refuses a context longer than the model's positions; the prompts and tokens fit in either.
-    config = json.loads((Path(target_dir) / "config.json").read_text())
-    positions = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
+    positions = getattr(AutoConfig.from_pretrained(target_dir).get_text_config(), "max_position_embeddings", None)
     common = {"max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": torch.get_num_threads(),
               "eager": args.vllm_eager, "compile_cache": compile_cache, "max_model_len": min(MAX_MODEL_LEN, positions or MAX_MODEL_LEN)}
     runs = {"plain": vllm_generate(target_dir, encoded, **common),
