@@ -22,6 +22,7 @@ from ..speed.batch_invariant import make_batch_invariant
 from ..speed.compiled_steps import CompiledBackend
 from ..speed.cpu_linear import pack_linears
 from ..speed.cuda_graphs import StepGraphs
+from .attention import GROUPED_SDPA
 from .hub import looks_like_path
 from .target_cache import TargetCache
 
@@ -76,6 +77,9 @@ STATIC_CHUNK = 256
 class Target:
     """A causal LM with its own KV cache and feature taps on selected decoder layers.
 
+    A model on transformers' `sdpa` attention is switched to `attention.GROUPED_SDPA`, which
+    computes the same outputs without a copy of the cache per query head.
+
     static_cache: keep keys/values in transformers' preallocated `StaticCache` (written in place,
     rolled back by moving its length) instead of a `DynamicCache` that concatenates and slices
     tensors every cycle; the cache length is tracked on the host either way, so neither costs a sync.
@@ -109,9 +113,11 @@ class Target:
                 "offsets, which a DynamicCache reallocates every cycle"
             )
         self.kv = TargetCache(model, static=static_cache, chunk=STATIC_CHUNK)
+        if config._attn_implementation == "sdpa":
+            model.set_attn_implementation(GROUPED_SDPA)  # the same outputs, without copying the cache per head
         # Our own causal mask (see `_causal_mask`) assumes full attention in every layer (which the
         # static cache requires) and an attention that takes a 4D mask as is.
-        self._own_mask = static_cache and config._attn_implementation in ("sdpa", "eager")
+        self._own_mask = static_cache and config._attn_implementation in ("sdpa", GROUPED_SDPA, "eager")
         self.graphs = None
         if steps:
             if not self._own_mask:

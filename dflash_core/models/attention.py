@@ -1,0 +1,48 @@
+"""The target's attention on CPU: transformers' SDPA attention with each key/value head read once.
+
+A grouped-query model (SmolLM2-135M: 9 query heads on 3 key/value heads) has transformers' `sdpa`
+attention copy each key/value head once per query head of its group (`repeat_kv`) whenever a mask
+is passed on a CPU, which every verify step and every step over a static cache passes. Over a
+static cache that copies the whole cache, used or not, in every layer of every step, and a compiled
+plain step of the default target spent about a quarter of its time there (docs/benchmarks.md,
+"Compiled lanes in the app"). PyTorch's SDPA takes the groups itself (`enable_gqa=True`), on the
+CPU with a mask too, bitwise as the repeated heads give. A one-token step passes a group's query
+heads as the rows of one head instead, as transformers does outside `torch.compile`
+(`pack_gqa`): eager and compiled steps compute the same.
+
+`GROUPED_SDPA` names that attention in transformers' `AttentionInterface`; `Target` switches a
+model on `sdpa` to it. Off the CPU, without a mask, or with what this does not handle (softcapping,
+position biases, attention sinks), it is transformers' `sdpa` unchanged.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import pack_gqa, sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+GROUPED_SDPA = "sdpa_grouped_kv"
+_UNHANDLED = ("softcap", "position_bias", "s_aux", "sinks")
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers' `sdpa_attention_forward`, with grouped key/value heads passed to SDPA as they are."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (groups == 1 or attention_mask is None or query.device.type != "cpu"
+            or any(kwargs.get(name) is not None for name in _UNHANDLED)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    length = query.shape[2]
+    if length == 1:  # a group's query heads as the rows of one head, as transformers does outside torch.compile
+        output = F.scaled_dot_product_attention(pack_gqa(query, groups), key, value,
+                                                attn_mask=pack_gqa(attention_mask, groups), dropout_p=dropout,
+                                                scale=scaling)
+    else:
+        output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                                scale=scaling, enable_gqa=True)
+    return output.reshape(output.shape[0], -1, length, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+AttentionMaskInterface.register(GROUPED_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
