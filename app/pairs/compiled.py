@@ -26,7 +26,7 @@ from ..race.lanes import LABELS
 COMPILED_LANES = ("dflash", "plain", "lookup")
 # Positions the compiled lanes' static KV caches hold: a race of up to this many less a block (prompt
 # and new tokens) runs compiled. A compiled step attends over all of them, used or not: on the
-# default pair a plain step at 1,024 ran slower than the eager one (docs/benchmarks.md).
+# default pair a DFlash verify step over 512 took 14% longer than over 256 (docs/benchmarks.md).
 POSITIONS = 256
 # `library`: the linears stay the engine's (the CPU rows kernel and oneDNN's packed weights), so a
 # compiled step holds no copy of the weights and compiles in seconds. `template` runs faster steps,

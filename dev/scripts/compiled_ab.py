@@ -51,6 +51,9 @@ def main() -> None:
     parser.add_argument("--prompt-set", default="natural", choices=["natural", "generated", "both"])
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2, help="passes over the prompts")
+    parser.add_argument("--positions", type=int, default=None,
+                        help="what the compiled targets' static caches hold, less a block (the app's lanes: 508); "
+                        "default: the longest prompt plus --max-new-tokens")
     parser.add_argument("--variants", nargs="+", default=["eager", "template"],
                         choices=["libraries", "eager", "library", "template"],
                         help="eager: the DynamicCache target; libraries: the same without the CPU rows kernel; "
@@ -68,7 +71,7 @@ def main() -> None:
     stop_ids = [tokenizer.eos_token_id]
     for target in targets.values():
         if target.static_cache:
-            size_caches(target, drafter, max(map(len, prompts)) + args.max_new_tokens)
+            size_caches(target, drafter, args.positions or max(map(len, prompts)) + args.max_new_tokens)
     for name, target in targets.items():
         start = time.perf_counter()
         with rows_kernel_off((target.model, drafter), name == "libraries"):

@@ -3,12 +3,12 @@
 A grouped-query model (SmolLM2-135M: 9 query heads on 3 key/value heads) has transformers' `sdpa`
 attention copy each key/value head once per query head of its group (`repeat_kv`) whenever a mask
 is passed on a CPU, which every verify step and every step over a static cache passes. Over a
-static cache that copies the whole cache, used or not, in every layer of every step, and a compiled
-plain step of the default target spent about a quarter of its time there (docs/benchmarks.md,
-"Compiled lanes in the app"). PyTorch's SDPA takes the groups itself (`enable_gqa=True`), on the
-CPU with a mask too, bitwise as the repeated heads give. A one-token step passes a group's query
-heads as the rows of one head instead, as transformers does outside `torch.compile`
-(`pack_gqa`): eager and compiled steps compute the same.
+static cache that copies the whole cache, used or not, in every layer of every step: about half of
+a compiled plain step's time outside its linears on the default target (docs/benchmarks.md,
+"Grouped-query attention in the compiled steps"). PyTorch's SDPA takes the groups itself
+(`enable_gqa=True`), on the CPU with a mask too, bitwise as the repeated heads give. A one-token
+step passes a group's query heads as the rows of one head instead, as transformers does outside
+`torch.compile` (`pack_gqa`), so eager and compiled steps take the same path.
 
 `GROUPED_SDPA` names that attention in transformers' `AttentionInterface`; `Target` switches a
 model on `sdpa` to it. Off the CPU, without a mask, or with what this does not handle (softcapping,
