@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="race on the eager steps only (default: a CPU pair's DFlash, plain and prompt-lookup lanes run "
         "compiled steps once the app has compiled them in the background; the status line counts them)",
     )
+    # The default is app/pairs/compiled.py's GEMMS, written out: importing it would import torch,
+    # which --replay serves without.
     parser.add_argument(
         "--compile-gemms", choices=("library", "template"), default="library",
         help="the compiled lanes' linears: library (default: the engine's own, no copy of the weights, compiled "

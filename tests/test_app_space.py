@@ -171,6 +171,12 @@ def test_on_a_space_the_flags_default_to_the_shared_space_limits(monkeypatch):
     assert SPACE_LIMITS.max_new_tokens < Limits().max_new_tokens and SPACE_LIMITS.max_queue < Limits().max_queue
 
 
+def test_the_launchers_compiled_gemms_default_is_the_lanes():
+    from app.pairs.compiled import GEMMS
+
+    assert _launcher().build_parser().parse_args([]).compile_gemms == GEMMS
+
+
 def _launcher():
     """The repository's app.py, loaded as a module (its name clashes with the `app` package)."""
     import importlib.util
