@@ -25,9 +25,10 @@ from ..race.lanes import LABELS
 
 COMPILED_LANES = ("dflash", "plain", "lookup")
 # Positions the compiled lanes' static KV caches hold: a race of up to this many less a block (prompt
-# and new tokens) runs compiled. A compiled step attends over all of them, used or not: on the
-# default pair a DFlash verify step over 512 took 14% longer than over 256 (docs/benchmarks.md).
-POSITIONS = 256
+# and new tokens) runs compiled. The target's attention skips the unused ones (the masked-attention
+# kernel), the drafter's does not: on the default pair DFlash ran 2% slower over 1,024 than over 256
+# (docs/benchmarks.md, "Compiled lanes in the app").
+POSITIONS = 1024
 # `library`: the linears stay the engine's (the CPU rows kernel and oneDNN's packed weights), so a
 # compiled step holds no copy of the weights and compiles in seconds. `template` runs faster steps,
 # but each compiled shape packs its own copy of the target's weights and takes minutes to compile,

@@ -8,7 +8,11 @@ a compiled plain step's time outside its linears on the default target (docs/ben
 "Grouped-query attention in the compiled steps"). PyTorch's SDPA takes the groups itself
 (`enable_gqa=True`), on the CPU with a mask too, bitwise as the repeated heads give. A one-token
 step passes a group's query heads as the rows of one head instead, as transformers does outside
-`torch.compile` (`pack_gqa`), so eager and compiled steps take the same path.
+`torch.compile` (`pack_gqa`).
+
+A compiled float32 step over a static cache goes to the masked-attention kernel instead
+(`speed/kernels/cpu_attention.py`), which computes the keys its mask allows and no others, so the
+cache's unused capacity costs nothing.
 
 `GROUPED_SDPA` names that attention in transformers' `AttentionInterface`; `Target` switches a
 model on `sdpa` to it. Off the CPU, without a mask, or with what this does not handle (softcapping,
@@ -22,19 +26,26 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import pack_gqa, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+from ..speed.kernels import cpu_attention
+
 GROUPED_SDPA = "sdpa_grouped_kv"
 _UNHANDLED = ("softcap", "position_bias", "s_aux", "sinks")
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """transformers' `sdpa_attention_forward`, with grouped key/value heads passed to SDPA as they are."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    if (groups == 1 or attention_mask is None or query.device.type != "cpu"
-            or any(kwargs.get(name) is not None for name in _UNHANDLED)):
+    """transformers' `sdpa_attention_forward`, with grouped key/value heads passed to SDPA as they
+    are, and compiled CPU steps on the masked-attention kernel."""
+    unhandled = any(kwargs.get(name) is not None for name in _UNHANDLED)
+    length = query.shape[2]
+    if not unhandled and cpu_attention.takes(query, key, attention_mask, dropout):
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        output = cpu_attention.masked_attention(query, key, value, attention_mask, scale)
+    elif (getattr(module, "num_key_value_groups", 1) == 1 or attention_mask is None or query.device.type != "cpu"
+            or unhandled):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    length = query.shape[2]
-    if length == 1:  # a group's query heads as the rows of one head, as transformers does outside torch.compile
+    elif length == 1:  # a group's query heads as the rows of one head, as transformers does outside torch.compile
+        groups = module.num_key_value_groups
         output = F.scaled_dot_product_attention(pack_gqa(query, groups), key, value,
                                                 attn_mask=pack_gqa(attention_mask, groups), dropout_p=dropout,
                                                 scale=scaling)

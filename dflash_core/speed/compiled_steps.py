@@ -43,6 +43,7 @@ import torch._inductor.config
 
 from ..errors import ConfigError
 from .cpu_linear import traced_as_linear
+from .kernels import cpu_attention
 
 # A run compiles one verify shape per block size (1 to 16 with the block schedule), per target
 # wrapper, plus the draft step; past dynamo's default of 8 per function, new shapes would run eagerly.
@@ -89,6 +90,8 @@ class CompiledBackend:
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
     def capture(self, step, inputs):
+        if all(x.device.type == "cpu" for x in inputs):
+            cpu_attention.prepare()
         if self.gemms == "template" and all(x.device.type == "cpu" for x in inputs):
             # The config also goes into the options: dynamo reuses a step's code compiled by an
             # equal backend whose guards pass, and a library-compiled step traces the same graph

@@ -1,4 +1,5 @@
-"""The CPU rows kernel: linears of 1 to MAX_ROWS rows, built from `cpu_rows.cpp` on first use.
+"""The CPU rows kernel: linears of 1 to MAX_ROWS rows, built from `cpu_rows.cpp` on first use
+(with `cpu_attention.cpp`, the compiled steps' attention, into the same extension).
 
 A plain decoding step is a one-row linear per weight and a verify or draft step a block of a few
 rows; both are bound by reading the weights. MKL's and oneDNN's few-row paths pay more for every
@@ -30,7 +31,7 @@ import torch
 from ..fallbacks import notice
 
 MAX_ROWS = 16  # past a block, oneDNN's packed GEMM is the faster (a prefill)
-SOURCE = Path(__file__).with_name("cpu_rows.cpp")
+SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_rows.cpp", "cpu_attention.cpp")]
 # No -m flags: each variant carries its own target attribute, so the one build runs on any x86-64
 # CPU. No fast-math either: the sums must keep their written order. OpenMP: at::parallel_for splits
 # the outputs (never a sum) across threads.
@@ -60,7 +61,7 @@ def available() -> bool:
         try:
             from torch.utils.cpp_extension import load
 
-            load(name="dflash_cpu_rows", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+            load(name="dflash_cpu_kernels", sources=SOURCES, extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                  is_python_module=False)
         except Exception as exc:  # noqa: BLE001 - a missing compiler or ninja: the libraries' paths still run
             reason = f"it did not build ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
@@ -68,6 +69,7 @@ def available() -> bool:
             # What torch.compile traces.
             torch.library.register_fake("dflash_cpu::rows_linear", _shape)
             torch.library.register_fake("dflash_cpu::rows_linear_with", lambda x, w, b, variant: _shape(x, w, b))
+            torch.library.register_fake("dflash_cpu::masked_attention", lambda q, k, v, mask, scale: q.new_empty(q.shape))
             return True
     notice(f"the CPU rows kernel is off, {reason}; few-row linears run on oneDNN or MKL")
     return False

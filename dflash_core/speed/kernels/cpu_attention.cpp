@@ -1,0 +1,144 @@
+// dflash_cpu::masked_attention(q, k, v, mask, scale): softmax(q k^T * scale, over the keys `mask`
+// allows) v for the few query rows of a decoding step, on an x86 CPU with AVX2 and FMA.
+//
+// A compiled step attends over its whole static cache, most of it unused early in a run. PyTorch's
+// SDPA computes every masked key too, so its cost grows with the cache's capacity; this kernel
+// reads the mask first and touches only the allowed keys, so a step's cost follows the run's length.
+// Grouped-query heads read their key/value head directly (query head h uses head h / (H / Hkv)).
+//
+// Each output row is computed alone, in one fixed order: the allowed keys in ascending position,
+// each score a dot product of 8 lane sums over the head dimension then one fixed horizontal sum,
+// exp by one polynomial (Cephes' expf coefficients, within 2 ulp of std::exp), the sum of those in
+// ascending position, the values summed in the same order and divided by it once. A row's output
+// is therefore bitwise the same whatever other rows share the call and however many masked keys
+// the cache holds: a verify computes its attention exactly as one-token steps would.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
+
+AVX2_TARGET inline float horizontal_sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// exp of 8 floats at most 0: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-6 polynomial,
+// times 2^n written into the exponent bits.
+AVX2_TARGET inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));  // 2^n stays a normal float
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+AVX2_TARGET inline float dot(const float* a, const float* b, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  return horizontal_sum8(acc);
+}
+
+// One query row `q` [D] against the keys `keys` (positions into k and v, rows of D) of one head.
+// `scores` has room for keys.size() rounded up to 8.
+AVX2_TARGET void attend_row(const float* q, const float* k, const float* v, const std::vector<int64_t>& keys,
+                            int64_t D, float scale, float* scores, float* out) {
+  const int64_t n = static_cast<int64_t>(keys.size());
+  float top = -INFINITY;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {  // four keys at once: four independent sums, each in the order of `dot`
+    const float* kj[4] = {k + keys[i] * D, k + keys[i + 1] * D, k + keys[i + 2] * D, k + keys[i + 3] * D};
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 qd = _mm256_loadu_ps(q + d);
+      for (int c = 0; c < 4; ++c) acc[c] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj[c] + d), acc[c]);
+    }
+    for (int c = 0; c < 4; ++c) scores[i + c] = horizontal_sum8(acc[c]) * scale;
+  }
+  for (; i < n; ++i) scores[i] = dot(q, k + keys[i] * D, D) * scale;
+  for (i = 0; i < n; ++i) top = std::max(top, scores[i]);
+  for (i = n; i % 8; ++i) scores[i] = top;  // padding the last group of 8; never read back
+  for (i = 0; i < n; i += 8)
+    _mm256_storeu_ps(scores + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), _mm256_set1_ps(top))));
+  float total = 0.f;
+  for (i = 0; i < n; ++i) total += scores[i];
+  for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_setzero_ps());
+  for (i = 0; i < n; ++i) {
+    const __m256 p = _mm256_set1_ps(scores[i]);
+    const float* vj = v + keys[i] * D;
+    for (int64_t d = 0; d < D; d += 8)
+      _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + d), _mm256_loadu_ps(out + d)));
+  }
+  const __m256 inverse = _mm256_set1_ps(1.f / total);
+  for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inverse));
+}
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+// q [1, H, L, D], k and v [1, Hkv, P, D] (H a multiple of Hkv), mask [1, 1, L, P] bool -> [1, H, L, D].
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            double scale) {
+  TORCH_CHECK(has_avx2(), "masked_attention needs AVX2 and FMA");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(0) == 1 && k.size(0) == 1,
+              "masked_attention takes q [1, H, L, D] and k, v [1, Hkv, P, D]");
+  const int64_t H = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), P = k.size(2);
+  TORCH_CHECK(k.size(3) == D && D % 8 == 0 && Hkv > 0 && H % Hkv == 0,
+              "masked_attention: the head size must match and be a multiple of 8, and H a multiple of Hkv");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
+                  q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "masked_attention takes float32 CPU tensors");
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.numel() == L * P && mask.size(-1) == P &&
+                  mask.size(-2) == L,
+              "masked_attention takes a bool mask [1, 1, L, P] shared by all heads");
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), allowed = mask.contiguous();
+  at::Tensor out = at::empty({1, H, L, D}, q.options());
+  const float *Q = qc.data_ptr<float>(), *K = kc.data_ptr<float>(), *V = vc.data_ptr<float>();
+  const bool* M = allowed.data_ptr<bool>();
+  float* O = out.data_ptr<float>();
+  const int64_t group = H / Hkv;
+  at::parallel_for(0, Hkv * L, 1, [&](int64_t first, int64_t last) {
+    std::vector<int64_t> keys;
+    std::vector<float> scores(P + 8);
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t head = item / L, row = item % L;  // a key/value head and a query position
+      keys.clear();
+      for (int64_t j = 0; j < P; ++j)
+        if (M[row * P + j]) keys.push_back(j);
+      const float* k_head = K + head * P * D;
+      const float* v_head = V + head * P * D;
+      for (int64_t h = head * group; h < (head + 1) * group; ++h)
+        attend_row(Q + (h * L + row) * D, k_head, v_head, keys, D, static_cast<float>(scale), scores.data(),
+                   O + (h * L + row) * D);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(dflash_cpu, m) {
+  m.def("masked_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(dflash_cpu, CPU, m) { m.impl("masked_attention", &masked_attention); }

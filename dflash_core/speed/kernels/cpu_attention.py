@@ -1,0 +1,39 @@
+"""The compiled steps' attention on CPU: `cpu_attention.cpp`, built with the rows kernel.
+
+A compiled step attends over its whole static cache, whose capacity is fixed when it compiles;
+PyTorch's SDPA pays for every masked slot of it. `masked_attention` reads the mask and computes the
+allowed keys only, each output row alone and in one order (so a verify's rows are bitwise its
+one-token steps'). `prepare()` builds it (outside tracing: `CompiledBackend.capture` calls it), and
+`takes` says, while torch.compile traces a step, whether the kernel takes that attention call;
+eager steps keep SDPA, which over a dynamic cache already sees only the positions in use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import cpu_rows
+
+# Set by prepare(); read while dynamo traces, which guards on it.
+READY = False
+
+
+def prepare() -> bool:
+    """Build (or load) the kernel where it can run; return whether compiled steps will take it."""
+    global READY
+    READY = cpu_rows.unsupported_reason() is None and cpu_rows.available()
+    return READY
+
+
+def takes(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
+    """Whether `masked_attention` computes this call: a traced float32 CPU step of one sequence with
+    one boolean mask for all heads, head size a multiple of 8, no dropout."""
+    return (READY and torch.compiler.is_compiling() and mask is not None and mask.dtype == torch.bool
+            and query.device.type == "cpu" and query.dtype == key.dtype == torch.float32 and query.shape[0] == 1
+            and mask.shape[0] == mask.shape[1] == 1 and query.shape[-1] % 8 == 0 and not dropout)
+
+
+def masked_attention(query, key, value, mask, scale: float) -> torch.Tensor:
+    """softmax(query key^T * scale over the keys `mask` allows) value: query [1, H, L, D], key and
+    value [1, Hkv, P, D], mask [1, 1, L, P] -> [1, H, L, D]."""
+    return torch.ops.dflash_cpu.masked_attention(query, key, value, mask, scale)
