@@ -4,7 +4,8 @@
 # compiles the new graphs into inductor's cache, the second is timed to "compiled" and races the
 # examples compiled, the third races them on eager steps (--no-compile). Usage: run.sh FOLDER.
 # app-positions-256 ran at 880188d (POSITIONS = 256 in app/pairs/compiled.py); app-positions-512 on
-# the same commit with POSITIONS set to 512, a change not kept (docs/benchmarks.md).
+# the same commit with POSITIONS set to 512, a change not kept (docs/benchmarks.md); kernel/app-positions-1024
+# at 26ec543 (the masked-attention kernel, POSITIONS = 1024).
 set -u
 cd "$(dirname "$0")/../../.."
 out=dev/measurements/compiled-lanes-grouped-2026-12-06/${1:?a folder name}; mkdir -p "$out"
