@@ -8,7 +8,7 @@ a compiled plain step's time outside its linears on the default target (docs/ben
 "Grouped-query attention in the compiled steps"). PyTorch's SDPA takes the groups itself
 (`enable_gqa=True`), on the CPU with a mask too, bitwise as the repeated heads give. A one-token
 step passes a group's query heads as the rows of one head instead, as transformers does outside
-`torch.compile` (`pack_gqa`).
+`torch.compile` (transformers 5.25's `pack_gqa`; earlier releases repeat there too).
 
 A compiled float32 step over a static cache goes to the masked-attention kernel instead
 (`speed/kernels/cpu_attention.py`), which computes the keys its mask allows and no others, so the
@@ -21,15 +21,23 @@ position biases, attention sinks), it is transformers' `sdpa` unchanged.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import pack_gqa, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from ..speed.kernels import cpu_attention
 
 GROUPED_SDPA = "sdpa_grouped_kv"
 _UNHANDLED = ("softcap", "position_bias", "s_aux", "sinks")
+
+
+def _heads_as_rows(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[b, heads, 1, d] -> [b, heads / groups, groups, d]; a mask shared by all heads stays as it is."""
+    if x.shape[1] == 1:
+        return x
+    return x.reshape(x.shape[0], x.shape[1] // groups, groups, x.shape[-1])
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -46,8 +54,8 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
                                       **kwargs)
     elif length == 1:  # a group's query heads as the rows of one head, as transformers does outside torch.compile
         groups = module.num_key_value_groups
-        output = F.scaled_dot_product_attention(pack_gqa(query, groups), key, value,
-                                                attn_mask=pack_gqa(attention_mask, groups), dropout_p=dropout,
+        output = F.scaled_dot_product_attention(_heads_as_rows(query, groups), key, value,
+                                                attn_mask=_heads_as_rows(attention_mask, groups), dropout_p=dropout,
                                                 scale=scaling)
     else:
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
