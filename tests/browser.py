@@ -261,9 +261,9 @@ def replay_in_browser(url: str, artifacts: Path, steps: int = 3, timeout_s: floa
 
 def _status(page) -> str:
     """The control status line, without the timer Gradio shows over it while a Step is answered
-    ("0.0s", "1.2/3.0s"; it may come before the line or after it)."""
+    ("0.0s", "1.2/3.0s", "processing | 0.2s"; it may come before the line or after it)."""
     lines = [line.strip() for line in page.locator("#control-status").inner_text().splitlines() if line.strip()]
-    lines = [line for line in lines if not re.fullmatch(r"[\d.]+(/[\d.]+)?s", line)]
+    lines = [line for line in lines if not re.fullmatch(r"(processing \|\s*)?[\d.]+(/[\d.]+)?s", line)]
     return lines[-1] if lines else ""
 
 
