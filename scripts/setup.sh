@@ -102,4 +102,9 @@ if [ "$dev" = 1 ]; then
     $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq chromium >/dev/null
   fi
 fi
+# The CPU kernels (C++: the rows kernel, the compiled steps' attention) build once into torch's
+# extension cache. Building them here keeps that minute out of the first process that needs them
+# (the app's first pair, or a test beside the browser tests). Where they cannot build, the engine
+# runs without them and says so.
+.venv/bin/python -c "from dflash_core.speed.kernels import cpu_rows; cpu_rows.available()"
 echo "setup done: $(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
