@@ -18,19 +18,16 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "cpu_avx2.h"
+
 #include <cmath>
 #include <vector>
 
 namespace {
 
-#define AVX2_TARGET __attribute__((target("avx2,fma")))
+using dflash_kernels::has_avx2;
+using dflash_kernels::horizontal_sum8;
 
-AVX2_TARGET inline float horizontal_sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // exp of 8 floats at most 0: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-6 polynomial,
 // times 2^n written into the exponent bits.
@@ -89,11 +86,6 @@ AVX2_TARGET void attend_row(const float* q, const float* k, const float* v, cons
   }
   const __m256 inverse = _mm256_set1_ps(1.f / total);
   for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inverse));
-}
-
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 // q [1, H, L, D], k and v [1, Hkv, P, D] (H a multiple of Hkv), mask [1, 1, L, P] bool -> [1, H, L, D].

@@ -23,12 +23,16 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "cpu_avx2.h"
+
 #include <algorithm>
 #include <string>
 
 namespace {
 
-#define AVX2_TARGET __attribute__((target("avx2,fma")))
+using dflash_kernels::has_avx2;
+using dflash_kernels::horizontal_sum8;
+
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 #define AVX512BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 
@@ -43,13 +47,6 @@ struct Problem {
 };
 
 // ---------------------------------------------------------------- AVX2 + FMA, float32
-
-AVX2_TARGET inline float horizontal_sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // out[r * 4 + j] = dot(x row r, weight row j) for R input rows (1 to 3) and 4 weight rows; while
 // it runs, the next tile's 4 weight rows (`next`, if any) are prefetched into L1.
@@ -218,11 +215,6 @@ AVX512BF16_TARGET void tiles_dpbf16(const c10::BFloat16* X, const Problem<c10::B
 }
 
 // ---------------------------------------------------------------- dispatch
-
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 
 bool has_avx512() {
   __builtin_cpu_init();
