@@ -3,12 +3,11 @@
 A grouped-query model (SmolLM2-135M: 9 query heads on 3 key/value heads) has transformers' `sdpa`
 attention copy each key/value head once per query head of its group (`repeat_kv`) whenever a mask
 is passed on a CPU, which every verify step and every step over a static cache passes. Over a
-static cache that copies the whole cache, used or not, in every layer of every step: about half of
-a compiled plain step's time outside its linears on the default target (docs/benchmarks.md,
-"Grouped-query attention in the compiled steps"). PyTorch's SDPA takes the groups itself
-(`enable_gqa=True`), on the CPU with a mask too, bitwise as the repeated heads give. A one-token
-step passes a group's query heads as the rows of one head instead, as transformers does outside
-`torch.compile` (transformers 5.25's `pack_gqa`; earlier releases repeat there too).
+static cache that copies the whole cache, used or not, in every layer of every step (its cost:
+docs/benchmarks.md, "Grouped-query attention in the compiled steps"). PyTorch's SDPA takes the
+groups itself (`enable_gqa=True`), on the CPU with a mask too, bitwise as the repeated heads give.
+A one-token step passes a group's query heads as the rows of one head instead, as transformers
+does outside `torch.compile` (transformers 5.25's `pack_gqa`; earlier releases repeat there too).
 
 A compiled float32 step over a static cache goes to the masked-attention kernel instead
 (`speed/kernels/cpu_attention.py`), which computes the keys its mask allows and no others, so the

@@ -90,9 +90,10 @@ class CompiledBackend:
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
     def capture(self, step, inputs):
-        if all(x.device.type == "cpu" for x in inputs):
+        on_cpu = all(x.device.type == "cpu" for x in inputs)
+        if on_cpu:
             cpu_attention.prepare()
-        if self.gemms == "template" and all(x.device.type == "cpu" for x in inputs):
+        if self.gemms == "template" and on_cpu:
             # The config also goes into the options: dynamo reuses a step's code compiled by an
             # equal backend whose guards pass, and a library-compiled step traces the same graph
             # wherever a layer takes F.linear anyway (one-row inputs on MKL, `cpu_linear.py`).

@@ -21,7 +21,7 @@ READY = False
 def prepare() -> bool:
     """Build (or load) the kernel where it can run; return whether compiled steps will take it."""
     global READY
-    READY = cpu_rows.unsupported_reason() is None and cpu_rows.available()
+    READY = cpu_rows.available()
     return READY
 
 
