@@ -87,6 +87,22 @@ def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch, rows_k
     torch._dynamo.reset()
 
 
+def test_without_the_attention_kernel_compiled_steps_take_sdpa_and_decode_as_the_eager_ones(small_pair, monkeypatch):
+    """Where the CPU kernels cannot build (no x86 AVX2, no compiler), the grouped SDPA is traced instead."""
+    eager, drafter = small_pair
+    monkeypatch.setattr(cpu_attention, "prepare", lambda: False)
+    monkeypatch.setattr(cpu_attention, "READY", False)
+    torch._dynamo.reset()  # forget steps traced with the kernel
+    compiled = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
+    codes = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        decodes_as_eager(eager, compiled, drafter)
+    assert all(compiled_shapes(compiled).values())
+    assert codes and not any("dflash_cpu.masked_attention" in code for code in codes)
+    assert any("scaled_dot_product" in code for code in codes)
+    torch._dynamo.reset()
+
+
 KERNEL = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(.*?r'''(.*?)'''", re.DOTALL | re.MULTILINE)
 
 
