@@ -486,7 +486,8 @@ def step_when_idle_and_switches(url: str, timeout_s: float = 90.0) -> dict:
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#replay-run")
         page.locator("#step").click()
-        page.wait_for_selector("#control-status :text('before cycle 1')")
+        # Not the "Starting paused before cycle 1…" shown while the replay loads: the paused line itself.
+        page.wait_for_selector("#control-status :text-matches('^Paused before cycle 1:')")
         seen["idle_step"] = (_status(page), _bonus_count(page))
         page.locator("#step").click()
         page.wait_for_selector("#control-status :text('after cycle 1')")
