@@ -177,11 +177,13 @@ def stop_during_long_race(url: str, max_new_tokens: int = 512, after_tokens: int
         page.evaluate("""() => {
           window.__stopTimes = {};
           document.querySelector('#stop').addEventListener('click', () => { window.__stopTimes.click = performance.now(); }, true);
+          // The whole body: Gradio may replace the #summary node itself, which an observer on it would miss.
           new MutationObserver(() => {
-            if (!window.__stopTimes.shown && document.querySelector('#summary').innerText.includes('Stopped')) {
+            const summary = document.querySelector('#summary');
+            if (!window.__stopTimes.shown && summary && summary.innerText.includes('Stopped')) {
               window.__stopTimes.shown = performance.now();
             }
-          }).observe(document.querySelector('#summary'), {subtree: true, childList: true, characterData: true});
+          }).observe(document.body, {subtree: true, childList: true, characterData: true});
         }""")
         clicked = time.perf_counter()
         page.locator("#stop").click()  # waits for the button to take clicks, as a busy page makes a visitor wait
