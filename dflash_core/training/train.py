@@ -736,7 +736,10 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     try:
-        main()
+        # Under torchrun, a failing rank's traceback goes into the launcher's failure summary.
+        record(main)()
     except DFlashError as exc:
         sys.exit(f"error: {exc}")
