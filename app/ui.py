@@ -26,7 +26,7 @@ from .guard.http_guard import MULTIPART_SLACK, HttpGuard, UploadBudget, refuse_u
 from .guard.limits import Limits
 from .guard.queue_bounds import bound_queue
 from .guard.readers import Readers
-from .guard.request_rate import RequestRate
+from .guard.request_rate import DIRECT_ROUTES, RequestRate
 from .guard.traces import TraceStore
 from .pairs.registry import PairSpec, unavailable_here
 from .race.control import Controls
@@ -150,8 +150,9 @@ def launch_options(demo: gr.Blocks) -> dict:
             traces.close()
 
     budget = UploadBudget(per_request=MAX_BYTES + MULTIPART_SLACK, per_hour=limits.upload_mb_per_hour * 1_000_000)
-    rate = RequestRate(limits.queue_requests_per_min)
-    middleware = [Middleware(HttpGuard, budget=budget, rate=rate), Middleware(app.readers.middleware)]
+    rates = (RequestRate(limits.queue_requests_per_min),
+             RequestRate(limits.direct_requests_per_min, DIRECT_ROUTES, "outside its queue", "--direct-requests-per-min"))
+    middleware = [Middleware(HttpGuard, budget=budget, rates=rates), Middleware(app.readers.middleware)]
     if limits.trusted_proxy:  # outermost: every bound below sees the visitor the proxy names
         middleware.insert(0, Middleware(ProxyHeadersMiddleware, trusted_hosts=limits.trusted_proxy))
     return {"max_file_size": MAX_BYTES, "state_session_capacity": limits.session_capacity,

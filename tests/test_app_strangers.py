@@ -193,6 +193,39 @@ def test_a_flood_of_queue_requests_from_one_address_gets_429_while_another_addre
         demo.dflash_app.traces.close()
 
 
+def test_a_flood_of_instant_events_from_one_address_gets_429_while_another_address_is_served():
+    """The routes Gradio answers outside the queue (the page's Pause, Step, tab switches) run their
+    handler at once: a bucket of their own bounds them per address, apart from the queue's."""
+    demo = build_demo([], "", None, Limits(direct_requests_per_min=30), live=False)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                **launch_options(demo))
+    url, pause = demo.local_url, _fn(demo, fn=demo.dflash_app.stepping.pause)
+    ran = []
+    pause_handler = demo.fns[pause].fn
+    demo.fns[pause].fn = lambda: (ran.append(1), pause_handler())[1]
+
+    def press(address: str) -> httpx.Response:
+        with client(address, timeout=30) as http:
+            return http.post(f"{url}gradio_api/run/predict", json={"data": [], "fn_index": pause, "session_hash": "s"})
+
+    try:
+        with ThreadPoolExecutor(16) as pool:  # a flood over 16 connections at once
+            flood = list(pool.map(press, ["127.0.0.17"] * 100))
+        codes = [answer.status_code for answer in flood]
+        # The bucket's 30, and what refills at 0.5 a second meanwhile: only those reach the handler.
+        assert 30 <= codes.count(200) == len(ran) <= 40 and codes.count(429) == 100 - codes.count(200), codes
+        refused = next(answer for answer in flood if answer.status_code == 429)
+        assert "at most 30 a minute outside its queue" in refused.text and "--direct-requests-per-min" in refused.text
+        # The queue's bucket is another: this address can still join it.
+        assert "process_generating" in _first_answer(url, "127.0.0.17", _fn(demo, fn=demo.dflash_app.playback.replay),
+                                                     ["math-greedy", None, 4.0], "queued")
+        started = time.perf_counter()
+        assert press("127.0.0.18").status_code == 200 and time.perf_counter() - started < 5  # another address waits for nothing
+    finally:
+        demo.close()
+        demo.dflash_app.traces.close()
+
+
 def test_the_request_rate_refills_at_its_rate_per_visitor_and_keeps_a_bounded_table():
     from app.guard.request_rate import RequestRate
 

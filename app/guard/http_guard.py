@@ -18,8 +18,9 @@
   read, so parallel uploads cannot all pass one check, and settled to the bytes that came. A body
   longer than it said is cut off at the bound. `/gradio_api/process_recording`, the other multipart
   route, is closed: the app has no recording component.
-- A visitor's requests to the queue's routes past its rate (`request_rate.RequestRate`) get 429
-  before Gradio reads them, after a wait that holds a flooding client back.
+- A visitor's requests to the queue's routes, or to the routes Gradio answers outside the queue,
+  past their rate (`request_rate.RequestRate`, one bucket each) get 429 before Gradio reads them,
+  after a wait that holds a flooding client back.
 
 `HttpGuard` is ASGI middleware (`app.ui.launch_options` installs it); `UploadBudget` holds the counts.
 """
@@ -39,7 +40,7 @@ from gradio_client.utils import is_http_url_like
 
 from ..view import texts
 from .callers import visitor_of
-from .request_rate import DELAY_S, RequestRate, is_queue_route
+from .request_rate import DELAY_S, RequestRate
 
 API_PREFIX = "/gradio_api"
 FILE_ROUTES = (f"{API_PREFIX}/file=", f"{API_PREFIX}/file/")
@@ -93,21 +94,22 @@ class _Refused(Exception):
 
 
 class HttpGuard:
-    """ASGI middleware: refuses URLs in the file route, uploads past `budget` and queue requests
-    past `rate` (None: no rate)."""
+    """ASGI middleware: refuses URLs in the file route, uploads past `budget` and requests to the
+    routes of each of `rates` past it."""
 
-    def __init__(self, app, budget: UploadBudget, rate: RequestRate | None = None):
-        self.app, self.budget, self.rate = app, budget, rate
+    def __init__(self, app, budget: UploadBudget, rates: tuple[RequestRate, ...] = ()):
+        self.app, self.budget, self.rates = app, budget, rates
         keep_resolver_local()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        if self.rate is not None and is_queue_route(path):
-            visitor = visitor_of(_peer(scope))
-            if not self.rate.allow(visitor):
-                return await self._too_many(send, visitor)
+        for rate in self.rates:
+            if rate.covers(path):
+                visitor = visitor_of(_peer(scope))
+                if not rate.allow(visitor):
+                    return await self._too_many(send, rate, visitor)
         if names_url(path):
             return await _answer(send, 403, "This server serves its own files only; it fetches no URL.")
         if path.rstrip("/") == RECORDING_ROUTE:
@@ -116,15 +118,15 @@ class HttpGuard:
             return await self._upload(scope, receive, send)
         return await self.app(scope, receive, send)
 
-    async def _too_many(self, send, visitor: str):
-        if self.rate.hold(visitor):
+    async def _too_many(self, send, rate: RequestRate, visitor: str):
+        if rate.hold(visitor):
             try:
                 await asyncio.sleep(DELAY_S)
             finally:
-                self.rate.release(visitor)
-        await _answer(send, 429, f"Too many requests from your address: this server takes at most {self.rate.per_min} "
-                                 "a minute to its queue from one address (--queue-requests-per-min). Wait a moment.",
-                      [(b"retry-after", str(self.rate.retry_after_s()).encode())])
+                rate.release(visitor)
+        await _answer(send, 429, f"Too many requests from your address: this server takes at most {rate.per_min} "
+                                 f"a minute {rate.what} from one address ({rate.flag}). Wait a moment.",
+                      [(b"retry-after", str(rate.retry_after_s()).encode())])
 
     async def _upload(self, scope, receive, send):
         visitor, declared = visitor_of(_peer(scope)), _content_length(scope)

@@ -44,6 +44,9 @@ class Limits:
     # requests to the queue's routes (joins, event streams, heartbeats) one visitor may send in a
     # minute, in a burst or spread out: a page sends 5 on loading and 2 per race
     queue_requests_per_min: int = 300
+    # requests to the routes Gradio answers at once, outside the queue (Stop, Pause, Step, tab
+    # switches, the status line's tick every 3 s while a pair compiles): a page sends about 5 on loading
+    direct_requests_per_min: int = 1200
     session_capacity: int = 200  # sessions whose last outputs Gradio keeps in memory (it drops the oldest)
     # Addresses of a reverse proxy whose X-Forwarded-For names the visitor ("": none; every visitor
     # is then the TCP peer, and behind a proxy all would share its bounds).
@@ -83,6 +86,9 @@ _FLAGS = {
     "upload_mb_per_hour": "megabytes of trace uploads one visitor may send per hour (default %(default)s)",
     "queue_requests_per_min": "requests to the queue's routes (joins, event streams, heartbeats) one visitor may send "
     "per minute, at once or spread out; past it they get HTTP 429 (default %(default)s)",
+    "direct_requests_per_min": "requests to the routes answered outside the queue (the page's Stop, Pause, Step and "
+    "tab switches, the REST run and api routes) one visitor may send per minute; past it they get HTTP 429 "
+    "(default %(default)s)",
     "session_capacity": "browser sessions whose last outputs the server keeps in memory; the oldest are dropped "
     "(default %(default)s)",
     "trusted_proxy": "addresses (comma-separated, or *) of a reverse proxy in front of the app: a request from one "
