@@ -78,8 +78,8 @@ def test_compiled_steps_decode_as_the_eager_ones(small_pair, monkeypatch, rows_k
     assert compiled_shapes(compiled) == {
         ((1, 1), (1, 1)): True, ((1, 4), (1, 4)): True, ((1,), (1, 4, feature_width), (1, 8)): True
     }
-    if cpu_attention.READY:  # the target's steps attend through the masked-attention kernel
-        assert sum("dflash_cpu.masked_attention" in code for code in codes) >= 2
+    if cpu_attention.READY:  # the target's steps and the draft step attend through the masked-attention kernel
+        assert sum("dflash_cpu.masked_attention" in code for code in codes) == len(codes) == 3
     if rows_kernel:  # the target's steps call the kernel, and nothing takes the packed weights
         assert sum("dflash_cpu.rows_linear" in code for code in codes) >= 2 and not packed_calls
     else:  # the linears ran through the packed weights (a small model packs one rows too)

@@ -2,7 +2,9 @@
 
 Within 1e-6 of SDPA over the same keys (grouped-query heads included), and each output row bitwise
 the same alone, beside other rows, and over a cache with more masked slots: what a verify computes
-is what its one-token steps compute, whatever the static cache's capacity.
+is what its one-token steps compute, whatever the static cache's capacity. In bfloat16 (the
+drafter's), the float32 result of the same bfloat16 inputs rounded once, where SDPA's is within a
+few roundings of it.
 """
 
 from __future__ import annotations
@@ -58,11 +60,35 @@ def test_each_row_is_bitwise_the_same_alone_and_over_a_larger_cache(threads):
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_in_bfloat16_it_is_the_float32_result_rounded_once(shared):
+    """The drafter's draft step: bfloat16 heads, and one mask row for every block row ([1, P])."""
+    torch.manual_seed(7)
+    q = torch.randn(1, 9, 4, 64).bfloat16()
+    k, v = torch.randn(2, 1, 3, 1280, 64).bfloat16()
+    mask = torch.rand(4, 1280) < 0.1 if not shared else (torch.arange(1280) < 160)[None]
+    mask[:, 0] = True
+    got = cpu_attention.masked_attention(q, k, v, mask, 0.125)
+    assert got.dtype == torch.bfloat16 and got.shape == (1, 9, 4, 64)
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=0.125, enable_gqa=True)
+    # Rounded once: within half a bfloat16 step of the float32 result, or the next value over at a tie.
+    step = torch.finfo(torch.bfloat16).eps * exact.abs().clamp_min(2**-126)
+    assert ((got.float() - exact).abs() <= 0.5 * step + 1e-6).all()
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
+    torch.testing.assert_close(got, sdpa, rtol=2e-2, atol=4e-3)
+    if shared:  # one row for all is the same as that row repeated
+        assert torch.equal(got, cpu_attention.masked_attention(q, k, v, mask.expand(4, -1).clone(), 0.125))
+
+
 def test_it_refuses_what_it_does_not_compute():
     q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 16, 8)
     mask = torch.ones(1, 1, 1, 16, dtype=torch.bool)
-    with pytest.raises(RuntimeError, match="float32"):
-        cpu_attention.masked_attention(q.bfloat16(), k.bfloat16(), k.bfloat16(), mask, 1.0)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        cpu_attention.masked_attention(q.half(), k.half(), k.half(), mask, 1.0)
+    with pytest.raises(RuntimeError, match="all of one dtype"):
+        cpu_attention.masked_attention(q, k.bfloat16(), k.bfloat16(), mask, 1.0)
+    with pytest.raises(RuntimeError, match=r"\[L, P\]"):
+        cpu_attention.masked_attention(q, k, k, torch.ones(2, 16, dtype=torch.bool), 1.0)
     with pytest.raises(RuntimeError, match="bool mask"):
         cpu_attention.masked_attention(q, k, k, mask.float(), 1.0)
     with pytest.raises(RuntimeError, match="multiple of 8"):

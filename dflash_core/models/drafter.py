@@ -30,6 +30,7 @@ from ..errors import CheckpointError
 from ..sampling import SamplingParams, probabilities, sample
 from ..speed import kernels
 from ..speed.cpu_linear import pack_linears
+from ..speed.kernels import cpu_attention
 from ..speed.kernels.cuda_paths import drafter_attention
 from . import native_format
 from .config import drafter_config_dict, parse_drafter_config
@@ -197,10 +198,14 @@ class DrafterAttention(nn.Module):
             query_positions = (key_positions if slots is None else slots)[-q_len:]
             in_window = (query_positions[:, None] - key_positions[None, :]) < self.sliding_window
             attn_mask = in_window if attn_mask is None else attn_mask & in_window
-        # flash-attn on CUDA when installed and no mask is needed, else SDPA (kernels/cuda_paths.py).
-        out = drafter_attention(
-            q, k, v, attn_mask=attn_mask, scale=self.head_dim**-0.5, enable_gqa=self.num_heads != self.num_kv_heads
-        )
+        if cpu_attention.takes(q, k, attn_mask, 0.0):
+            # A compiled CPU draft step over its static cache: only the keys in use cost time.
+            out = cpu_attention.masked_attention(q, k, v, attn_mask, self.head_dim**-0.5)
+        else:
+            # flash-attn on CUDA when installed and no mask is needed, else SDPA (kernels/cuda_paths.py).
+            out = drafter_attention(
+                q, k, v, attn_mask=attn_mask, scale=self.head_dim**-0.5, enable_gqa=self.num_heads != self.num_kv_heads
+            )
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 

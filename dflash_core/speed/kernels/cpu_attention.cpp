@@ -1,5 +1,6 @@
 // dflash_cpu::masked_attention(q, k, v, mask, scale): softmax(q k^T * scale, over the keys `mask`
-// allows) v for the few query rows of a decoding step, on an x86 CPU with AVX2 and FMA.
+// allows) v for the few query rows of a decoding or draft step, on an x86 CPU with AVX2 and FMA,
+// in float32 or bfloat16 (read as float32, computed in float32, the output rounded to nearest even).
 //
 // A compiled step attends over its whole static cache, most of it unused early in a run. PyTorch's
 // SDPA computes every masked key too, so its cost grows with the cache's capacity; this kernel
@@ -20,6 +21,7 @@
 
 #include "cpu_avx2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -48,25 +50,35 @@ AVX2_TARGET inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 
-AVX2_TARGET inline float dot(const float* a, const float* b, int64_t D) {
+AVX2_TARGET inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+
+// bfloat16 is the top half of a float32: widen each to 32 bits and shift it up.
+AVX2_TARGET inline __m256 load8(const at::BFloat16* x) {
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+}
+
+template <typename T>
+AVX2_TARGET inline float dot(const float* q, const T* k, int64_t D) {
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + d), acc);
   return horizontal_sum8(acc);
 }
 
-// One query row `q` [D] against the keys `keys` (positions into k and v, rows of D) of one head.
-// `scores` has room for keys.size() rounded up to 8.
-AVX2_TARGET void attend_row(const float* q, const float* k, const float* v, const std::vector<int64_t>& keys,
+// One query row `q` [D] (as float32) against the keys `keys` (positions into k and v, rows of D) of
+// one head, into `out` [D]. `scores` has room for keys.size() rounded up to 8.
+template <typename T>
+AVX2_TARGET void attend_row(const float* q, const T* k, const T* v, const std::vector<int64_t>& keys,
                             int64_t D, float scale, float* scores, float* out) {
   const int64_t n = static_cast<int64_t>(keys.size());
   float top = -INFINITY;
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {  // four keys at once: four independent sums, each in the order of `dot`
-    const float* kj[4] = {k + keys[i] * D, k + keys[i + 1] * D, k + keys[i + 2] * D, k + keys[i + 3] * D};
+    const T* kj[4] = {k + keys[i] * D, k + keys[i + 1] * D, k + keys[i + 2] * D, k + keys[i + 3] * D};
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t d = 0; d < D; d += 8) {
       const __m256 qd = _mm256_loadu_ps(q + d);
-      for (int c = 0; c < 4; ++c) acc[c] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj[c] + d), acc[c]);
+      for (int c = 0; c < 4; ++c) acc[c] = _mm256_fmadd_ps(qd, load8(kj[c] + d), acc[c]);
     }
     for (int c = 0; c < 4; ++c) scores[i + c] = horizontal_sum8(acc[c]) * scale;
   }
@@ -80,15 +92,53 @@ AVX2_TARGET void attend_row(const float* q, const float* k, const float* v, cons
   for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_setzero_ps());
   for (i = 0; i < n; ++i) {
     const __m256 p = _mm256_set1_ps(scores[i]);
-    const float* vj = v + keys[i] * D;
+    const T* vj = v + keys[i] * D;
     for (int64_t d = 0; d < D; d += 8)
-      _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + d), _mm256_loadu_ps(out + d)));
+      _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, load8(vj + d), _mm256_loadu_ps(out + d)));
   }
   const __m256 inverse = _mm256_set1_ps(1.f / total);
   for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inverse));
 }
 
-// q [1, H, L, D], k and v [1, Hkv, P, D] (H a multiple of Hkv), mask [1, 1, L, P] bool -> [1, H, L, D].
+inline void widen(const float* x, int64_t D, float* to) { std::copy(x, x + D, to); }
+inline void widen(const at::BFloat16* x, int64_t D, float* to) {
+  for (int64_t d = 0; d < D; ++d) to[d] = static_cast<float>(x[d]);
+}
+inline void narrow(const float* x, int64_t D, float* to) { std::copy(x, x + D, to); }
+inline void narrow(const float* x, int64_t D, at::BFloat16* to) {
+  for (int64_t d = 0; d < D; ++d) to[d] = at::BFloat16(x[d]);  // round to nearest even
+}
+
+template <typename T>
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale,
+            at::Tensor& out) {
+  const int64_t H = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), P = k.size(2);
+  const bool shared = mask.numel() == P;  // one row of the mask for every query row
+  const T *Q = q.data_ptr<T>(), *K = k.data_ptr<T>(), *V = v.data_ptr<T>();
+  const bool* M = mask.data_ptr<bool>();
+  T* O = out.data_ptr<T>();
+  const int64_t group = H / Hkv;
+  at::parallel_for(0, Hkv * L, 1, [&](int64_t first, int64_t last) {
+    std::vector<int64_t> keys;
+    std::vector<float> scores(P + 8), row_q(D), row_out(D);
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t head = item / L, row = item % L;  // a key/value head and a query position
+      const bool* allowed = M + (shared ? 0 : row * P);
+      keys.clear();
+      for (int64_t j = 0; j < P; ++j)
+        if (allowed[j]) keys.push_back(j);
+      for (int64_t h = head * group; h < (head + 1) * group; ++h) {
+        widen(Q + (h * L + row) * D, D, row_q.data());
+        attend_row(row_q.data(), K + head * P * D, V + head * P * D, keys, D, static_cast<float>(scale),
+                   scores.data(), row_out.data());
+        narrow(row_out.data(), D, O + (h * L + row) * D);
+      }
+    }
+  });
+}
+
+// q [1, H, L, D], k and v [1, Hkv, P, D] (H a multiple of Hkv), all float32 or all bfloat16; mask
+// bool, [L, P] or one row [1, P] for all query rows, with any leading ones -> [1, H, L, D].
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale) {
   TORCH_CHECK(has_avx2(), "masked_attention needs AVX2 and FMA");
@@ -97,33 +147,19 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t H = q.size(1), L = q.size(2), D = q.size(3), Hkv = k.size(1), P = k.size(2);
   TORCH_CHECK(k.size(3) == D && D % 8 == 0 && Hkv > 0 && H % Hkv == 0,
               "masked_attention: the head size must match and be a multiple of 8, and H a multiple of Hkv");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
-                  q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
-              "masked_attention takes float32 CPU tensors");
-  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.numel() == L * P && mask.size(-1) == P &&
-                  mask.size(-2) == L,
-              "masked_attention takes a bool mask [1, 1, L, P] shared by all heads");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
+                  v.scalar_type() == dtype && q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "masked_attention takes float32 or bfloat16 CPU tensors, all of one dtype");
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() >= 2 && mask.size(-1) == P &&
+                  (mask.size(-2) == L || mask.size(-2) == 1) && mask.numel() == mask.size(-2) * P,
+              "masked_attention takes a bool mask [L, P] (or [1, P]) shared by all heads");
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), allowed = mask.contiguous();
   at::Tensor out = at::empty({1, H, L, D}, q.options());
-  const float *Q = qc.data_ptr<float>(), *K = kc.data_ptr<float>(), *V = vc.data_ptr<float>();
-  const bool* M = allowed.data_ptr<bool>();
-  float* O = out.data_ptr<float>();
-  const int64_t group = H / Hkv;
-  at::parallel_for(0, Hkv * L, 1, [&](int64_t first, int64_t last) {
-    std::vector<int64_t> keys;
-    std::vector<float> scores(P + 8);
-    for (int64_t item = first; item < last; ++item) {
-      const int64_t head = item / L, row = item % L;  // a key/value head and a query position
-      keys.clear();
-      for (int64_t j = 0; j < P; ++j)
-        if (M[row * P + j]) keys.push_back(j);
-      const float* k_head = K + head * P * D;
-      const float* v_head = V + head * P * D;
-      for (int64_t h = head * group; h < (head + 1) * group; ++h)
-        attend_row(Q + (h * L + row) * D, k_head, v_head, keys, D, static_cast<float>(scale), scores.data(),
-                   O + (h * L + row) * D);
-    }
-  });
+  if (dtype == at::kFloat)
+    attend<float>(qc, kc, vc, allowed, scale, out);
+  else
+    attend<at::BFloat16>(qc, kc, vc, allowed, scale, out);
   return out;
 }
 
