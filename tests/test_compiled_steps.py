@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 import torch
 from tiny import build_drafter, build_target
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._inductor.graph import GraphLowering
 from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
@@ -100,6 +101,27 @@ def test_without_the_attention_kernel_compiled_steps_take_sdpa_and_decode_as_the
     assert all(compiled_shapes(compiled).values())
     assert codes and not any("dflash_cpu.masked_attention" in code for code in codes)
     assert any("scaled_dot_product" in code for code in codes)
+    torch._dynamo.reset()
+
+
+def test_longer_steps_of_library_gemms_share_one_trace_and_decode_as_the_eager_ones(small_pair):
+    """After a second length, a step's length is symbolic: every later block size reuses that trace
+    (each trace of a real target costs seconds), and decodes token for token as plain decoding."""
+    eager, drafter = small_pair
+    torch._dynamo.reset()
+    compiled = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = run(eager, ids, None, max_new_tokens=24).output_ids
+    codes, traced = [], []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        for block in (4, 3, 2):
+            assert run(compiled, ids, drafter, max_new_tokens=24, block_size=block).output_ids == plain
+            traced.append(len(codes))
+    # Block 4: its draft and verify steps; block 3: both again, length symbolic; block 2: the draft
+    # step alone, whose block of one noise token is a size-1 dimension dynamo specializes.
+    assert traced == [2, 4, 5]
+    assert len(_debug_get_cache_entry_list(Target._step.__code__)) == 2  # the verify: block 4, then any length
+    assert sum(1 for key in compiled.graphs.graphs if key[0][0] == "verify") == 3 and all(compiled_shapes(compiled).values())
     torch._dynamo.reset()
 
 

@@ -25,9 +25,9 @@ from ..race.lanes import LABELS
 
 COMPILED_LANES = ("dflash", "plain", "lookup")
 # Positions the compiled lanes' static KV caches hold: a race of up to this many less a block (prompt
-# and new tokens) runs compiled. The target's attention skips the unused ones (the masked-attention
-# kernel), the drafter's does not: on the default pair DFlash ran 2% slower over 1,024 than over 256
-# (docs/benchmarks.md, "Compiled lanes in the app").
+# and new tokens) runs compiled. The target's and the drafter's attention skip the unused ones (the
+# masked-attention kernel), so the capacity costs memory, not speed (docs/benchmarks.md, "Compiled
+# lanes in the app").
 POSITIONS = 1024
 # `library`: the linears stay the engine's (the CPU rows kernel and oneDNN's packed weights), so a
 # compiled step holds no copy of the weights and compiles in seconds. `template` runs faster steps,

@@ -2,8 +2,10 @@
 
 A plain decoding step of a small target on a CPU is mostly weight streaming, plus a Python and
 dispatcher cost per module and per small op (RMSNorm, RoPE, SiLU, the cache write) that repeats in
-every layer; on a CPU there is no CUDA graph to replay them. Inductor traces a step once per shape
-into one function: the elementwise ops fuse into a few C++ loops and the module calls disappear.
+every layer; on a CPU there is no CUDA graph to replay them. Inductor traces a step into one
+function: the elementwise ops fuse into a few C++ loops and the module calls disappear. A
+one-token step is traced for its shape; steps of more tokens (`library` GEMMs) once for every
+length, which is then symbolic.
 
 The linears of a CPU step run one of two ways (`gemms`):
 
@@ -100,7 +102,14 @@ class CompiledBackend:
             options, settings = {**OPTIONS, **TEMPLATE_CONFIG}, _template_settings
         else:
             options, settings = OPTIONS, contextlib.nullcontext
-        compiled = torch.compile(step, fullgraph=True, dynamic=False, options=options)
+        # `library` steps trace once per kind of step, not per length: dynamo's automatic dynamic
+        # shapes retrace a step whose length changed with that size symbolic (lengths of 2 and up;
+        # 1 stays its own), and each later length reuses it, at the same cost per step, since the
+        # rows and attention kernels take any number of rows. Each trace of a 30-layer target
+        # costs seconds of dynamo's time (docs/benchmarks.md, "Compiled lanes in the app").
+        # `template` GEMMs are packed and timed for one shape each.
+        dynamic = False if self.gemms == "template" and on_cpu else None
+        compiled = torch.compile(step, fullgraph=True, dynamic=dynamic, options=options)
         with settings():
             outputs = compiled(*inputs)
         return (compiled, inputs, settings), outputs
