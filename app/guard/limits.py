@@ -45,7 +45,8 @@ class Limits:
     # minute, in a burst or spread out: a page sends 5 on loading and 2 per race
     queue_requests_per_min: int = 300
     # requests to the routes Gradio answers at once, outside the queue (Stop, Pause, Step, tab
-    # switches, the status line's tick every 3 s while a pair compiles): a page sends about 5 on loading
+    # switches, the status line's tick every 3 s while a pair compiles): a page without a model sends
+    # 3 on loading
     direct_requests_per_min: int = 1200
     session_capacity: int = 200  # sessions whose last outputs Gradio keeps in memory (it drops the oldest)
     # Addresses of a reverse proxy whose X-Forwarded-For names the visitor ("": none; every visitor

@@ -47,8 +47,9 @@ from ..errors import ConfigError
 from .cpu_linear import traced_as_linear
 from .kernels import cpu_attention
 
-# A run compiles one verify shape per block size (1 to 16 with the block schedule), per target
-# wrapper, plus the draft step; past dynamo's default of 8 per function, new shapes would run eagerly.
+# With `template` GEMMs a run compiles one verify shape per block size (1 to 16 with the block
+# schedule), per target wrapper, plus the draft step; past dynamo's default of 8 per function, new
+# shapes would run eagerly.
 RECOMPILE_LIMIT = 64
 # Dynamo checks its guards before every call, and on a 30-layer model those on the modules' weights
 # and attributes took 1.6 ms a step (0.3 ms without them). A target and a drafter are frozen while
