@@ -247,14 +247,18 @@ def test_the_file_route_refuses_a_url(served_replays):
 def test_uploads_are_bounded_per_request_and_per_visitor(served_replays):
     demo, url = served_replays
     uploads = Path(demo.dflash_app.traces.served or "/nonexistent")
-    before = sum(1 for _ in uploads.rglob("*")) if uploads.is_dir() else 0
+
+    def stored() -> list[Path]:
+        # This request's files only: other test processes' servers write into the same upload folder.
+        return sorted(uploads.rglob("t[0-2].json")) if uploads.is_dir() else []
+
+    before = stored()
     eight_mb = b"{" + b" " * 8_000_000 + b"}"
     with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.4"), timeout=60) as http:
         many = http.post(f"{url}gradio_api/upload", files=[("files", (f"t{i}.json", eight_mb, "application/json"))
                                                            for i in range(3)])
         assert many.status_code == 413 and "one trace file of at most 20 MB" in many.text
-        after = sum(1 for _ in uploads.rglob("*")) if uploads.is_dir() else 0
-        assert after == before  # refused before anything was stored
+        assert stored() == before  # refused before anything was stored
         small = b'{"x": "' + b"y" * 600_000 + b'"}'
         assert http.post(f"{url}gradio_api/upload", files={"files": ("a.json", small, "application/json")}).status_code == 200
         again = http.post(f"{url}gradio_api/upload", files={"files": ("b.json", small, "application/json")})
