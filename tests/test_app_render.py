@@ -253,3 +253,39 @@ def test_frames_wait_for_the_browser_to_draw_the_last_one():
     pacer.sent(20_000, started=0.4)
     pacer.wait(sleep=waited.append)
     assert waited == [pytest.approx(0.1)]
+
+
+def test_a_chart_frame_gives_the_browser_longer_to_draw():
+    from types import SimpleNamespace
+
+    from app.view.frames import CHART_DRAW_S, FramePacer
+
+    now = [0.0]
+    pacer = FramePacer(bytes_per_s=100_000, clock=lambda: now[0])
+    pacer.sent(50_000, charts=True)  # plotly redraws every figure on top of the HTML
+    now[0] = 0.5
+    assert not pacer.due(SimpleNamespace(done=False, paused=False))
+    assert pacer.next == pytest.approx(0.5 + CHART_DRAW_S)
+
+
+def test_a_running_strip_draws_the_rows_its_box_shows_and_a_finished_one_its_last_40():
+    from app.race.interleave import Snapshot
+    from app.view.frames import race_frame
+
+    blocks = [block(i, [2, 1, 4], accepted=1, bonus=5, position=4 * i) for i in range(50)]
+    lanes = {"dflash": view(blocks), "plain": view([], name="plain", block_size=1)}
+
+    class Tokenizer:
+        def decode(self, ids, **_):
+            return "".join(map(text_of, ids))
+
+    pieces = {lane: TokenPieces(Tokenizer()) for lane in lanes}
+
+    def strip(snapshot):
+        return race_frame(snapshot, pieces, text_of, None, False).panes["dflash"].strip
+
+    running = strip(Snapshot(lanes, 1.0, False))
+    assert running.count("strip-head") == render.RUNNING_STRIP_ROWS
+    assert "#50 · " in running and f"… {50 - render.RUNNING_STRIP_ROWS} earlier blocks" in running
+    paused = strip(Snapshot(lanes, 1.0, False, paused=True))  # still: the box scrolls, hover boxes come
+    assert paused.count("strip-head") == render.STRIP_ROWS == 40 and "#11 · " in paused and "#50 · " in paused

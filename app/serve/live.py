@@ -178,8 +178,9 @@ class LiveRace:
                     continue
                 if snapshot.done or not drawn.due(snapshot):  # the browser is still drawing the last frame
                     continue
-                frame = race_frame(snapshot, race.pieces, race.text_of, None, pacer.due(snapshot), viewer, running=running)
-                drawn.sent(frame.html_bytes())
+                charts = pacer.due(snapshot)
+                frame = race_frame(snapshot, race.pieces, race.text_of, None, charts, viewer, running=running)
+                drawn.sent(frame.html_bytes(), charts=charts)
                 yield frame, None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
             raise visitor_error(failure_message(exc, device)) from None

@@ -10,7 +10,7 @@ faster, and frames and charts are drawn less often the bigger the recording, so 
 drawing work stays proportional to its size; a frame of n bytes (each within the budgets of
 `view/budget.py`) takes at least n x (replays playing) / BYTES_DRAWN_PER_S seconds, its drawing
 included, before the next is drawn: all replays together draw at most BYTES_DRAWN_PER_S, and each
-browser is sent no more than it draws (`view/frames.BROWSER_BYTES_PER_S`). Any failure while loading or playing a trace reaches the visitor as a message.
+browser is sent no more than it draws (`view/frames.draw_s`). Any failure while loading or playing a trace reaches the visitor as a message.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from ..race.control import Controls
 from ..race.interleave import FRAME_S, race
 from ..view import texts
 from ..view.frames import (
-    BROWSER_BYTES_PER_S,
     CHART_EVERY_S,
     ChartPacer,
     Frame,
+    draw_s,
     html_bytes,
     note_frame,
     race_frame,
@@ -275,7 +275,8 @@ class Playback:
                     snapshot, pieces, recording.text_of, None, with_charts, control.viewer, running=running
                 ).values()
                 size = html_bytes(values)  # the server's rate shared by the replays, and the browser's own
-                next_frame = started + max(size * max(1, self.slots.playing) / BYTES_DRAWN_PER_S, size / BROWSER_BYTES_PER_S)
+                next_frame = started + max(size * max(1, self.slots.playing) / BYTES_DRAWN_PER_S,
+                                           draw_s(size, with_charts))
                 yield values
         time.sleep(max(0.0, next_frame - time.perf_counter()))
         yield race_frame(snapshot, pieces, recording.text_of, recording.report(), True, control.viewer, note=note).values()

@@ -32,6 +32,11 @@ CHART_EVERY_S = 1.5
 # (the classroom case): frames sent faster queue up in the page, and a click on Stop or Pause waits
 # behind them (docs/app.md, "Responsiveness").
 BROWSER_BYTES_PER_S = 300_000
+# What a chart frame costs the browser beyond its HTML: plotly redraws every figure. Beside a quiet
+# server a race's first chart frame (42-52 KB of HTML) held chromium's main thread 466-630 ms, its
+# second (86 KB) 319 ms, while 300 KB/s gives that HTML 140-290 ms
+# (dev/measurements/stop-under-load-2026-12-07/long-tasks.txt).
+CHART_DRAW_S = 0.4
 
 
 def _keep():
@@ -102,11 +107,15 @@ def html_bytes(values: tuple) -> int:
     return sum(len(value.encode()) for value in values if isinstance(value, str))
 
 
+def draw_s(size: int, charts: bool = False, bytes_per_s: float = BROWSER_BYTES_PER_S) -> float:
+    """Seconds a browser takes to draw a frame of `size` bytes of HTML, and its charts."""
+    return size / bytes_per_s + (CHART_DRAW_S if charts else 0.0)
+
+
 class FramePacer:
-    """Says which snapshots of a running race become frames: after a frame of n bytes of HTML, the
-    next waits n / `bytes_per_s` seconds, the time a browser takes to draw it; a snapshot that pauses
-    or ends the race is always drawn. Each frame redraws the panes whole, so a skipped snapshot
-    loses nothing."""
+    """Says which snapshots of a running race become frames: after a frame, the next waits the time
+    a browser takes to draw it (`draw_s`); a snapshot that pauses or ends the race is always drawn.
+    Each frame redraws the panes whole, so a skipped snapshot loses nothing."""
 
     def __init__(self, bytes_per_s: float = BROWSER_BYTES_PER_S, clock=time.perf_counter):
         self.bytes_per_s, self.clock = bytes_per_s, clock
@@ -119,9 +128,11 @@ class FramePacer:
         """Until the browser can have drawn the last frame."""
         sleep(max(0.0, self.next - self.clock()))
 
-    def sent(self, size: int, started: float | None = None) -> None:
-        """A frame of `size` bytes went out; its time counts from `started` (default: now)."""
-        self.next = (self.clock() if started is None else started) + size / self.bytes_per_s
+    def sent(self, size: int, started: float | None = None, charts: bool = False) -> None:
+        """A frame of `size` bytes of HTML (and charts, if `charts`) went out; its time counts from
+        `started` (default: now)."""
+        start = self.clock() if started is None else started
+        self.next = start + draw_s(size, charts, self.bytes_per_s)
 
 
 class ChartPacer:
@@ -238,7 +249,8 @@ def race_frame(
 def _panes(snap: Snapshot, pieces, text_of, report: RaceReport | None, hover: bool = True) -> Frame:
     """Every lane's stats, tokens and draft strip; the report's JSON and no trace file yet."""
     # Hover boxes with top-k lists are heavy; they go out when the viewer can hover: paused or done.
-    tips = hover and (snap.paused or report is not None)
+    still = snap.paused or report is not None
+    tips = hover and still
     panes = {}
     # The plain pane outlines where any drafting lane first parts from it.
     others = "DFlash" if len(snap.lanes) == 2 else "a drafting lane"
@@ -251,7 +263,8 @@ def _panes(snap: Snapshot, pieces, text_of, report: RaceReport | None, hover: bo
             stats=render.side_stats_html(view, lane_title(name, view.block_size)),
             tokens=render.tokens_html(marks, pieces[name].extend(view.output_ids), text_of, diff, hover,
                                       others if plain else LABELS[name]),
-            strip="" if plain else render.draft_strip_html(view, text_of, tips=tips),
+            strip="" if plain else render.draft_strip_html(
+                view, text_of, render.STRIP_ROWS if still else render.RUNNING_STRIP_ROWS, tips=tips),
         )
     return Frame(panes=panes, report=None if report is None else report.to_dict(), trace_file=None)
 

@@ -193,7 +193,14 @@ def _token_span(mark: TokenMark, piece: str, i: int, text_of, diff_at: int | Non
     return f'<span class="{kind}"{data}{hover}{style}>{html.escape(piece)}{tip}</span>'
 
 
-def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 40, tips: bool = False) -> str:
+# The rows the strip's box (14em) shows without scrolling. A running race's strip draws no more: the
+# frame after redraws the box scrolled to its top, so rows past these would never be seen, and the
+# browser draws a frame in the time its HTML takes (`view/frames.py`).
+RUNNING_STRIP_ROWS = 8
+STRIP_ROWS = 40  # a paused or finished race's strip: the box scrolls
+
+
+def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = STRIP_ROWS, tips: bool = False) -> str:
     """Per block: what the drafter proposed, accepted in green, rejected in red, then the bonus; a
     scheduled block's drafts past those verified (`Block.verified`) are outlined, not verified.
 
