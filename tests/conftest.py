@@ -19,6 +19,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import tiny`
 
+from alone import pytest_runtest_protocol  # noqa: E402, F401  (the `alone` marker's locks)
 from tiny import build_drafter, build_target  # noqa: E402
 
 from dflash_core import DFlashDrafter, Target  # noqa: E402
@@ -28,6 +29,7 @@ torch.set_num_threads(1)
 
 # The reference implementation's traces, copied into the repository (see golden/README.md).
 GOLDEN = Path(__file__).resolve().parent / "golden"
+
 
 
 @pytest.fixture(scope="module")
