@@ -165,7 +165,8 @@ def stop_during_long_race(url: str, max_new_tokens: int = 512, after_tokens: int
     the click (`click_s`: until playwright's click has landed), the stop (`stopped_s`: from the click
     until the race's last frame is on screen, as playwright sees it) and, timed in the page,
     `page_s`: from the click event to the summary saying "Stopped". Returns those, the tokens on
-    screen when Stop was clicked and after, and the summary (stopped, or finished first)."""
+    screen when Stop was clicked and after, the summary (stopped, or finished first), and `newest`:
+    whether DFlash's pane and strip scroll and show their newest token and row."""
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
         set_max_new_tokens(page, max_new_tokens)
@@ -193,7 +194,18 @@ def stop_during_long_race(url: str, max_new_tokens: int = 512, after_tokens: int
         times = page.evaluate("window.__stopTimes")
         return {"page_s": round((times.get("shown", 0) - times.get("click", 0)) / 1000, 3),"click_s": round(click_s, 3), "stopped_s": round(stopped_s, 3), "tokens_at_click": shown,
                 "tokens_after": page.evaluate("document.querySelectorAll('#dflash-tokens .tok').length"),
-                "summary": page.locator("#summary").inner_text()}
+                "summary": page.locator("#summary").inner_text(), "newest": page.evaluate(NEWEST_IN_VIEW)}
+
+
+# For DFlash's pane and strip: whether its box scrolls (more than it shows), and whether its newest
+# token or row is inside the box.
+NEWEST_IN_VIEW = """() => Object.fromEntries([['pane', '#dflash-tokens .dflash-pane', '.tok'],
+                                            ['strip', '#dflash-strip .strip-rows', '.strip-head']].map(([name, box, item]) => {
+  const outer = document.querySelector(box), items = outer.querySelectorAll(item);
+  const b = outer.getBoundingClientRect(), last = items[items.length - 1].getBoundingClientRect();
+  return [name, {scrolls: outer.scrollHeight > outer.clientHeight + 1,
+                 in_view: last.top >= b.top - 1 && last.bottom <= b.bottom + 1}];
+}))"""
 
 
 def _bonus_count(page) -> int:

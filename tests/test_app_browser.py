@@ -82,6 +82,9 @@ def test_browser_stop_answers_within_a_second_during_a_512_token_race(long_race_
     # Timed in the page, from the click event to the summary saying "Stopped" (playwright's own
     # polling of a busy page adds up to half a second that a visitor does not wait).
     assert 0 < seen["page_s"] < 1.0, seen
+    # The finished strip's 40 rows scroll; it opens on the newest, as the pane does once it scrolls.
+    assert seen["newest"]["strip"] == {"scrolls": True, "in_view": True}, seen
+    assert seen["newest"]["pane"]["in_view"], seen
 
 
 STEP_REPLY_DELAY_S = 2.0

@@ -47,14 +47,18 @@ STRIP_CSS = "".join(f".chip-{kind} {{ background: {color}; }}\n" for kind, color
 .chip-rejected {{ text-decoration: line-through; opacity: 0.55; }}
 .chip-rejected.chip-cut {{ opacity: 1; }}
 .chip-unverified {{ {_UNVERIFIED}; color: #555; }}
-.strip-rows {{ font-family: ui-monospace, monospace; font-size: 12px; max-height: 14em; overflow: auto; }}
-.strip-rows > div {{ white-space: nowrap; }}
+.strip-rows {{ font-family: ui-monospace, monospace; font-size: 12px; max-height: 14em; overflow: auto;
+  display: flex; flex-direction: column-reverse; }}
+.strip-list > div {{ white-space: nowrap; }}
 .strip-head {{ color: #556; display: inline-block; min-width: 17em; }}
 """
 
+# A scrolling box whose one child is laid out column-reverse opens scrolled to its end: every frame
+# redraws a pane and a strip, and their newest tokens and rows stay in view (`.strip-rows` too).
 _PANE = (
     "font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:14px;line-height:1.9;"
     "white-space:pre-wrap;word-break:break-word;min-height:7em;max-height:26em;overflow-y:auto;"
+    "display:flex;flex-direction:column-reverse;"
     "padding:8px;border:1px solid #ccd;border-radius:6px;background:#fff;color:#111"
 )
 
@@ -176,7 +180,7 @@ def tokens_html(
         spans.append(span)
     skipped = count - len(spans)
     more = f'<div style="color:#889">… {skipped} earlier tokens not drawn</div>' if skipped else ""
-    return f'<div class="dflash-pane" style="{_PANE}">{more}{"".join(reversed(spans))}</div>'
+    return f'<div class="dflash-pane" style="{_PANE}"><div>{more}{"".join(reversed(spans))}</div></div>'
 
 
 def _token_span(mark: TokenMark, piece: str, i: int, text_of, diff_at: int | None, lane: str, tip: str) -> str:
@@ -193,9 +197,9 @@ def _token_span(mark: TokenMark, piece: str, i: int, text_of, diff_at: int | Non
     return f'<span class="{kind}"{data}{hover}{style}>{html.escape(piece)}{tip}</span>'
 
 
-# The rows the strip's box (14em) shows without scrolling. A running race's strip draws no more: the
-# frame after redraws the box scrolled to its top, so rows past these would never be seen, and the
-# browser draws a frame in the time its HTML takes (`view/frames.py`).
+# The rows the strip's box (14em) shows without scrolling. A running race's strip draws no more:
+# the next frame redraws the box within a fraction of a second, so older rows could not be scrolled
+# to and read, and the browser draws a frame in the time its HTML takes (`view/frames.py`).
 RUNNING_STRIP_ROWS = 8
 STRIP_ROWS = 40  # a paused or finished race's strip: the box scrolls
 
@@ -226,8 +230,8 @@ def draft_strip_html(view: SideView, text_of: Callable[[int], str], last: int = 
     kinds = "accepted / rejected / not verified / bonus; kept / verified" if cut else "accepted / rejected / bonus"
     return (
         f'<details class="draft-strip" open><summary>Drafts per block ({kinds})</summary>'
-        f'<div class="strip-rows">{more}'
-        f"{''.join(reversed(rows))}</div></details>"
+        f'<div class="strip-rows"><div class="strip-list">{more}'
+        f"{''.join(reversed(rows))}</div></div></details>"
     )
 
 
