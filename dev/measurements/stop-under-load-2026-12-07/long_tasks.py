@@ -20,10 +20,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-import app.serve.live as live  # noqa: E402
 from browser import open_page, set_max_new_tokens  # noqa: E402
 from serve import launch_app  # noqa: E402
 from tiny import build_drafter, build_target  # noqa: E402
+
+import app.serve.live as live  # noqa: E402
 
 OBSERVE = """() => {
   window.__long = [];
