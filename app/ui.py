@@ -36,7 +36,7 @@ from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
 from .serve.lecture import Lecture
 from .serve.lessons import LESSONS, Lessons
-from .serve.live import LiveRace
+from .serve.live import STOP_WAIT_S, LiveRace
 from .serve.loading import PairLoading
 from .serve.pinning import TABS, Pinning
 from .serve.playback import MAX_SPEED, MIN_SPEED, Playback
@@ -86,9 +86,12 @@ class App:
         self.pairs, self.default_id, self.cache = self.loading.pairs, self.loading.default_id, cache
 
     def end_session(self, request: gr.Request = None) -> None:
-        """The visitor closed the page: their trace files go, and their pause state (a paused race
-        of theirs is released and ends)."""
+        """The visitor closed the page: their race ends, then their trace files go, and their pause
+        state (a paused race of theirs is released and ends)."""
         session = getattr(request, "session_hash", None)
+        # A race that has just finished may still be sending its last frame, which names its trace
+        # files: Gradio reads them after the frame leaves the race, so they go once it has ended.
+        self.live.stops.request(session, wait_s=STOP_WAIT_S)
         self.traces.end_session(session)
         self.controls.drop(session)
 

@@ -172,6 +172,26 @@ def test_trace_files_live_outside_every_folder_gradio_serves_under_unguessable_n
     assert not any(p.exists() for p in handed) and not store.files()
 
 
+def test_closing_the_page_ends_its_race_before_the_trace_files_its_last_frame_names_go(demo, shipped):
+    app = app_of(demo)
+    handed = Path(app.traces.write("carol", shipped))
+    running, seen = threading.Event(), []
+
+    def last_frame():  # a race that has just sent its last frame, which names `handed`
+        with app.live.stops.running("carol") as stop:
+            running.set()
+            stop.wait(5)
+            time.sleep(0.2)  # Gradio reads the files a frame names after the race has yielded it
+            seen.append(handed.exists())
+
+    race_thread = threading.Thread(target=last_frame)
+    race_thread.start()
+    running.wait(5)
+    app.end_session(SimpleNamespace(session_hash="carol"))
+    race_thread.join(5)
+    assert seen == [True] and not handed.exists()
+
+
 def test_one_session_can_neither_replay_nor_claim_another_sessions_trace(demo, shipped):
     app = app_of(demo)
     alices = app.traces.write("alice", shipped)
