@@ -36,7 +36,7 @@ from .serve.diagnosis import Diagnosis
 from .serve.examples import EXAMPLES
 from .serve.lecture import Lecture
 from .serve.lessons import LESSONS, Lessons
-from .serve.live import STOP_WAIT_S, LiveRace
+from .serve.live import LiveRace
 from .serve.loading import PairLoading
 from .serve.pinning import TABS, Pinning
 from .serve.playback import MAX_SPEED, MIN_SPEED, Playback
@@ -91,7 +91,7 @@ class App:
         session = getattr(request, "session_hash", None)
         # A race that has just finished may still be sending its last frame, which names its trace
         # files: Gradio reads them after the frame leaves the race, so they go once it has ended.
-        self.live.stops.request(session, wait_s=STOP_WAIT_S)
+        self.live.stop(request)
         self.traces.end_session(session)
         self.controls.drop(session)
 

@@ -31,7 +31,6 @@ torch.set_num_threads(1)
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
-
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for the module, restored after: code under test (the app, `--threads`) may set it."""

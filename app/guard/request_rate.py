@@ -10,8 +10,8 @@ compiles; `cancel`, `reset`) run their handler at once, in a worker thread, whoe
 routes, refilled at `per_min` / 60 a second; a request finding it empty is answered 429 by the HTTP
 guard before Gradio sees it. A browser page sends 5 queue requests on loading and 2 per race, and
 direct ones on loading (3 for a page without a model), one per click and one every 3 s while its
-pair compiles, so the defaults leave room for a class behind one address loading the page at once. The table holds the
-`max_visitors` seen last.
+pair compiles, so the defaults leave room for a class behind one address loading the page at once.
+The table holds the `max_visitors` seen last.
 
 A refusal still costs the server its HTTP parsing, about half a millisecond, and a client that
 sends the next request as soon as the last is answered would keep a core busy with them. So a
