@@ -32,10 +32,8 @@ CHART_EVERY_S = 1.5
 # (the classroom case): frames sent faster queue up in the page, and a click on Stop or Pause waits
 # behind them (docs/app.md, "Responsiveness").
 BROWSER_BYTES_PER_S = 300_000
-# What a chart frame costs the browser beyond its HTML: plotly redraws every figure. Beside a quiet
-# server a race's first chart frame (42-52 KB of HTML) held chromium's main thread 466-630 ms, its
-# second (86 KB) 319 ms, while 300 KB/s gives that HTML 140-290 ms
-# (dev/measurements/stop-under-load-2026-12-07/long-tasks.txt).
+# What a chart frame costs the browser beyond its HTML: plotly redraws every figure, which takes
+# longer than any text frame (docs/app.md, "Responsiveness").
 CHART_DRAW_S = 0.4
 
 
