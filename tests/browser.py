@@ -531,9 +531,14 @@ def replay_screenshots(url: str, out: Path, cycles: int = 16, timeout_s: float =
         box = page.locator("#replay-speed input[type=number]")
         box.fill("1")
         box.press("Enter")
+        # The run the page started on loading has drawn `shown` tokens, and its last frame can arrive
+        # after the restart emptied the pane: the restarted run is the one with fewer tokens.
+        shown = page.locator("#dflash-tokens .tok").count()
         page.locator("#replay-run").click()
-        page.wait_for_selector("#summary :text('Replaying')")
-        page.wait_for_function(f"document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {cycles}")
+        page.wait_for_function(
+            f"document.querySelectorAll('#dflash-tokens .tok').length < {shown}"
+            f" && document.querySelectorAll('#dflash-tokens .tok-bonus').length >= {cycles}"
+        )
         page.locator("#pause").click()
         page.wait_for_selector("#control-status :text('Paused')")
         page.wait_for_timeout(1500)
