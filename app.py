@@ -146,7 +146,13 @@ def main(argv=None) -> None:
         from app.hosting.space import load_every_pair
 
         load_every_pair(cache, pairs)
-    serve(demo, args, mcp_server=args.mcp)
+        serve(demo, args, mcp_server=args.mcp)
+        return
+    # The page opens on the default pair: once the server answers, it loads (and a CPU pair's lanes
+    # compile) while nobody waits, where a visitor's first page would have started it.
+    default = next((p for p in pairs if p.id == default_id), None)
+    started = (lambda: cache.load_in_background(default)) if default is not None and default.kind == "local" else None
+    serve(demo, args, started=started, mcp_server=args.mcp)
 
 
 def serve_replay(args) -> None:
@@ -163,15 +169,20 @@ def serve_replay(args) -> None:
     serve(demo, args)
 
 
-def serve(demo, args, **launch) -> None:
-    """Launch `demo` until Ctrl-C or SIGTERM; both close the server, which deletes its trace files."""
+def serve(demo, args, started=None, **launch) -> None:
+    """Launch `demo` until Ctrl-C or SIGTERM; both close the server, which deletes its trace files.
+    `started` (if given) is called once the server answers."""
     import signal
 
     from app.ui import launch_options
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a KeyboardInterrupt: Gradio then closes cleanly
     try:
-        demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options(demo), **launch)
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
+                    **launch_options(demo), **launch)
+        if started is not None:
+            started()
+        demo.block_thread()
     except KeyboardInterrupt:  # before Gradio's own wait for it has begun
         pass
     finally:  # the server's own shutdown may be cut short by streams still open: the files go here too

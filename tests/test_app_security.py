@@ -363,6 +363,14 @@ def test_mcp_is_off_on_a_space_unless_turned_on(monkeypatch):
 
         def launch(self, **kwargs):
             launched.update(kwargs)
+            launched["events"] = ["launched"]
+
+        def block_thread(self):
+            launched["events"].append("served")
+
+    class FakeCache:
+        def load_in_background(self, spec):
+            launched["events"].append(f"loading {spec.id}")
 
     import app.hosting.space
     import app.pairs.models
@@ -373,7 +381,7 @@ def test_mcp_is_off_on_a_space_unless_turned_on(monkeypatch):
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", get_upload_folder())
     monkeypatch.setattr(app.hosting.space, "install_default_target", lambda: None)
-    monkeypatch.setattr(app.pairs.models, "PairCache", lambda *a, **k: None)
+    monkeypatch.setattr(app.pairs.models, "PairCache", lambda *a, **k: FakeCache())
     monkeypatch.setattr(app.ui, "build_demo", lambda *a, **k: FakeDemo())
     monkeypatch.setattr("signal.signal", lambda *a: None)
     import torch
@@ -382,6 +390,8 @@ def test_mcp_is_off_on_a_space_unless_turned_on(monkeypatch):
     try:
         launcher.main([])
         assert launched["mcp_server"] is False
+        # Not ZeroGPU: the default pair starts loading once the server answers, before it serves on.
+        assert launched["events"] == ["launched", "loading smollm2-135m", "served"]
         monkeypatch.setenv("GRADIO_MCP_SERVER", "True")
         launcher.main([])
         assert launched["mcp_server"] is True

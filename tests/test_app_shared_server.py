@@ -397,9 +397,10 @@ def test_uploads_go_when_a_server_that_answered_mcp_stops(tmp_path, tiny_dirs):
     port = free_port()
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     env.pop("GRADIO_TEMP_DIR", None)
-    proc = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--target", str(tiny_dirs[0]), "--drafter",
-                             str(tiny_dirs[1]), "--mcp", "--port", str(port), "--threads", "1"],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    log = tmp_path / "app.log"
+    proc = subprocess.Popen([sys.executable, "-u", str(REPO / "app.py"), "--target", str(tiny_dirs[0]), "--drafter",
+                             str(tiny_dirs[1]), "--mcp", "--port", str(port), "--threads", "1", "--no-compile"],
+                            cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.time() + 180
@@ -409,6 +410,13 @@ def test_uploads_go_when_a_server_that_answered_mcp_stops(tmp_path, tiny_dirs):
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)
+        # The selected pair loads once the server answers, before any page asks for it.
+        while time.time() < deadline and "loaded in" not in log.read_text():
+            time.sleep(0.2)
+        lines = log.read_text().splitlines()
+        serving = next(i for i, line in enumerate(lines) if "Running on local URL" in line)
+        loaded = next(i for i, line in enumerate(lines) if "loaded in" in line)
+        assert serving < loaded and lines[loaded].startswith(f"DFlash Studio: {tiny_dirs[0].name}")
         asyncio.run(_any_mcp_call(f"{url}gradio_api/mcp/"))
         answer = httpx.post(f"{url}gradio_api/upload", files={"files": ("left-behind.json", b"{}", "application/json")},
                             timeout=30)
@@ -418,6 +426,26 @@ def test_uploads_go_when_a_server_that_answered_mcp_stops(tmp_path, tiny_dirs):
         assert not list(tmp_path.rglob("left-behind.json"))
     finally:
         proc.kill()
+
+
+def test_a_pair_loaded_in_the_background_is_the_one_a_visitor_gets_and_a_failure_is_logged(tiny_dirs, tmp_path,
+                                                                                            one_thread):
+    from dataclasses import replace
+
+    from app.pairs.models import PairCache
+    from app.pairs.registry import cli_pair
+
+    cache, said = PairCache("cpu", warm_up=False), []
+    spec = cli_pair(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    thread = cache.load_in_background(spec, log=said.append)
+    visitor = cache.get(spec)  # a visitor in the middle of the load waits for it
+    thread.join(60)
+    assert not thread.is_alive() and cache.get(spec) is visitor
+    assert said == [f"DFlash Studio: {spec.label} loaded in {visitor.load_s:.1f} s"]
+    broken = replace(cli_pair(str(tiny_dirs[0]), str(tmp_path / "no-drafter")), id="broken")
+    cache.load_in_background(broken, log=said.append).join(60)
+    assert not cache.is_loaded(broken)
+    assert said[1].startswith(f"DFlash Studio: {broken.label} did not load at start-up: ") and "no-drafter" in said[1]
 
 
 # --- item 14: a second drafter of the same target does not load the target again -------------------------

@@ -6,6 +6,7 @@ lanes keep separate KV caches while sharing memory.
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -265,6 +266,24 @@ class PairCache:
                 loaded.compiled.start(loaded.lock)
             self._pairs[spec.id] = loaded
             return loaded
+
+    def load_in_background(self, spec: PairSpec, log=functools.partial(print, flush=True)) -> threading.Thread:
+        """Load `spec` on a daemon thread, so that the first visitor finds it ready and, on a CPU, its
+        lanes compiled or compiling; a visitor who comes sooner waits for this load, not a second one.
+        A failure is logged, and a visitor's own load then reports it."""
+
+        def work():
+            try:
+                pair = self.get(spec)
+            except Exception as exc:  # noqa: BLE001 - logged; the app serves on, and says why when asked
+                log(f"DFlash Studio: {spec.label} did not load at start-up: {exc}")
+                return
+            compiling = ", its lanes compiling in the background" if pair.compiled is not None else ""
+            log(f"DFlash Studio: {spec.label} loaded in {pair.load_s:.1f} s{compiling}")
+
+        thread = threading.Thread(target=work, name=f"load {spec.id}", daemon=True)
+        thread.start()
+        return thread
 
     def check_fits(self, size: PairSize, spec: PairSpec, on_device: bool) -> None:
         """Refuse (`DoesNotFitError`) a pair that cannot fit even once the loaded pairs are freed."""
