@@ -157,7 +157,15 @@ def run_race_in_browser(
             "token_background": page.locator("#dflash-tokens .tok").first.evaluate(
                 "el => getComputedStyle(el).backgroundColor"
             ),
+            "first_token_below_top": page.evaluate(FIRST_TOKEN_BELOW_TOP),
         }
+
+
+# For each lane's pane: px from the box's top to its first token's (a short text starts at the top).
+FIRST_TOKEN_BELOW_TOP = """() => Object.fromEntries([...document.querySelectorAll('[id$="-tokens"] .dflash-pane')]
+  .filter(box => box.querySelector('.tok'))
+  .map(box => [box.closest('[id$="-tokens"]').id.replace('-tokens', ''),
+               Math.round(box.querySelector('.tok').getBoundingClientRect().top - box.getBoundingClientRect().top)]))"""
 
 
 def stop_during_long_race(url: str, max_new_tokens: int = 512, after_tokens: int = 128, timeout_s: float = 180.0) -> dict:

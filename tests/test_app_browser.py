@@ -45,6 +45,9 @@ def test_browser_runs_a_race_and_shows_colored_tokens_and_charts(app_url):
     assert "identical" in seen["summary"] and '"tau"' in seen["report"]
     assert shot.stat().st_size > 10_000
     assert seen["lanes_visible"] == ["dflash", "plain"]  # the added lanes' panes stay hidden
+    # Each pane opens on its newest token (a column-reverse box) and a text shorter than the box starts at its top.
+    assert seen["first_token_below_top"].keys() >= {"dflash", "plain"}
+    assert all(px <= 16 for px in seen["first_token_below_top"].values()), seen["first_token_below_top"]
 
 
 @pytest.mark.slow

@@ -61,6 +61,9 @@ _PANE = (
     "display:flex;flex-direction:column-reverse;"
     "padding:8px;border:1px solid #ccd;border-radius:6px;background:#fff;color:#111"
 )
+# Column-reverse packs a short text at the box's bottom: the text's box grows to fill the pane, and
+# the text starts at its top.
+_PANE_TEXT = "flex:1 0 auto"
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ def tokens_html(
     within PANE_TIPS_BYTES (read from `tips` only for those); a line says how many earlier
     tokens were left out."""
     if not marks:
-        return f'<div class="dflash-pane" style="{_PANE}"><span style="color:#889">waiting for tokens…</span></div>'
+        return f'<div class="dflash-pane" style="{_PANE}"><div style="{_PANE_TEXT};color:#889">waiting for tokens…</div></div>'
     count = min(len(marks), len(pieces))
     spans, left, tips_left = [], PANE_BYTES, PANE_TIPS_BYTES if tips else 0
     for i in range(count - 1, -1, -1):
@@ -180,7 +183,7 @@ def tokens_html(
         spans.append(span)
     skipped = count - len(spans)
     more = f'<div style="color:#889">… {skipped} earlier tokens not drawn</div>' if skipped else ""
-    return f'<div class="dflash-pane" style="{_PANE}"><div>{more}{"".join(reversed(spans))}</div></div>'
+    return f'<div class="dflash-pane" style="{_PANE}"><div style="{_PANE_TEXT}">{more}{"".join(reversed(spans))}</div></div>'
 
 
 def _token_span(mark: TokenMark, piece: str, i: int, text_of, diff_at: int | None, lane: str, tip: str) -> str:
