@@ -23,15 +23,19 @@ from app.serve.examples import EXAMPLES
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:7860/")
-    p.add_argument("--pair", default=None, help="pair id to select first (app/pairs/pairs.json); default: the app's")
+    p.add_argument("--pair", default=None,
+                   help="pair id to select first (app/pairs/pairs.json); default: the app's, and with --wait-compiled "
+                   "the offline default, smollm2-135m (the status line is asked for by pair)")
     p.add_argument("--block-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--wait-compiled", type=float, default=0, metavar="S",
                    help="first wait up to S seconds for the status line to say the lanes run compiled")
     args = p.parse_args()
+    if args.wait_compiled and args.pair is None:
+        args.pair = "smollm2-135m"
     start = time.perf_counter()
     client = Client(args.url, verbose=False)
-    status, _ = client.predict(args.pair or "", api_name="/select_pair") if args.pair else (None, None)
+    status, _ = client.predict(args.pair, api_name="/select_pair") if args.pair else (None, None)
     default_ready = False
     while args.wait_compiled and "Lane steps: compiled" not in (status or ""):
         if time.perf_counter() - start > args.wait_compiled:
@@ -40,7 +44,7 @@ def main() -> None:
             default_ready = True
             print(f"{time.perf_counter() - start:.1f} s: {status[status.index('Lane steps'):]}", flush=True)
         time.sleep(2)
-        status, _ = client.predict(args.pair or "", api_name="/select_pair")
+        status, _ = client.predict(args.pair, api_name="/select_pair")
     if status:
         print(f"{time.perf_counter() - start:.1f} s after this script started: {status}", flush=True)
     rows = []
