@@ -2,10 +2,11 @@
 # The app's four examples on two servers at once, compiled lanes (port 7861) and --no-compile
 # (port 7862), raced in turn, one server at a time, for 3 passes, so both see the same machine
 # state; then the tok/s of each lane, example by example, pass by pass, and compiled over eager
-# (docs/benchmarks.md, "One trace for every length"). Run from anywhere; output in app-interleaved/.
+# (docs/benchmarks.md, "One trace for every length"). Run from anywhere; output in app-interleaved/,
+# or in the folder given as the first argument (relative to the repository).
 set -u
 cd "$(dirname "$0")/../../.."
-out=dev/measurements/compiled-lanes-drafter-attention-2026-12-07/app-interleaved; mkdir -p "$out"
+out=${1:-dev/measurements/compiled-lanes-drafter-attention-2026-12-07/app-interleaved}; mkdir -p "$out"
 .venv/bin/python app.py --port 7861 > "$out/app-compiled.log" 2>&1 & compiled=$!
 .venv/bin/python app.py --port 7862 --no-compile > "$out/app-eager.log" 2>&1 & eager=$!
 for port in 7861 7862; do until curl -s -o /dev/null "http://127.0.0.1:$port/"; do sleep 1; done; done
