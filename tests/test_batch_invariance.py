@@ -19,6 +19,7 @@ from dflash_core.speed.batch_invariant import (
     run_rows_alone,
 )
 from dflash_core.speed.cpu_linear import pack_linears
+from dflash_core.speed.kernels import cpu_attention
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,18 @@ def test_bf16_on_cpu_is_batch_invariant_by_default_and_fp32_is_not(wide_target_d
     assert not is_batch_invariant(Target.from_pretrained(wide_target_dir, dtype=torch.float32).model)
 
 
+@pytest.fixture(params=["kernel", "row loop"])
+def attention(request, monkeypatch):
+    """Blocks attend through the masked-attention kernel (with one-token steps) or one query row at a time."""
+    if request.param == "kernel" and not cpu_attention.row_invariant_ready():
+        pytest.skip("the masked-attention kernel does not run on this machine (it needs x86 with AVX2 and a compiler)")
+    if request.param == "row loop":
+        monkeypatch.setattr(cpu_attention, "row_invariant_ready", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("block_size", [2, 3, 8, 16])
-def test_bf16_block_is_bitwise_one_token_steps(wide_target_dir, block_size):
+def test_bf16_block_is_bitwise_one_token_steps(wide_target_dir, block_size, attention):
     target = Target.from_pretrained(wide_target_dir, dtype=torch.bfloat16)
     target.tap_layers([0, 2, 3])
     for seed, context in enumerate((1, 17, 90)):
@@ -67,7 +78,8 @@ def test_bf16_dflash_equals_plain_decoding(wide_target_dir, tmp_path):
             assert run(target, prompt, drafter, max_new_tokens=40, block_size=block_size).output_ids == plain
 
 
-def test_masks_it_cannot_reproduce_go_to_the_base_implementation():
+def test_masks_it_cannot_reproduce_go_to_the_base_implementation(monkeypatch):
+    monkeypatch.setattr(cpu_attention, "row_invariant_ready", lambda: False)  # the row loop (the kernel: below)
     base, wrapped = ALL_ATTENTION_FUNCTIONS["sdpa"], ALL_ATTENTION_FUNCTIONS[register("sdpa")]
 
     class Module(torch.nn.Module):
@@ -83,6 +95,28 @@ def test_masks_it_cannot_reproduce_go_to_the_base_implementation():
     rows = [base(Module(), q[:, :, i : i + 1], k[:, :, : 5 + i], v[:, :, : 5 + i], None)[0] for i in range(3)]
     assert torch.equal(out, torch.cat(rows, dim=1))
     assert torch.allclose(out, base(Module(), q, k, v, causal)[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_through_the_kernel_a_blocks_rows_are_its_one_token_steps_and_close_to_sdpa(attention, dtype, monkeypatch):
+    if attention != "kernel":
+        pytest.skip("the row loop: test_masks_it_cannot_reproduce_go_to_the_base_implementation")
+    calls, kernel = [], cpu_attention.masked_attention
+    monkeypatch.setattr(cpu_attention, "masked_attention", lambda *a: calls.append(a[0].shape[2]) or kernel(*a))
+    base, wrapped = ALL_ATTENTION_FUNCTIONS["sdpa"], ALL_ATTENTION_FUNCTIONS[register("sdpa")]
+
+    class Module(torch.nn.Module):
+        num_key_value_groups, is_causal = 3, True
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, 64, generator=gen).to(dtype) for h, n in ((9, 4), (3, 41), (3, 41)))
+    causal = torch.ones(1, 1, 4, 41, dtype=torch.bool).tril(37)
+    out, _ = wrapped(Module(), q, k, v, causal)
+    steps = [wrapped(Module(), q[:, :, i : i + 1], k[:, :, : 38 + i], v[:, :, : 38 + i], None)[0] for i in range(4)]
+    assert torch.equal(out, torch.cat(steps, dim=1))
+    assert calls == [4, 1, 1, 1, 1]  # the block and each one-token step, all through the kernel
+    reference = base(Module(), q.float(), k.float(), v.float(), causal)[0]
+    assert torch.allclose(out.float(), reference, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
 class RoundsBlocksDifferently(torch.nn.Linear):

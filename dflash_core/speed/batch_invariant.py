@@ -6,8 +6,10 @@ block takes other code paths than a single query (mask, GQA layout, tiling), and
 rounding differences flip near-tied argmaxes, so outputs drift from plain decoding after a few
 dozen tokens. This module removes the difference instead of hoping it is small:
 
-- attention computes each query row of a short block with exactly the call a one-token step makes
-  (the same base implementation, the query alone, the keys up to its own position, no mask);
+- attention computes one-token steps and short blocks through the masked-attention kernel
+  (`kernels/cpu_attention.cpp`), which computes each query row alone in one order; where it does not
+  run, each query row of a block with exactly the call a one-token step makes (the same base
+  implementation, the query alone, the keys up to its own position, no mask);
 - linear layers use one library for every row count (oneDNN's packed weights), and each linear
   shape is probed once at load: where its kernel computes a row of a block differently from that
   row alone, that layer runs a block one row at a time (exact, slower).
@@ -30,6 +32,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .cpu_linear import PackedLinear
+from .kernels import cpu_attention
 
 SUFFIX = "+rowwise"
 # The longest block made invariant: a released drafter verifies at most 16 tokens. Longer inputs
@@ -52,15 +55,31 @@ def _causal_prefix(mask: torch.Tensor | None, q_len: int, k_len: int) -> bool:
     return bool((allowed == expected).all())
 
 
+def _kernel_takes(query: torch.Tensor, kwargs: dict) -> bool:
+    """Whether the masked-attention kernel computes this step: it computes every query row alone, in
+    one order, so one-token steps and blocks through it agree bitwise without a loop over rows."""
+    return (cpu_attention.row_invariant_ready() and query.device.type == "cpu" and query.shape[0] == 1
+            and query.dtype in cpu_attention.DTYPES and query.shape[-1] % 8 == 0 and not kwargs.get("dropout")
+            and all(kwargs.get(name) is None for name in ("softcap", "position_bias", "s_aux", "sinks")))
+
+
 def rowwise(base):
-    """Wrap attention function `base` so a query block runs as one-query calls of `base`."""
+    """Wrap attention function `base` so a query block runs as one-query calls of `base`, or (where
+    the masked-attention kernel runs) one-token steps and blocks both through the kernel."""
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         q_len, k_len = query.shape[2], key.shape[2]
         windowed = getattr(module, "sliding_window", None) is not None
-        # Plain steps and prefills go through `base` unchanged; so do masks this cannot reproduce
-        # (padding, sliding windows), which stay correct but lose the bitwise guarantee.
-        if not (_short_block(q_len) and q_len < k_len) or windowed or not _causal_prefix(attention_mask, q_len, k_len):
+        # Prefills go through `base` unchanged; so do masks this cannot reproduce (padding, sliding
+        # windows), which stay correct but lose the bitwise guarantee.
+        if not (q_len <= MAX_BLOCK and q_len <= k_len) or windowed or not _causal_prefix(attention_mask, q_len, k_len):
+            return base(module, query, key, value, attention_mask, **kwargs)
+        if _kernel_takes(query, kwargs):
+            scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+            mask = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+            output = cpu_attention.masked_attention(query, key, value, mask, scale)
+            return output.transpose(1, 2).contiguous(), None
+        if q_len == 1 or q_len == k_len:  # a plain step, or a prefill of at most MAX_BLOCK tokens
             return base(module, query, key, value, attention_mask, **kwargs)
         past = k_len - q_len
         rows = [

@@ -27,6 +27,11 @@ def prepare() -> bool:
     return READY
 
 
+def row_invariant_ready() -> bool:
+    """Whether eager batch-invariant steps can take the kernel (it builds and runs here)."""
+    return cpu_rows.available()
+
+
 def takes(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
     """Whether `masked_attention` computes this call: a traced CPU step (float32, or bfloat16 as the
     drafter's) of one sequence with one boolean mask for all heads, head size a multiple of 8, no
