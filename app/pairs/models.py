@@ -59,6 +59,7 @@ class LoadedPair(ModelPair):
     # those the pair names and whose folders are there.
     lane_drafters: dict = field(default_factory=dict)
     compiled: CompiledLanes | None = None  # the lanes on compiled steps, where the app compiles them
+    eager_only: str = ""  # why the lanes run eager steps only, where the app would compile them
     _lane_targets: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -89,7 +90,7 @@ class LoadedPair(ModelPair):
         """({lane: compiled target} and "compiled steps", or None and "eager steps" with why a race of
         `lanes` at `block_size` over `positions` tokens (prompt and new) runs them)."""
         if self.compiled is None:
-            return None, "eager steps"
+            return None, f"eager steps ({self.eager_only})" if self.eager_only else "eager steps"
         return self.compiled.lanes_for(lanes, block_size, positions)
 
     @property
@@ -262,8 +263,11 @@ class PairCache:
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)
             if self.compile_gemms and device == "cpu":
-                loaded.compiled = CompiledLanes(loaded.target, loaded.drafter, gemms=self.compile_gemms)
-                loaded.compiled.start(loaded.lock)
+                if why := loaded.target.steps_refusal():
+                    loaded.eager_only = why
+                else:
+                    loaded.compiled = CompiledLanes(loaded.target, loaded.drafter, gemms=self.compile_gemms)
+                    loaded.compiled.start(loaded.lock)
             self._pairs[spec.id] = loaded
             return loaded
 
@@ -278,8 +282,9 @@ class PairCache:
             except Exception as exc:  # noqa: BLE001 - logged; the app serves on, and says why when asked
                 log(f"DFlash Studio: {spec.label} did not load at start-up: {exc}")
                 return
-            compiling = ", its lanes compiling in the background" if pair.compiled is not None else ""
-            log(f"DFlash Studio: {spec.label} loaded in {pair.load_s:.1f} s{compiling}")
+            steps = (", its lanes compiling in the background" if pair.compiled is not None
+                     else f", its lanes on eager steps: {pair.eager_only}" if pair.eager_only else "")
+            log(f"DFlash Studio: {spec.label} loaded in {pair.load_s:.1f} s{steps}")
 
         thread = threading.Thread(target=work, name=f"load {spec.id}", daemon=True)
         thread.start()

@@ -95,7 +95,8 @@ class PairLoading:
             size=pair.size.describe() if pair.size else "size not counted", freed=freed,
         ) + "".join(texts.LANE_NOT_OFFERED.format(lane=LABELS[lane], why=pair.spec.lane_missing(lane))
                     for lane in pair.spec.lane_drafters() if pair.spec.lane_missing(lane)) + (
-            texts.LANE_STEPS.format(status=pair.compiled.status()) if pair.compiled is not None else "")
+            texts.LANE_STEPS.format(status=pair.compiled.status()) if pair.compiled is not None
+            else texts.LANE_STEPS.format(status=f"eager, since {pair.eager_only}") if pair.eager_only else "")
 
     def _loaded(self, pair_id: str):
         """The loaded pair of a local `pair_id`, else None (not loaded yet, unknown, or served by vLLM)."""

@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from ..errors import CheckpointError, ConfigError
-from ..speed.batch_invariant import make_batch_invariant
+from ..speed.batch_invariant import is_batch_invariant, make_batch_invariant
 from ..speed.compiled_steps import CompiledBackend
 from ..speed.cpu_linear import pack_linears
 from ..speed.cuda_graphs import StepGraphs
@@ -117,14 +117,11 @@ class Target:
             model.set_attn_implementation(GROUPED_SDPA)  # the same outputs, without copying the cache per head
         # Our own causal mask (see `_causal_mask`) assumes full attention in every layer (which the
         # static cache requires) and an attention that takes a 4D mask as is.
-        self._own_mask = static_cache and config._attn_implementation in ("sdpa", GROUPED_SDPA, "eager")
+        self._own_mask = static_cache and self.steps_refusal() is None
         self.graphs = None
         if steps:
-            if not self._own_mask:
-                raise ConfigError(
-                    f"{steps[0].upper()}{steps[1:]} need sdpa or eager attention; this model uses "
-                    f"{config._attn_implementation}"
-                )
+            if why := self.steps_refusal():
+                raise ConfigError(f"{steps[0].upper()}{steps[1:]} cannot run this target: {why}")
             self.graphs = StepGraphs(CompiledBackend(compile_gemms) if compiled else graph_backend)
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
@@ -269,6 +266,17 @@ class Target:
         features = torch.cat([self._taps[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
         self._taps.clear()
         return out.logits[0], features
+
+    def steps_refusal(self) -> str | None:
+        """Why CUDA graphs and compiled steps cannot run this target, or None when they can: they run
+        its forward with the target's own causal mask, which only sdpa and eager attention take as is."""
+        attention = self.model.config._attn_implementation
+        if attention in ("sdpa", GROUPED_SDPA, "eager"):
+            return None
+        if is_batch_invariant(self.model):
+            return ("a batch-invariant target (bfloat16 on a CPU) verifies blocks bitwise as one-token steps "
+                    "through an attention wrapper that runs eagerly only")
+        return f"they need sdpa or eager attention, and this model uses {attention}"
 
     def tree_refusal(self) -> str | None:
         """Why this target cannot verify a draft tree, or None when it can."""
