@@ -156,23 +156,19 @@ def test_compiling_stops_at_its_bound_and_says_what_compiled(pair_dirs):
     assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40)[0] is None
 
 
-def test_a_batch_invariant_target_loads_with_eager_lanes_and_the_status_line_says_why(pair_dirs, one_thread):
-    """`auto` loads a bf16 batch-invariant target on AMX CPUs, whose attention wrapper compiled steps
-    cannot run: the pair loads all the same, its lanes eager, and the page and the race say why."""
+def test_a_target_compiled_steps_cannot_run_loads_with_eager_lanes_and_the_status_line_says_why(pair_dirs, monkeypatch):
+    """A target whose attention compiled steps cannot run (`Target.steps_refusal`) loads all the
+    same, its lanes eager, and the page and the race say why."""
     from dflash_core import Target
-    from dflash_core.errors import ConfigError
 
-    spec = cli_pair(*map(str, pair_dirs), dtype="bfloat16")
+    why = "they need sdpa or eager attention, and this model uses flex_attention"
+    monkeypatch.setattr(Target, "steps_refusal", lambda self: why)
+    spec = cli_pair(*map(str, pair_dirs))
     app = App([spec], spec.id, PairCache("cpu", compile_gemms="library"))
     pair = app.loading.cache.get(spec)
-    why = pair.target.steps_refusal()
-    assert why.startswith("a batch-invariant target (bfloat16 on a CPU)")
     assert pair.compiled is None and pair.eager_only == why
     assert texts.LANE_STEPS.format(status=f"eager, since {why}") in app.loading._ready(pair, "cpu", None)
     shown = race(app, ["lookup"])
     assert texts.STEPS.format(steps=f"eager steps ({why})") in shown["summary"]
     report = shown["report"]["lanes"]
     assert report["dflash"]["identical"] is True and report["lookup"]["identical"] is True
-    with pytest.raises(ConfigError, match="Compiled steps cannot run this target: a batch-invariant target"):
-        Target(pair.target.model, pair.target.tokenizer, static_cache=True, compiled=True)
-    assert Target(pair.target.model, static_cache=True).steps_refusal() == why

@@ -78,6 +78,28 @@ def test_bf16_dflash_equals_plain_decoding(wide_target_dir, tmp_path):
             assert run(target, prompt, drafter, max_new_tokens=40, block_size=block_size).output_ids == plain
 
 
+def test_a_static_caches_unused_keys_leave_a_blocks_rows_as_without_them(attention):
+    """A static cache's mask covers its whole capacity, the keys past the cached ones masked: the
+    block's rows are those of a cache that holds only the cached keys."""
+    wrapped = ALL_ATTENTION_FUNCTIONS[register("sdpa")]
+
+    class Module(torch.nn.Module):
+        num_key_value_groups, is_causal = 3, True
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, h, n, 64, generator=gen).to(torch.bfloat16) for h, n in ((9, 4), (3, 64), (3, 64)))
+    for length in (1, 4):
+        static = torch.zeros(1, 1, length, 64, dtype=torch.bool)
+        static[..., :41] = torch.ones(length, 41, dtype=torch.bool).tril(41 - length)
+        query = q[:, :, :length]
+        dynamic = torch.ones(1, 1, length, 41, dtype=torch.bool).tril(41 - length)
+        out = wrapped(Module(), query, k, v, static)[0]
+        assert torch.equal(out, wrapped(Module(), query, k[:, :, :41], v[:, :, :41], dynamic)[0])
+    # A prefill into an empty static cache comes with no mask (SDPA's causal one, from the first key).
+    prefill = wrapped(Module(), q, k, v, None)[0]
+    assert torch.equal(prefill, wrapped(Module(), q, k[:, :, :4], v[:, :, :4], None)[0])
+
+
 def test_masks_it_cannot_reproduce_go_to_the_base_implementation(monkeypatch):
     monkeypatch.setattr(cpu_attention, "row_invariant_ready", lambda: False)  # the row loop (the kernel: below)
     base, wrapped = ALL_ATTENTION_FUNCTIONS["sdpa"], ALL_ATTENTION_FUNCTIONS[register("sdpa")]
@@ -117,6 +139,51 @@ def test_through_the_kernel_a_blocks_rows_are_its_one_token_steps_and_close_to_s
     assert calls == [4, 1, 1, 1, 1]  # the block and each one-token step, all through the kernel
     reference = base(Module(), q.float(), k.float(), v.float(), causal)[0]
     assert torch.allclose(out.float(), reference, atol=1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.fixture(scope="module")
+def compiled_pair(tmp_path_factory):
+    """A random target with SmolLM2-135M's layers (6 of them: inductor fuses their ops otherwise in a
+    block's step than in a one-token step from the fourth on) as bf16 on compiled steps, and a
+    drafter; scores flattened so that near-ties, which rounding differences flip, are common."""
+    if not cpu_attention.row_invariant_ready():
+        pytest.skip("compiled batch-invariant steps need the masked-attention kernel (x86 with AVX2 and a compiler)")
+    root = tmp_path_factory.mktemp("compiled")
+    target_dir = build_target(root / "target", num_layers=6, hidden=576, intermediate=1536, heads=9, kv_heads=3)
+    target = Target.from_pretrained(target_dir, dtype=torch.bfloat16, static_cache=True, compiled=True)
+    with torch.no_grad():
+        target.model.lm_head.weight.div_(8)
+    return target, DFlashDrafter.from_pretrained(build_drafter(root / "drafter", target_dir), dtype=torch.bfloat16)
+
+
+def test_compiled_bf16_steps_keep_blocks_bitwise_one_token_steps(compiled_pair):
+    """Compiled (library GEMMs, every intermediate rounded as eager ops round it), a block's verify
+    step and one-token steps agree bitwise, and DFlash decodes exactly what plain decoding does."""
+    target, drafter = compiled_pair
+    assert target.graphs.backend.gemms == "library" and target.graphs.backend.exact_casts
+    target.tap_layers(range(6))
+    for seed, context in enumerate((17, 90)):
+        ids = torch.randint(0, target.vocab_size, (1, context + 4), generator=torch.Generator().manual_seed(seed))
+        (block_logits, block_features), (step_logits, step_features) = block_and_steps(target, ids, context)
+        assert torch.equal(block_logits, step_logits) and torch.equal(block_features, step_features), (seed, context)
+    target.tap_layers(())
+    for seed in range(4):
+        prompt = torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = run(target, prompt, max_new_tokens=40).output_ids
+        assert run(target, prompt, drafter, max_new_tokens=40, block_size=4).output_ids == plain, seed
+    assert all(graph is not None for graph in target.graphs.graphs.values())  # none fell back to eager
+
+
+def test_a_batch_invariant_target_compiles_with_library_gemms_and_the_kernel_only(wide_target_dir, monkeypatch):
+    from dflash_core.errors import ConfigError
+
+    model = Target.from_pretrained(wide_target_dir, dtype=torch.bfloat16).model
+    with pytest.raises(ConfigError, match="a batch-invariant target compiles with library GEMMs"):
+        Target(model, static_cache=True, compiled=True, compile_gemms="template")
+    monkeypatch.setattr(cpu_attention, "row_invariant_ready", lambda: False)
+    with pytest.raises(ConfigError, match="Compiled steps cannot run this target: a batch-invariant target's "
+                                          "compiled steps attend through the masked-attention kernel"):
+        Target(model, static_cache=True, compiled=True)
 
 
 class RoundsBlocksDifferently(torch.nn.Linear):
@@ -194,8 +261,8 @@ def test_auto_dtype_is_bf16_only_where_it_stays_lossless_and_fast(monkeypatch):
     assert pair.parse_dtype("auto", "cpu") == torch.bfloat16
     assert pair.parse_dtype("auto", "cuda") == torch.bfloat16  # what the released pairs were made for
     monkeypatch.setattr(pair, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
-    assert pair.parse_dtype("auto", "cpu") == torch.float32  # bf16 without AMX verifies slower
-    assert pair.has_fast_bf16("cpu")  # the drafter still runs in bf16 there
+    assert pair.parse_dtype("auto", "cpu") == torch.bfloat16  # native bf16 dot products, no AMX
+    assert pair.has_fast_bf16("cpu")
     monkeypatch.setattr(pair, "_cpu_flags", lambda: "flags : avx2")
     assert pair.parse_dtype("auto", "cpu") == torch.float32  # emulated bf16 would be slow
     assert not pair.has_fast_bf16("cpu")

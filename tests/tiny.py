@@ -54,6 +54,7 @@ def build_tokenizer(vocab_size: int = 320, chat_template: str = CHATML) -> PreTr
 def build_target(
     directory: Path, *, num_layers: int = 6, hidden: int = 32, intermediate: int | None = None, seed: int = 0,
     vocab_size=None, logit_scale: float = 8.0, chat_template: str = CHATML, max_positions: int = 512,
+    heads: int = 4, kv_heads: int = 2,
 ) -> Path:
     """A random Llama causal LM (untied embeddings) plus tokenizer, saved with `save_pretrained`."""
     tokenizer = build_tokenizer(chat_template=chat_template)
@@ -63,8 +64,8 @@ def build_target(
         hidden_size=hidden,
         intermediate_size=intermediate or 2 * hidden,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         eos_token_id=tokenizer.eos_token_id,

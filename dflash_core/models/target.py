@@ -18,10 +18,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from ..errors import CheckpointError, ConfigError
+from ..speed.batch_invariant import SUFFIX as ROWWISE
 from ..speed.batch_invariant import is_batch_invariant, make_batch_invariant
 from ..speed.compiled_steps import CompiledBackend
 from ..speed.cpu_linear import pack_linears
 from ..speed.cuda_graphs import StepGraphs
+from ..speed.kernels import cpu_attention
 from .attention import GROUPED_SDPA
 from .hub import looks_like_path
 from .target_cache import TargetCache
@@ -68,6 +70,15 @@ def load_tokenizer(name: str):
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _exact_gemms(compile_gemms: str | None) -> str:
+    """The GEMMs of a batch-invariant target's compiled steps: `library`, the layers' own row-invariant
+    calls (`batch_invariant.make_batch_invariant`); inductor's `template` GEMMs pick a kernel per shape."""
+    if compile_gemms == "template":
+        raise ConfigError("a batch-invariant target compiles with library GEMMs (compile_gemms='library'): "
+                          "template GEMMs would compute a block's rows otherwise than its one-token steps")
+    return "library"
 
 
 # A static cache is allocated in multiples of this many positions, so runs of similar length reuse it.
@@ -122,7 +133,10 @@ class Target:
         if steps:
             if why := self.steps_refusal():
                 raise ConfigError(f"{steps[0].upper()}{steps[1:]} cannot run this target: {why}")
-            self.graphs = StepGraphs(CompiledBackend(compile_gemms) if compiled else graph_backend)
+            if compiled and is_batch_invariant(model):
+                compile_gemms = _exact_gemms(compile_gemms)
+            backend = CompiledBackend(compile_gemms, exact_casts=is_batch_invariant(model)) if compiled else None
+            self.graphs = StepGraphs(backend or graph_backend)
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
         self._recording = False
@@ -269,13 +283,20 @@ class Target:
 
     def steps_refusal(self) -> str | None:
         """Why CUDA graphs and compiled steps cannot run this target, or None when they can: they run
-        its forward with the target's own causal mask, which only sdpa and eager attention take as is."""
+        its forward with the target's own causal mask, which only sdpa and eager attention take as is,
+        and a batch-invariant target's row-wise wrapper over sdpa (`batch_invariant.rowwise`)."""
         attention = self.model.config._attn_implementation
         if attention in ("sdpa", GROUPED_SDPA, "eager"):
             return None
         if is_batch_invariant(self.model):
-            return ("a batch-invariant target (bfloat16 on a CPU) verifies blocks bitwise as one-token steps "
-                    "through an attention wrapper that runs eagerly only")
+            # Compiled, its blocks and one-token steps are each query row alone only in the kernel.
+            base = attention.removesuffix(ROWWISE)
+            if base not in ("sdpa", GROUPED_SDPA):
+                return f"a batch-invariant target needs sdpa attention for them, and this model uses {base}"
+            if not cpu_attention.row_invariant_ready():
+                return ("a batch-invariant target's compiled steps attend through the masked-attention kernel, "
+                        "which does not build or run on this machine")
+            return None
         return f"they need sdpa or eager attention, and this model uses {attention}"
 
     def tree_refusal(self) -> str | None:

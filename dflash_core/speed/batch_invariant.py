@@ -44,23 +44,32 @@ def _short_block(rows: int) -> bool:
     return 1 < rows <= MAX_BLOCK
 
 
-def _causal_prefix(mask: torch.Tensor | None, q_len: int, k_len: int) -> bool:
-    """Whether `mask` (None, or [b, 1, q, k] bool / additive) lets query i see exactly keys [0, k-q+i]."""
-    if mask is None:
-        return True
+def _visible_keys(mask: torch.Tensor | None, q_len: int, k_len: int) -> int | None:
+    """The keys the last query sees where `mask` (None, or [b, 1, q, k] bool / additive) lets query i
+    see exactly the first `used - q + 1 + i` of them: a causal block after the cached keys, with a
+    static cache's unused keys masked beyond `used`. None for any other mask."""
+    if mask is None:  # SDPA's causal mask, which sees the first keys: a static cache's prefill sees its own only
+        return k_len if q_len == 1 else q_len
     if mask.dim() != 4 or mask.shape[-2:] != (q_len, k_len):
-        return False
-    allowed = mask if mask.dtype == torch.bool else mask == 0
-    expected = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
-    return bool((allowed == expected).all())
+        return None
+    allowed = (mask if mask.dtype == torch.bool else mask == 0).reshape(-1, q_len, k_len)
+    seen = allowed.sum(-1)  # keys each query sees, which must be the first ones, one more per query
+    prefixes = (allowed == (torch.arange(k_len, device=mask.device) < seen[..., None])).all()
+    causal = (seen == seen[:1, :1] + torch.arange(q_len, device=mask.device)).all()
+    used, exact = torch.stack([seen[0, -1], prefixes & causal]).tolist()  # one host read per layer
+    return used if exact and used >= q_len else None
+
+
+def _kernel_handles(kwargs: dict) -> bool:
+    """Whether the masked-attention kernel computes an attention call with these options."""
+    return not kwargs.get("dropout") and all(kwargs.get(name) is None for name in ("softcap", "position_bias", "s_aux", "sinks"))
 
 
 def _kernel_takes(query: torch.Tensor, kwargs: dict) -> bool:
-    """Whether the masked-attention kernel computes this step: it computes every query row alone, in
-    one order, so one-token steps and blocks through it agree bitwise without a loop over rows."""
+    """Whether the masked-attention kernel computes this eager step: it computes every query row
+    alone, in one order, so one-token steps and blocks through it agree bitwise without a loop over rows."""
     return (cpu_attention.row_invariant_ready() and query.device.type == "cpu" and query.shape[0] == 1
-            and query.dtype in cpu_attention.DTYPES and query.shape[-1] % 8 == 0 and not kwargs.get("dropout")
-            and all(kwargs.get(name) is None for name in ("softcap", "position_bias", "s_aux", "sinks")))
+            and query.dtype in cpu_attention.DTYPES and query.shape[-1] % 8 == 0 and _kernel_handles(kwargs))
 
 
 def rowwise(base):
@@ -68,12 +77,23 @@ def rowwise(base):
     the masked-attention kernel runs) one-token steps and blocks both through the kernel."""
 
     def attention(module, query, key, value, attention_mask, **kwargs):
-        q_len, k_len = query.shape[2], key.shape[2]
+        q_len = query.shape[2]
         windowed = getattr(module, "sliding_window", None) is not None
+        if torch.compiler.is_compiling():
+            # A compiled step passes the target's own causal mask over its static cache (no host
+            # read of it can be traced); the kernel applies it as is, each query row alone.
+            if not windowed and _kernel_handles(kwargs) and cpu_attention.takes(query, key, attention_mask, 0.0):
+                scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+                output = cpu_attention.masked_attention(query, key, value, attention_mask, scale)
+                return output.transpose(1, 2).contiguous(), None
+            return base(module, query, key, value, attention_mask, **kwargs)
+        k_len = _visible_keys(attention_mask, q_len, key.shape[2])
         # Prefills go through `base` unchanged; so do masks this cannot reproduce (padding, sliding
         # windows), which stay correct but lose the bitwise guarantee.
-        if not (q_len <= MAX_BLOCK and q_len <= k_len) or windowed or not _causal_prefix(attention_mask, q_len, k_len):
+        if k_len is None or not q_len <= min(MAX_BLOCK, k_len) or windowed:
             return base(module, query, key, value, attention_mask, **kwargs)
+        key, value = key[:, :, :k_len], value[:, :, :k_len]  # a static cache's unused keys dropped
+        attention_mask = None if attention_mask is None else attention_mask[..., :k_len]
         if _kernel_takes(query, kwargs):
             scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
             mask = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)

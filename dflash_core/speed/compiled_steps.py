@@ -84,7 +84,13 @@ def _template_settings():
 class CompiledBackend:
     """`capture` compiles the step for its inputs' shapes and runs it; `replay` runs it again."""
 
-    def __init__(self, gemms: str | None = None):
+    def __init__(self, gemms: str | None = None, exact_casts: bool = False):
+        """exact_casts: round every intermediate to its dtype as eager ops do (inductor's
+        `emulate_precision_casts`). A fused kernel otherwise keeps a bf16 op's result in float32 for
+        the next op, where that result is not written out, and which results a graph writes out
+        depends on the graph: a block's verify step and a one-token step then round differently,
+        which a batch-invariant target's steps must not (docs/benchmarks.md)."""
+        self.exact_casts = exact_casts
         if gemms is None:
             variable = os.environ.get("DFLASH_COMPILE_GEMMS", "").strip().lower() or "template"
             gemms = _checked(variable, "DFLASH_COMPILE_GEMMS")
@@ -103,6 +109,8 @@ class CompiledBackend:
             options, settings = {**OPTIONS, **TEMPLATE_CONFIG}, _template_settings
         else:
             options, settings = OPTIONS, contextlib.nullcontext
+        if self.exact_casts:
+            options = {**options, "emulate_precision_casts": True}
         # `library` steps trace once per kind of step, not per length: dynamo's automatic dynamic
         # shapes retrace a step whose length changed with that size symbolic (lengths of 2 and up;
         # 1 stays its own), and each later length reuses it, at the same cost per step, since the
