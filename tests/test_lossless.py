@@ -19,7 +19,7 @@ def test_auto_dtype_is_bf16_on_cuda():
     assert default_target_dtype("cuda") == torch.bfloat16
     assert default_target_dtype("cuda:1") == torch.bfloat16
     assert parse_dtype("auto", "cuda") == torch.bfloat16
-    assert default_target_dtype("cpu") in (torch.float32, torch.bfloat16)  # bf16 only with AMX
+    assert default_target_dtype("cpu") in (torch.float32, torch.bfloat16)  # bf16 only with AMX or AVX512-BF16
 
 
 def tied_target(tiny_dirs, position=3):

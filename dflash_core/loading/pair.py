@@ -14,7 +14,7 @@ import torch
 from ..errors import ConfigError, PairMismatchError
 from ..models.drafter import DFlashDrafter, method_name
 from ..models.hub import TARGET_PATTERNS, looks_like_path, resolve_model_dir
-from ..models.target import Target, wants_batch_invariance
+from ..models.target import Target
 from ..speed.batch_invariant import describe as describe_numerics
 from ..speed.cpu_linear import pack_linears
 from .chat_template import template_args as chat_template_args
@@ -167,17 +167,17 @@ def has_fast_bf16(device: str | torch.device) -> bool:
 
 
 def default_target_dtype(device: str | torch.device) -> torch.dtype:
-    """The target dtype "auto" picks: bfloat16 on CUDA and on CPUs with AMX, else float32.
+    """The target dtype "auto" picks: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32.
 
     On CUDA bf16 is what the released Qwen3 pairs were made for; its block verification is not
     bitwise a one-token step, so a greedy race may part at a near-tie (`lossless.py` tells those
-    apart from bugs). On CPU without AMX a batch-invariant bf16 verify costs more than a float32
-    one (docs/benchmarks.md).
+    apart from bugs). On a CPU with native bf16 a batch-invariant bf16 target decodes faster than a
+    float32 one, eager or compiled, and stays exact; elsewhere bf16 would be emulated
+    (docs/benchmarks.md).
     """
     if torch.device(device).type == "cuda":
         return torch.bfloat16
-    exact = wants_batch_invariance(device, torch.bfloat16)  # CPU only
-    return torch.bfloat16 if exact and "amx_bf16" in _cpu_flags() else torch.float32
+    return torch.bfloat16 if has_fast_bf16(device) else torch.float32
 
 
 def default_drafter_dtype(device: str | torch.device, target_dtype: torch.dtype) -> torch.dtype:
