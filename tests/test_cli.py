@@ -30,7 +30,7 @@ def test_module_entry_point_runs(golden_dir):
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    target_dtype = parse_dtype("auto", "cpu")  # the CLI's default: bf16 only on AMX CPUs
+    target_dtype = parse_dtype("auto", "cpu")  # the CLI's default: bf16 only on CPUs with native bf16
     drafter_dtype = default_drafter_dtype("cpu", target_dtype)
     names = [str(d).removeprefix("torch.") for d in (target_dtype, drafter_dtype)]
     assert done.stdout.startswith(f"[dflash block=8 target {names[0]} drafter {names[1]}] 5 tokens")

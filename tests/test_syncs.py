@@ -56,7 +56,7 @@ def test_one_host_sync_per_cycle(golden_pair, sampling, draft_mode, with_drafter
 
 @pytest.mark.parametrize("with_drafter", [True, False])
 def test_cpu_batch_invariant_path_reads_each_layers_mask(golden_dir, with_drafter):
-    """The path `auto` takes on AMX CPUs (bf16, batch-invariant), forced here on any CPU class."""
+    """The path `auto` takes on CPUs with native bf16 (batch-invariant), forced here on any CPU class."""
     from dflash_core import DFlashDrafter
 
     target = Target.from_pretrained(golden_dir / "target", dtype=torch.bfloat16, batch_invariant=True)

@@ -29,7 +29,7 @@ def add_pair_args(parser: argparse.ArgumentParser, *, target: str | None = DEFAU
         parser.add_argument("--drafter", default=None if drafter is True else drafter, required=drafter is True,
                             help="DFlash drafter directory or Hub id")
     parser.add_argument("--dtype", choices=[*DTYPES, "auto"], default=dtype,
-                        help="the target's dtype; auto: bfloat16 on CUDA and on AMX CPUs, else float32")
+                        help="the target's dtype; auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
     parser.add_argument("--drafter-dtype", choices=list(DTYPES),
                         help="default: bfloat16 where the hardware runs it natively, else --dtype")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
