@@ -40,7 +40,9 @@ def test_it_matches_sdpa_over_the_allowed_keys(heads, kv_heads, head_dim, rows):
         mask[..., 0] = True  # every row sees a key
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         got = cpu_attention.masked_attention(q, k, v, mask, head_dim**-0.5)
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        # Different summation orders: SDPA's kernel differs by CPU (1.01e-6 at an output of 0.8 on
+        # the AMX Xeon, 1.3e-6 relative), a few float32 ulps.
+        torch.testing.assert_close(got, expected, rtol=4e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

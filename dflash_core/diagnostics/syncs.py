@@ -108,12 +108,14 @@ def host_reads_per_cycle(target, drafting: bool = True) -> tuple[int, str]:
     """How many host reads one decoding cycle on `target` makes, and which path that is.
 
     One everywhere: the accepted count. The CPU batch-invariant path (bf16 on CPU) adds one per
-    layer when it verifies a block, where row-wise attention checks the causal mask on the host
-    (`batch_invariant._causal_prefix`); a host read costs nothing on CPU and that path never runs
-    on CUDA, so the one-sync rule it would break is a CUDA rule.
+    attention layer (a hybrid's linear-attention layers take no mask) when it verifies a block,
+    where row-wise attention checks the causal mask on the host (`batch_invariant._visible_keys`);
+    a host read costs nothing on CPU and that path never runs on CUDA, so the one-sync rule it
+    would break is a CUDA rule.
     """
     from ..speed.batch_invariant import is_batch_invariant
 
     if drafting and is_batch_invariant(target.model):
-        return 1 + target.num_layers, "cpu batch-invariant: the accepted count and one mask check per layer"
+        attending = sum(hasattr(layer, "self_attn") for layer in target.layers)
+        return 1 + attending, "cpu batch-invariant: the accepted count and one mask check per attention layer"
     return 1, f"{target.device.type}: the accepted count only"
