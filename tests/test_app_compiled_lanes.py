@@ -172,3 +172,12 @@ def test_a_target_compiled_steps_cannot_run_loads_with_eager_lanes_and_the_statu
     assert texts.STEPS.format(steps=f"eager steps ({why})") in shown["summary"]
     report = shown["report"]["lanes"]
     assert report["dflash"]["identical"] is True and report["lookup"]["identical"] is True
+
+
+def test_template_gemms_leave_a_batch_invariant_targets_lanes_eager_and_say_why(pair_dirs, one_thread):
+    """A bf16 CPU target verifies batch-invariantly, and its compiled steps take library GEMMs only:
+    asked for template GEMMs, the app loads the pair with eager lanes and says why."""
+    spec = cli_pair(*map(str, pair_dirs), dtype="bfloat16")
+    pair = PairCache("cpu", compile_gemms="template").get(spec)
+    assert pair.compiled is None
+    assert pair.eager_only.startswith("a batch-invariant target compiles with library GEMMs")

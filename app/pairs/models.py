@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, resolve_model_dir, run
+from dflash_core.errors import ConfigError
 from dflash_core.loading import (
     DEFAULT_TARGET,
     MARGIN,
@@ -263,11 +264,13 @@ class PairCache:
             if self.warm_up or device == "cpu":
                 _warm_up(loaded)
             if self.compile_gemms and device == "cpu":
-                if why := loaded.target.steps_refusal():
-                    loaded.eager_only = why
-                else:
+                try:
+                    if why := loaded.target.steps_refusal():
+                        raise ConfigError(why)
                     loaded.compiled = CompiledLanes(loaded.target, loaded.drafter, gemms=self.compile_gemms)
                     loaded.compiled.start(loaded.lock)
+                except ConfigError as exc:  # e.g. template GEMMs for a batch-invariant target
+                    loaded.eager_only = str(exc)
             self._pairs[spec.id] = loaded
             return loaded
 
