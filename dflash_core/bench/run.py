@@ -315,7 +315,8 @@ def print_table(result: dict) -> None:
     print(f"\n{result['num_prompts']} prompts, {result['max_new_tokens']} new tokens, target {result['dtype']} "
           f"on {result['device']} ({result['threads']} threads"
           + (f", one-row matmuls by {result['cpu_single_row']}" if result.get("cpu_single_row") else "")
-          + (", compiled, linears by inductor's GEMMs" if result.get("compiled_gemms") == "template" else "")
+          + {"template": ", compiled, linears by inductor's GEMMs", "library": ", compiled, the linears' own calls"}.get(
+              result.get("compiled_gemms"), "")
           + (f", {result['numerics']}" if result.get("numerics") else "") + ")")
     print(f"prompts through {result['chat_template']}")
     print(f"{'method':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'identical':>11}")
