@@ -29,7 +29,6 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from ..speed.kernels import cpu_attention
 
 GROUPED_SDPA = "sdpa_grouped_kv"
-_UNHANDLED = ("softcap", "position_bias", "s_aux", "sinks")
 
 
 def _heads_as_rows(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -42,7 +41,7 @@ def _heads_as_rows(x: torch.Tensor, groups: int) -> torch.Tensor:
 def grouped_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers' `sdpa_attention_forward`, with grouped key/value heads passed to SDPA as they
     are, and compiled CPU steps on the masked-attention kernel."""
-    unhandled = any(kwargs.get(name) is not None for name in _UNHANDLED)
+    unhandled = any(kwargs.get(name) is not None for name in cpu_attention.UNHANDLED)
     length = query.shape[2]
     if not unhandled and cpu_attention.takes(query, key, attention_mask, dropout):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5

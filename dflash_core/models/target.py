@@ -128,14 +128,16 @@ class Target:
             model.set_attn_implementation(GROUPED_SDPA)  # the same outputs, without copying the cache per head
         # Our own causal mask (see `_causal_mask`) assumes full attention in every layer (which the
         # static cache requires) and an attention that takes a 4D mask as is.
-        self._own_mask = static_cache and self.steps_refusal() is None
+        refusal = self.steps_refusal()
+        self._own_mask = static_cache and refusal is None
         self.graphs = None
         if steps:
-            if why := self.steps_refusal():
-                raise ConfigError(f"{steps[0].upper()}{steps[1:]} cannot run this target: {why}")
-            if compiled and is_batch_invariant(model):
+            if refusal:
+                raise ConfigError(f"{steps[0].upper()}{steps[1:]} cannot run this target: {refusal}")
+            exact = is_batch_invariant(model)
+            if compiled and exact:
                 compile_gemms = _exact_gemms(compile_gemms)
-            backend = CompiledBackend(compile_gemms, exact_casts=is_batch_invariant(model)) if compiled else None
+            backend = CompiledBackend(compile_gemms, exact_casts=exact) if compiled else None
             self.graphs = StepGraphs(backend or graph_backend)
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}

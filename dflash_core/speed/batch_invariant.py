@@ -62,7 +62,7 @@ def _visible_keys(mask: torch.Tensor | None, q_len: int, k_len: int) -> int | No
 
 def _kernel_handles(kwargs: dict) -> bool:
     """Whether the masked-attention kernel computes an attention call with these options."""
-    return not kwargs.get("dropout") and all(kwargs.get(name) is None for name in ("softcap", "position_bias", "s_aux", "sinks"))
+    return not kwargs.get("dropout") and all(kwargs.get(name) is None for name in cpu_attention.UNHANDLED)
 
 
 def _kernel_takes(query: torch.Tensor, kwargs: dict) -> bool:
@@ -70,6 +70,12 @@ def _kernel_takes(query: torch.Tensor, kwargs: dict) -> bool:
     alone, in one order, so one-token steps and blocks through it agree bitwise without a loop over rows."""
     return (cpu_attention.row_invariant_ready() and query.device.type == "cpu" and query.shape[0] == 1
             and query.dtype in cpu_attention.DTYPES and query.shape[-1] % 8 == 0 and _kernel_handles(kwargs))
+
+
+def _through_kernel(query, key, value, mask, kwargs):
+    """Attention through the masked-attention kernel, in the layout transformers' attention returns."""
+    scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    return cpu_attention.masked_attention(query, key, value, mask, scale).transpose(1, 2).contiguous(), None
 
 
 def rowwise(base):
@@ -83,9 +89,7 @@ def rowwise(base):
             # A compiled step passes the target's own causal mask over its static cache (no host
             # read of it can be traced); the kernel applies it as is, each query row alone.
             if not windowed and _kernel_handles(kwargs) and cpu_attention.takes(query, key, attention_mask, 0.0):
-                scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
-                output = cpu_attention.masked_attention(query, key, value, attention_mask, scale)
-                return output.transpose(1, 2).contiguous(), None
+                return _through_kernel(query, key, value, attention_mask, kwargs)
             return base(module, query, key, value, attention_mask, **kwargs)
         k_len = _visible_keys(attention_mask, q_len, key.shape[2])
         # Prefills go through `base` unchanged; so do masks this cannot reproduce (padding, sliding
@@ -95,10 +99,8 @@ def rowwise(base):
         key, value = key[:, :, :k_len], value[:, :, :k_len]  # a static cache's unused keys dropped
         attention_mask = None if attention_mask is None else attention_mask[..., :k_len]
         if _kernel_takes(query, kwargs):
-            scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
-            mask = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
-            output = cpu_attention.masked_attention(query, key, value, mask, scale)
-            return output.transpose(1, 2).contiguous(), None
+            causal = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+            return _through_kernel(query, key, value, causal, kwargs)
         if q_len == 1 or q_len == k_len:  # a plain step, or a prefill of at most MAX_BLOCK tokens
             return base(module, query, key, value, attention_mask, **kwargs)
         past = k_len - q_len

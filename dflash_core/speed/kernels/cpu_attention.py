@@ -18,6 +18,8 @@ from . import cpu_rows
 # Set by prepare(); read while dynamo traces, which guards on it.
 READY = False
 DTYPES = (torch.float32, torch.bfloat16)
+# Attention options the kernel does not compute: calls that pass any of them take another path.
+UNHANDLED = ("softcap", "position_bias", "s_aux", "sinks")
 
 
 def prepare() -> bool:
