@@ -3,8 +3,8 @@
 Exactness: within 1e-5 relative (+1e-6 absolute) of `F.linear` (the sums run in another order;
 bfloat16: within one rounding of the float32 result), and each row of a block bitwise equal to that
 row alone, for every block size the kernel takes, on one thread and on several (outputs past the
-parallel grain). Each variant (avx2, avx512, avx512_bf16) runs where this CPU has its features and
-is skipped, with the reason, elsewhere. The timed choices (kernel or libraries, which variant) are
+parallel grain). Each variant (avx2, avx512, avx512_bf16, amx) runs where this CPU has its features
+and is skipped, with the reason, elsewhere; `amx` on weights of whole tiles (16 outputs, 32 inputs). The timed choices (kernel or libraries, which variant) are
 tested with one path made slow on purpose, so they cannot go either way by chance.
 """
 
@@ -42,10 +42,18 @@ def variant_param(variant: str, dtype: torch.dtype = torch.float32):
 
 
 VARIANTS = [variant_param("avx2"), variant_param("avx512"), variant_param("avx512", torch.bfloat16),
-            variant_param("avx512_bf16"), variant_param("avx512_bf16", torch.bfloat16)]
+            variant_param("avx512_bf16"), variant_param("avx512_bf16", torch.bfloat16),
+            variant_param("amx", torch.bfloat16)]
 # The kernel's threads split the outputs in chunks of at least 16 tiles of 4 (cpu_rows.cpp): 301
 # outputs make two chunks or more, the last tile part-full.
 PAST_THE_GRAIN = 301
+
+
+def tile_sizes(variant: str, out_features: int, in_features: int) -> tuple[int, int]:
+    """The sizes `variant` takes nearest these: amx's are rounded up to whole tiles."""
+    if variant != "amx":
+        return out_features, in_features
+    return -(-out_features // 16) * 16, -(-in_features // 32) * 32
 
 
 @contextlib.contextmanager
@@ -74,11 +82,12 @@ def close_to_linear(actual, x, weight, bias):
 @pytest.mark.parametrize("out_features,bias", [(1, False), (5, True), (200, True), (576, False)])
 def test_kernel_matches_linear(variant, dtype, rows, out_features, bias):
     torch.manual_seed(rows * 1000 + out_features)
-    linear = nn.Linear(104, out_features, bias=bias).to(dtype)  # 104: the avx512 variant's half-width last step
-    x = torch.randn(rows, 104, dtype=dtype)
+    out_features, in_features = tile_sizes(variant, out_features, 104)  # 104: avx512's half-width last step
+    linear = nn.Linear(in_features, out_features, bias=bias).to(dtype)
+    x = torch.randn(rows, in_features, dtype=dtype)
     close_to_linear(cpu_rows.rows_linear(x, linear.weight, linear.bias, variant=variant), x, linear.weight, linear.bias)
     # leading dimensions and a non-contiguous input are kept as F.linear keeps them
-    x3 = torch.randn(104, 2, rows, dtype=dtype).transpose(0, 2)
+    x3 = torch.randn(in_features, 2, rows, dtype=dtype).transpose(0, 2)
     out = cpu_rows.rows_linear(x3, linear.weight, linear.bias, variant=variant)
     assert out.shape == (rows, 2, out_features)
     close_to_linear(out, x3, linear.weight, linear.bias)
@@ -89,6 +98,7 @@ def test_kernel_matches_linear(variant, dtype, rows, out_features, bias):
 @pytest.mark.parametrize("out_features,num_threads", [(37, 1), (PAST_THE_GRAIN, 1), (PAST_THE_GRAIN, 2)])
 def test_each_row_of_a_block_is_bitwise_the_row_alone(variant, dtype, in_features, out_features, num_threads):
     torch.manual_seed(in_features)
+    out_features, in_features = tile_sizes(variant, out_features, in_features)
     weight, bias = torch.randn(out_features, in_features, dtype=dtype), torch.randn(out_features, dtype=dtype)
     x = (torch.randn(cpu_rows.MAX_ROWS, in_features) * torch.logspace(-3, 3, in_features)).to(dtype)  # sums that cancel
     with threads(1):
@@ -104,12 +114,18 @@ def test_each_row_of_a_block_is_bitwise_the_row_alone(variant, dtype, in_feature
 
 
 @needs_kernel
-def test_the_fastest_variant_here_is_the_default():
-    assert cpu_rows.available() and cpu_rows.variants()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fastest_variant_here_is_the_default(dtype):
+    if dtype not in cpu_rows.dtypes():
+        pytest.skip(f"the kernel takes no {dtype} here")
     torch.manual_seed(3)
-    weight, x = torch.randn(PAST_THE_GRAIN, 64), torch.randn(3, 64)
-    assert torch.equal(cpu_rows.rows_linear(x, weight), cpu_rows.rows_linear(x, weight, variant=cpu_rows.variants()[-1]))
-    with pytest.raises(ValueError, match="variants are avx2, avx512, avx512_bf16, not 'sse'"):
+    fastest = cpu_rows.variants_for(dtype)[-1]
+    for out_features in (PAST_THE_GRAIN, 304):  # 304: whole tiles, which amx takes
+        weight, x = torch.randn(out_features, 64, dtype=dtype), torch.randn(3, 64, dtype=dtype)
+        expected = fastest if cpu_rows.takes(fastest, weight) else cpu_rows.variants_for(dtype)[-2]
+        assert cpu_rows.best_for(weight) == expected
+        assert torch.equal(cpu_rows.rows_linear(x, weight), cpu_rows.rows_linear(x, weight, variant=expected))
+    with pytest.raises(ValueError, match="variants are avx2, avx512, avx512_bf16, amx, not 'sse'"):
         cpu_rows.variant_missing("sse")
 
 
@@ -126,6 +142,23 @@ def test_kernel_rejects_what_it_cannot_compute():
         cpu_rows.rows_linear(torch.randn(2, 16), torch.randn(3, 16), variant="sse")
     assert not cpu_rows.eligible(torch.randn(3, 12))
     assert cpu_rows.eligible(torch.randn(3, 16).bfloat16()) == ("avx512" in cpu_rows.variants())
+
+
+@pytest.mark.skipif(cpu_rows.variant_missing("amx") is not None, reason=f"rows kernel amx: {cpu_rows.variant_missing('amx')}")
+def test_amx_takes_bfloat16_weights_of_whole_tiles_packed():
+    weight = torch.randn(32, 64).bfloat16()
+    assert cpu_rows.takes("amx", weight)
+    assert not cpu_rows.takes("amx", weight[:24]) and not cpu_rows.takes("amx", weight[:, :48])
+    assert not cpu_rows.takes("amx", weight.float())
+    assert cpu_rows.best_for(weight[:24], "amx") == "avx512_bf16"
+    with pytest.raises(RuntimeError, match=r"multiples of 16 \(outputs\) and 32 \(inputs\), not \[24, 64\]"):
+        cpu_rows.pack(weight[:24].contiguous(), "amx")
+    with pytest.raises(RuntimeError, match="amx variant reads a packed weight"):
+        torch.ops.dflash_cpu.rows_linear_with(torch.randn(2, 64).bfloat16(), weight, None, "amx")
+    with pytest.raises(RuntimeError, match="must be packed by amx_pack"):
+        torch.ops.dflash_cpu.rows_linear_amx(torch.randn(2, 64).bfloat16(), weight, None)
+    with pytest.raises(RuntimeError, match="rows of 64 inputs, not 32"):
+        cpu_rows.rows_linear(torch.randn(2, 32).bfloat16(), weight, variant="amx")
 
 
 @pytest.mark.skipif(cpu_rows.variant_missing("avx2") is not None, reason=f"rows kernel avx2: {cpu_rows.variant_missing('avx2')}")
@@ -157,6 +190,25 @@ def test_packed_linears_take_the_kernel_for_a_few_rows_only(monkeypatch):
         torch.testing.assert_close(layer(x[:, :3]), F.linear(x[:, :3], layer.weight, layer.bias), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(cpu_rows.variant_missing("amx") is not None, reason=f"rows kernel amx: {cpu_rows.variant_missing('amx')}")
+def test_a_packed_variant_follows_its_weight(monkeypatch):
+    monkeypatch.setenv("DFLASH_CPU_ROWS", "on")
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(64, 48), nn.Linear(64, 40)).bfloat16()
+    assert pack_linears(model) == 2
+    tiles, odd = model
+    assert (tiles.rows_variant, odd.rows_variant) == ("amx", "avx512_bf16") and odd.rows_packed is None
+    x = torch.randn(3, 64).bfloat16()
+    with torch.inference_mode():
+        assert torch.equal(tiles(x), cpu_rows.rows_linear(x, tiles.weight, tiles.bias, variant="amx"))
+    with torch.no_grad():
+        tiles.weight.mul_(-2.0)  # the packed copy is stale: the next call packs again
+    with torch.inference_mode():
+        assert torch.equal(tiles(x), cpu_rows.rows_linear(x, tiles.weight, tiles.bias, variant="amx"))
+    tiles.use_rows_kernel(None)
+    assert not tiles.rows_kernel and tiles.rows_packed is None
+
+
 def _slow(fn):
     def slowed(*args, **kwargs):
         time.sleep(1e-3)
@@ -184,10 +236,10 @@ def test_the_faster_variant_takes_few_rows(monkeypatch, slow):
     layers = [_packed(32, 32) for _ in range(3)]
     rows_linear = cpu_rows.rows_linear
 
-    def slowed(x, weight, bias=None, variant=None):
+    def slowed(x, weight, bias=None, variant=None, packed=None):
         if variant == slow:
             time.sleep(1e-3)
-        return rows_linear(x, weight, bias, variant=variant)
+        return rows_linear(x, weight, bias, variant=variant, packed=packed)
 
     monkeypatch.setattr(cpu_rows, "rows_linear", slowed)
     monkeypatch.setattr(PackedLinear, "packed_forward", _slow(PackedLinear.packed_forward))
@@ -234,25 +286,29 @@ def test_the_switch(monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("gemms", ["library", "template"])
-def test_what_an_inductor_compiled_step_runs(gemms):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_what_an_inductor_compiled_step_runs(gemms, dtype):
     """With `library` GEMMs, inductor's code calls the kernel (an op in the graph, not a graph
     break), so each row is bitwise the row alone; with `template` GEMMs the linears are inductor's
     own (docs/design.md: blocks are then not bitwise one-token steps)."""
+    if dtype not in cpu_rows.dtypes():
+        pytest.skip(f"the kernel takes no {dtype} here")
     torch.manual_seed(5)
-    layer = _packed(64, 40)
-    assert layer.rows_kernel
+    layer = _packed(64, 48).to(dtype)
+    layer.use_rows_kernel(cpu_rows.best_for(layer.weight))  # for the weight in `dtype`
     backend, codes = CompiledBackend(gemms), []
     torch._dynamo.reset()
     try:
         with torch.inference_mode(), mock.patch.object(GraphLowering, "save_output_code", codes.append):
             for rows in (4, 1):
-                x = torch.randn(1, rows, 64)
+                x = torch.randn(1, rows, 64, dtype=dtype)
                 _, out = backend.capture(layer.forward, (x,))
                 if gemms == "library":
-                    assert torch.equal(out, cpu_rows.rows_linear(x, layer.weight, layer.bias))
+                    assert torch.equal(out, cpu_rows.rows_linear(x, layer.weight, layer.bias, variant=layer.rows_variant))
                 else:
-                    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-6)
+                    close_to_linear(out.flatten(0, 1), x.flatten(0, 1), layer.weight, layer.bias)
     finally:
         torch._dynamo.reset()
     assert len(codes) == 2
-    assert all(("dflash_cpu.rows_linear" in code) == (gemms == "library") for code in codes)
+    op = "dflash_cpu.rows_linear_amx" if layer.rows_variant == "amx" else "dflash_cpu.rows_linear"
+    assert all((op in code) == (gemms == "library") for code in codes)

@@ -45,6 +45,14 @@ def packed_path(weights: list[torch.Tensor], hint: int | None):
     return lambda i, x: torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")
 
 
+def kernel_path(weights: list[torch.Tensor], variant: str):
+    """The rows kernel's `variant` (for a weight it does not take, the best here that does), its
+    packed copies made before timing, as a packed linear keeps them."""
+    chosen = [cpu_rows.best_for(w, variant) for w in weights]
+    packed = [cpu_rows.pack(w, v) for w, v in zip(weights, chosen)]
+    return lambda i, x: cpu_rows.rows_linear(x, weights[i], variant=chosen[i], packed=packed[i])
+
+
 @torch.inference_mode()
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_core.bench linear-rows", description=__doc__.split("\n\n")[0])
@@ -53,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="row counts to time")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="the weights' and rows' dtype (the kernel takes bfloat16 in its AVX-512 variants)")
+                   help="the weights' and rows' dtype (the kernel takes bfloat16 in its AVX-512 and AMX variants)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall: the wall clock; cpu: this thread's CPU time (with --threads 1 only)")
     args = parse(p, argv)
@@ -64,9 +72,8 @@ def main(argv=None) -> int:
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
     paths = {f"oneDNN packed for {hint or 'default'}": packed_path(weights, hint) for hint in PACK_HINTS}
     paths["MKL (F.linear)"] = lambda i, x: F.linear(x, weights[i])
-    for variant in cpu_rows.variants():
-        if (variant == "avx2") == (args.dtype == "float32") or variant == "avx512":  # avx512_bf16: bf16 only
-            paths[f"rows kernel {variant}"] = lambda i, x, v=variant: cpu_rows.rows_linear(x, weights[i], variant=v)
+    for variant in cpu_rows.variants_for(getattr(torch, args.dtype)):
+        paths[f"rows kernel {variant}"] = kernel_path(weights, variant)
     size = sum(w.numel() * w.element_size() for w in weights) / 2**20
     print(f"{len(weights)} linear layers, {size:.0f} MiB of {args.dtype}, {args.threads} thread(s), "
           f"{args.clock} clock")

@@ -17,7 +17,9 @@ always runs packed; `off` keeps every layer as it was.
 
 Faster than both on the CPUs measured, where it builds, is this project's rows kernel
 (`kernels/cpu_rows.py`: 1 to 16 rows, each row bitwise as it would be alone; float32 on AVX2,
-float32 and bfloat16 on AVX-512, the variant picked by the CPU's features).
+float32 and bfloat16 on AVX-512, bfloat16 on AMX tiles, the variant picked by the CPU's features).
+Its `amx` variant reads a copy of the weight in the tiles' layout, kept beside the oneDNN one (which
+prefills still take): one more copy of each such weight.
 `DFLASH_CPU_ROWS` picks: `auto` (the default) times each of the kernel's variants that runs here
 against the libraries' choice over one-row and four-row calls (a plain step and a verify) and
 keeps the fastest variant unless the libraries are faster;
@@ -77,6 +79,7 @@ class PackedLinear(nn.Linear):
     single_row_packed: bool = True  # False: one-row inputs take F.linear (see choose_single_row_path)
     rows_kernel: bool = False  # True: inputs of up to cpu_rows.MAX_ROWS rows take the rows kernel
     rows_variant: str | None = None  # the kernel's variant (None: the one cpu_rows.rows_linear takes)
+    rows_packed: torch.Tensor | None = None  # the weight as the variant reads it, if not the weight itself
 
     @classmethod
     def convert(cls, linear: nn.Linear) -> "PackedLinear":
@@ -92,6 +95,15 @@ class PackedLinear(nn.Linear):
         self.packed = _pack(self.weight)
         self.packed_key = self._weight_key()
         _BY_WEIGHT[self.packed_key[0]] = self
+        if self.rows_packed is not None:
+            self.rows_packed = cpu_rows.pack(self.weight, self.rows_variant)
+
+    def use_rows_kernel(self, variant: str | None) -> None:
+        """Send few-row inputs to the rows kernel's `variant` (or, for a weight that variant does
+        not take, to the best one here that does); None: keep them off the kernel."""
+        self.rows_kernel = variant is not None
+        self.rows_variant = None if variant is None else cpu_rows.best_for(self.weight, variant)
+        self.rows_packed = None if variant is None else cpu_rows.pack(self.weight, self.rows_variant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
@@ -101,7 +113,9 @@ class PackedLinear(nn.Linear):
         if compiling and _TRACED_AS_LINEAR:
             return F.linear(x, self.weight, self.bias)
         if self.rows_kernel and x.numel() <= cpu_rows.MAX_ROWS * x.shape[-1]:
-            return cpu_rows.rows_linear(x, self.weight, self.bias, variant=self.rows_variant)
+            if self.rows_packed is not None and not compiling and self._weight_key() != self.packed_key:
+                self.repack()
+            return cpu_rows.rows_linear(x, self.weight, self.bias, variant=self.rows_variant, packed=self.rows_packed)
         if not self.single_row_packed and x.numel() == x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
         return packed_linear(x, self.weight, self.bias) if compiling else self.packed_forward(x)
@@ -191,17 +205,20 @@ def choose_rows_kernel(layers: list[PackedLinear], reps: int = 7) -> bool:
     the rows kernel that takes them and with their current paths; set and return whether the
     kernel takes their few-row calls (the fastest variant, unless slower than the current path)."""
     for m in layers:
-        m.rows_kernel, m.rows_variant = False, None
+        m.use_rows_kernel(None)
     variants = cpu_rows.variants_for(layers[0].weight.dtype)
-    times = _median_times(layers, {
-        **{variant: (lambda v: lambda m, x: cpu_rows.rows_linear(x, m.weight, m.bias, variant=v))(variant)
-           for variant in variants},
-        "current": lambda m, x: m.forward(x),
-    }, rows=(1, 4), reps=reps)
+
+    def through(variant):
+        chosen = {m: cpu_rows.best_for(m.weight, variant) for m in layers}
+        packed = {m: cpu_rows.pack(m.weight, chosen[m]) for m in layers}
+        return lambda m, x: cpu_rows.rows_linear(x, m.weight, m.bias, variant=chosen[m], packed=packed[m])
+
+    times = _median_times(layers, {**{variant: through(variant) for variant in variants},
+                                   "current": lambda m, x: m.forward(x)}, rows=(1, 4), reps=reps)
     fastest = min(variants, key=times.__getitem__)
     keep = times[fastest] <= times["current"]
     for m in layers:
-        m.rows_kernel, m.rows_variant = keep, fastest if keep else None
+        m.use_rows_kernel(fastest if keep else None)
     return keep
 
 
@@ -241,5 +258,5 @@ def pack_linears(model: nn.Module, calibrate: bool = True) -> int:
                 choose_rows_kernel([m for m in kernel if m.weight.dtype == dtype])
         else:
             for m in kernel:
-                m.rows_kernel = True
+                m.use_rows_kernel(cpu_rows.best_for(m.weight))
     return len(packed)

@@ -5,7 +5,7 @@ per drafter layer) and `verify` (greedy choice per block slot, accepted count an
 launch per cycle). Each module holds its kernel and its exact PyTorch reference with the same
 signature; the references are what runs on CPU and what the tests compare against. `cuda_paths` holds the
 CUDA-only extras (flash-attn for the drafter's attention, CUDA-graph capture), untested without a GPU.
-The CPU's few-row float32 linears have a C++ kernel of their own, `cpu_rows`, outside this switch:
+The CPU's few-row linears (float32, bfloat16) have a C++ kernel of their own, `cpu_rows`, outside this switch:
 `cpu_linear.py` decides where it runs, and the libraries' linears are its reference.
 
 Backend choice, per call, from the environment variable `DFLASH_KERNELS`:

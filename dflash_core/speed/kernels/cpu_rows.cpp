@@ -1,18 +1,23 @@
-// dflash_cpu::rows_linear(x, w, b): y = x @ w.T + b for a few rows on an x86 CPU, in one of three
+// dflash_cpu::rows_linear(x, w, b): y = x @ w.T + b for a few rows on an x86 CPU, in one of four
 // variants chosen at run time by the CPU's features: `avx2` (AVX2 + FMA; float32), `avx512`
-// (float32, and bfloat16 inputs and weights widened to float32 and summed there) and `avx512_bf16`
-// (as `avx512` for float32; bfloat16 pairs multiplied and summed into float32 by vdpbf16ps).
+// (float32, and bfloat16 inputs and weights widened to float32 and summed there), `avx512_bf16`
+// (as `avx512` for float32; bfloat16 pairs multiplied and summed into float32 by vdpbf16ps) and
+// `amx` (bfloat16 only, through AMX tiles, on a copy of the weight in the tiles' layout made once
+// by `amx_pack`; its op is dflash_cpu::rows_linear_amx(x, packed, b)).
 //
 // A decoding step multiplies 1 to 16 rows by every weight of the model once, so it is bound by
-// reading the weights. The kernel reads each weight row once per call, four rows at a time, and
-// keeps them in L1 while it multiplies them with the input rows a few at a time.
+// reading the weights. The vector variants read each weight row once per call, four rows at a
+// time, and keep them in L1 while they multiply them with the input rows a few at a time. `amx`
+// reads its packed weights in one sequential stream, and one tile product serves 1 to 16 rows at
+// the same cost, so a block of 16 rows costs about what one row does.
 //
 // Every output element is summed in the same order whatever the number of rows: L lane sums over k
 // in ascending steps of L (8 on AVX2, 16 on AVX-512, whose last step may cover 8; vdpbf16ps adds
-// two products per lane and step), then one fixed horizontal sum, then the bias. Row i of a block
-// is therefore bitwise the output of row i alone, so a verify of B tokens computes its linears
-// exactly as B one-token steps would. Each variant keeps its own order: variants give close, not
-// bitwise equal, outputs.
+// two products per lane and step), then one fixed horizontal sum, then the bias; `amx` adds the
+// products in ascending k into one float32 sum per element, a tile of 32 inputs at a time. Row i
+// of a block is therefore bitwise the output of row i alone, so a verify of B tokens computes its
+// linears exactly as B one-token steps would. Each variant keeps its own order: variants give
+// close, not bitwise equal, outputs.
 //
 // The variants are compiled with per-function target attributes rather than global -m flags, so
 // one build runs on any x86-64 CPU and only the variant this CPU supports is ever called.
@@ -26,7 +31,13 @@
 #include "cpu_avx2.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
+
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -35,6 +46,7 @@ using dflash_kernels::horizontal_sum8;
 
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 #define AVX512BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 
 // What a tile loop needs: the rows (float32), the weight (float32 or bfloat16), the output.
 template <typename W, typename Y>
@@ -214,6 +226,51 @@ AVX512BF16_TARGET void tiles_dpbf16(const c10::BFloat16* X, const Problem<c10::B
   }
 }
 
+// ---------------------------------------------------------------- AMX, bfloat16 rows and packed weights
+
+// Outputs come in groups of 16, inputs in steps of 32. `amx_pack` lays a [N, K] weight out as
+// [N / 16][K / 2][16][2]: for each group and step a 1 KiB block, tile 2's operand of vdpbf16ps'
+// tile form (16 rows of input pairs, each holding the group's 16 outputs' two weights).
+constexpr int64_t AMX_OUTPUTS = 16, AMX_INPUTS = 32, AMX_ROWS = 16;
+
+// ldtilecfg's 64-byte operand, palette 1.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Groups [first, last) for M (1 to 16) rows: tile 0 sums the M rows' 16 outputs in float32, tile 1
+// holds the rows' next 32 inputs, tile 2 the group's weights for them.
+AMX_TARGET void groups_amx(const c10::BFloat16* X, const c10::BFloat16* packed, const float* bias, c10::BFloat16* Y,
+                           int64_t M, int64_t N, int64_t K, int64_t first, int64_t last) {
+  TileConfig config;
+  config.rows[0] = config.rows[1] = static_cast<uint8_t>(M);
+  config.rows[2] = AMX_INPUTS / 2;
+  config.bytes_per_row[0] = config.bytes_per_row[1] = config.bytes_per_row[2] = 64;
+  _tile_loadconfig(&config);  // per call and thread: the tile state belongs to the thread
+  alignas(64) float sums[AMX_ROWS * AMX_OUTPUTS];
+  for (int64_t group = first; group < last; ++group) {
+    const c10::BFloat16* w = packed + group * AMX_OUTPUTS * K;
+    _tile_zero(0);
+    for (int64_t k = 0; k < K; k += AMX_INPUTS) {
+      _tile_loadd(1, X + k, K * sizeof(c10::BFloat16));
+      _tile_loadd(2, w + k * AMX_OUTPUTS, 64);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, sums, 64);
+    const int64_t n0 = group * AMX_OUTPUTS;
+    const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+    for (int64_t m = 0; m < M; ++m) {
+      const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(sums + m * AMX_OUTPUTS), b));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(Y + m * N + n0), reinterpret_cast<const __m256i&>(out));
+    }
+  }
+  _tile_release();  // a thread without tile state is cheaper to switch
+}
+
 // ---------------------------------------------------------------- dispatch
 
 bool has_avx512() {
@@ -227,8 +284,24 @@ bool has_avx512_bf16() {
   return has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
+// AMX needs the CPU's tiles and, on Linux, the kernel's leave to use their state in this process.
+bool has_amx() {
+  static const bool amx = [] {
+    __builtin_cpu_init();
+    if (!has_avx512_bf16() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+#ifdef __linux__
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+  }();
+  return amx;
+}
+
 // The variants this CPU runs, comma-separated, the fastest last ("" where none).
 std::string variants() {
+  if (has_amx()) return "avx2,avx512,avx512_bf16,amx";
   if (has_avx512_bf16()) return "avx2,avx512,avx512_bf16";
   if (has_avx512()) return "avx2,avx512";
   return has_avx2() ? "avx2" : "";
@@ -244,6 +317,7 @@ void run(const Problem<W, Y>& p, Tiles tiles) {
 at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                             c10::string_view variant) {
   const std::string name(variant);
+  TORCH_CHECK(name != "amx", "rows_linear: the amx variant reads a packed weight (amx_pack, rows_linear_amx)");
   TORCH_CHECK(name == "avx2" || name == "avx512" || name == "avx512_bf16",
               "rows_linear: the variant must be avx2, avx512 or avx512_bf16, not '", name, "'");
   TORCH_CHECK(name == "avx2" ? has_avx2() : name == "avx512" ? has_avx512() : has_avx512_bf16(),
@@ -294,15 +368,62 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const c10:
   return rows_linear_with(x, weight, bias, best);
 }
 
+at::Tensor amx_pack(const at::Tensor& weight) {
+  TORCH_CHECK(has_amx(), "amx_pack: this CPU cannot run the amx variant");
+  TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kBFloat16 && weight.dim() == 2,
+              "amx_pack takes a 2-d bfloat16 CPU weight, not ", weight.scalar_type(), " of ", weight.sizes());
+  const int64_t N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(N % AMX_OUTPUTS == 0 && K % AMX_INPUTS == 0,
+              "amx_pack: the weight's sizes must be multiples of 16 (outputs) and 32 (inputs), not ", weight.sizes());
+  return weight.reshape({N / AMX_OUTPUTS, AMX_OUTPUTS, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+at::Tensor rows_linear_amx(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(has_amx(), "rows_linear_amx: this CPU cannot run the amx variant");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == AMX_OUTPUTS && packed.size(3) == 2 && packed.is_contiguous(),
+              "rows_linear_amx: the weight must be packed by amx_pack");
+  const int64_t K = packed.size(1) * 2, N = packed.size(0) * AMX_OUTPUTS;
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
+              "rows_linear_amx takes bfloat16 CPU tensors, not ", x.scalar_type(), " rows and ",
+              packed.scalar_type(), " weights");
+  TORCH_CHECK(x.size(-1) == K, "rows_linear_amx: rows of ", K, " inputs, not ", x.size(-1));
+  const at::Tensor rows = x.reshape({-1, K}).contiguous();
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == N, "rows_linear_amx: bias must have ", N, " elements");
+  }
+  const int64_t M = rows.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const c10::BFloat16* X = rows.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* W = packed.data_ptr<c10::BFloat16>();
+  const float* B = b.defined() ? b.data_ptr<float>() : nullptr;
+  c10::BFloat16* Y = y.data_ptr<c10::BFloat16>();
+  // Past 16 rows (a tile's), blocks of 16 rows one after another, each as it would be alone.
+  for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
+    const int64_t rows_here = std::min(AMX_ROWS, M - m0);
+    at::parallel_for(0, N / AMX_OUTPUTS, GRAIN / 4, [&](int64_t first, int64_t last) {
+      groups_amx(X + m0 * K, W, B, Y + m0 * N, rows_here, N, K, first, last);
+    });
+  }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return y.view(shape);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(dflash_cpu, m) {
   m.def("rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("rows_linear_with(Tensor x, Tensor weight, Tensor? bias, str variant) -> Tensor");
+  m.def("rows_linear_amx(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.def("amx_pack(Tensor weight) -> Tensor");
   m.def("variants() -> str", &variants);
 }
 
 TORCH_LIBRARY_IMPL(dflash_cpu, CPU, m) {
   m.impl("rows_linear", &rows_linear);
   m.impl("rows_linear_with", &rows_linear_with);
+  m.impl("rows_linear_amx", &rows_linear_amx);
+  m.impl("amx_pack", &amx_pack);
 }

@@ -7,12 +7,14 @@ row after the first, while this kernel reads each weight once per call (figures:
 "The CPU rows kernel"). Each output row is bitwise the same whatever the number of rows beside it,
 so a verify's linears compute exactly what one-token steps would.
 
-It comes in three variants, chosen at run time by the CPU's features (`variants()`): `avx2` (AVX2
+It comes in four variants, chosen at run time by the CPU's features (`variants()`): `avx2` (AVX2
 and FMA; float32), `avx512` (AVX-512 F/BW/VL; float32, and bfloat16 rows and weights widened to
-float32 and summed there, then rounded once) and `avx512_bf16` (AVX512-BF16 too; float32 as
+float32 and summed there, then rounded once), `avx512_bf16` (AVX512-BF16 too; float32 as
 `avx512`, bfloat16 through vdpbf16ps, which multiplies bfloat16 pairs into float32 sums at twice
-the rate). Each keeps the guarantee above; their outputs differ from each other in the last bits.
-`rows_linear` takes the last variant `variants()` names.
+the rate) and `amx` (AMX tiles; bfloat16 weights of 16k outputs and 32k inputs, read from a copy
+laid out for the tiles, `pack`: a block of 16 rows costs about what one row does). Each keeps the
+guarantee above; their outputs differ from each other in the last bits. `rows_linear` takes the
+last variant `variants()` names that takes the weight.
 
 The kernel needs an x86 CPU with at least AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
 compiles it once into its cache (`TORCH_EXTENSIONS_DIR`, by default under
@@ -36,7 +38,8 @@ SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_rows.cpp", "cpu
 # CPU. No fast-math either: the sums must keep their written order. OpenMP: at::parallel_for splits
 # the outputs (never a sum) across threads.
 FLAGS = ["-O3", "-fopenmp"]
-VARIANTS = ("avx2", "avx512", "avx512_bf16")
+VARIANTS = ("avx2", "avx512", "avx512_bf16", "amx")
+PACKED = ("amx",)  # variants that read a copy of the weight in their own layout (`pack`)
 
 
 def unsupported_reason() -> str | None:
@@ -69,6 +72,8 @@ def available() -> bool:
             # What torch.compile traces.
             torch.library.register_fake("dflash_cpu::rows_linear", _shape)
             torch.library.register_fake("dflash_cpu::rows_linear_with", lambda x, w, b, variant: _shape(x, w, b))
+            torch.library.register_fake("dflash_cpu::rows_linear_amx",
+                                        lambda x, p, b: x.new_empty((*x.shape[:-1], p.shape[0] * p.shape[2])))
             torch.library.register_fake("dflash_cpu::masked_attention", lambda q, k, v, mask, scale: q.new_empty(q.shape))
             return True
     notice(f"the CPU rows kernel is off, {reason}; few-row linears run on oneDNN or MKL")
@@ -96,7 +101,8 @@ def variant_missing(variant: str) -> str | None:
 def variants_for(dtype: torch.dtype) -> tuple[str, ...]:
     """The variants here that take `dtype` and compute it their own way (for float32 `avx512_bf16`
     runs `avx512`'s code, so only `avx2` and `avx512`)."""
-    own = ("avx2", "avx512") if dtype == torch.float32 else ("avx512", "avx512_bf16") if dtype == torch.bfloat16 else ()
+    own = ("avx2", "avx512") if dtype == torch.float32 else \
+        ("avx512", "avx512_bf16", "amx") if dtype == torch.bfloat16 else ()
     return tuple(v for v in variants() if v in own)
 
 
@@ -111,10 +117,34 @@ def eligible(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype in dtypes() and weight.shape[-1] % 8 == 0
 
 
+def takes(variant: str, weight: torch.Tensor) -> bool:
+    """Whether `variant` computes linears with this (eligible) weight: its dtype, and for `amx`
+    sizes of whole tiles (outputs a multiple of 16, inputs of 32)."""
+    if variant not in variants_for(weight.dtype):
+        return False
+    return variant != "amx" or (weight.shape[0] % 16 == 0 and weight.shape[1] % 32 == 0)
+
+
+def best_for(weight: torch.Tensor, preferred: str | None = None) -> str | None:
+    """`preferred` if it takes this weight, else the last variant here that does (None: none does)."""
+    if preferred is not None and takes(preferred, weight):
+        return preferred
+    return next((v for v in reversed(variants_for(weight.dtype)) if takes(v, weight)), None)
+
+
+def pack(weight: torch.Tensor, variant: str) -> torch.Tensor | None:
+    """The copy of `weight` that `variant` reads (None: it reads the weight itself)."""
+    return torch.ops.dflash_cpu.amx_pack(weight.detach()) if variant in PACKED else None
+
+
 def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                variant: str | None = None) -> torch.Tensor:
+                variant: str | None = None, packed: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` through the kernel (`available()` must have said True): the
-    fastest variant here, or `variant`."""
-    if variant is None:
+    fastest variant here that takes the weight, or `variant`. A packed variant reads `packed`, the
+    weight's `pack` (made here, once per call, where not given)."""
+    variant = variant or best_for(weight)
+    if variant in PACKED:
+        return torch.ops.dflash_cpu.rows_linear_amx(x, pack(weight, variant) if packed is None else packed, bias)
+    if variant is None:  # no variant takes this weight: the kernel's own check says why
         return torch.ops.dflash_cpu.rows_linear(x, weight, bias)
     return torch.ops.dflash_cpu.rows_linear_with(x, weight, bias, variant)
