@@ -30,7 +30,7 @@ def causal(rows: int, keys: int, used: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 2), (4, 4)])
-@pytest.mark.parametrize("head_dim", [8, 64, 128])
+@pytest.mark.parametrize("head_dim", [8, 64, 72, 128])
 @pytest.mark.parametrize("rows", [1, 4, 16])
 def test_it_matches_sdpa_over_the_allowed_keys(heads, kv_heads, head_dim, rows):
     torch.manual_seed(rows * head_dim + heads)

@@ -8,9 +8,10 @@
 // Grouped-query heads read their key/value head directly (query head h uses head h / (H / Hkv)).
 //
 // Each output row is computed alone, in one fixed order: the allowed keys in ascending position,
-// each score a dot product of 8 lane sums over the head dimension then one fixed horizontal sum,
-// exp by one polynomial (Cephes' expf coefficients, within 2 ulp of std::exp), the sum of those in
-// ascending position, the values summed in the same order and divided by it once. A row's output
+// each score a dot product of 8 lane sums over the head dimension then one fixed horizontal sum
+// (eight keys' at once, each in that order), exp by one polynomial (Cephes' expf coefficients,
+// within 2 ulp of std::exp), the sum of those in ascending position, the values summed in the same
+// order (in registers, 64 dimensions at a time) and divided by it once. A row's output
 // is therefore bitwise the same whatever other rows share the call and however many masked keys
 // the cache holds: a verify computes its attention exactly as one-token steps would.
 
@@ -65,37 +66,81 @@ AVX2_TARGET inline float dot(const float* q, const T* k, int64_t D) {
   return horizontal_sum8(acc);
 }
 
+// horizontal_sum8 of each of a[0..7] at once, each in its order ((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7)):
+// eight keys' scores, bitwise as eight calls would give them.
+AVX2_TARGET inline __m256 horizontal_sums8(const __m256* a) {
+  __m256 halves[4];  // a[c]'s lanes i + (i + 4) in the low 128 bits, a[c + 4]'s in the high
+  for (int c = 0; c < 4; ++c)
+    halves[c] = _mm256_add_ps(_mm256_permute2f128_ps(a[c], a[c + 4], 0x20), _mm256_permute2f128_ps(a[c], a[c + 4], 0x31));
+  const __m256 pairs01 = _mm256_add_ps(_mm256_shuffle_ps(halves[0], halves[1], 0x44),
+                                       _mm256_shuffle_ps(halves[0], halves[1], 0xEE));
+  const __m256 pairs23 = _mm256_add_ps(_mm256_shuffle_ps(halves[2], halves[3], 0x44),
+                                       _mm256_shuffle_ps(halves[2], halves[3], 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(pairs01, pairs23, 0x88), _mm256_shuffle_ps(pairs01, pairs23, 0xDD));
+}
+
+// out[d0 : d0 + 8R] = the sum over the keys, in ascending position, of p[i] v[keys[i]][d0 : d0 + 8R],
+// kept in registers; with `total`, also the sum of the p[i] in that order.
+template <int R, typename T>
+AVX2_TARGET inline void weighted_values(const float* p, const T* v, const std::vector<int64_t>& keys, int64_t D,
+                                        int64_t d0, float* out, float* total) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  float sum = 0.f;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const __m256 pi = _mm256_set1_ps(p[i]);
+    const T* vj = v + keys[i] * D + d0;
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(pi, load8(vj + 8 * r), acc[r]);
+    if (total != nullptr) sum += p[i];
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + d0 + 8 * r, acc[r]);
+  if (total != nullptr) *total = sum;
+}
+
+template <typename T>
+AVX2_TARGET void weighted_values(const float* p, const T* v, const std::vector<int64_t>& keys, int64_t D,
+                                 float* out, float* total) {
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {  // 8 registers of sums at a time
+    float* t = d0 == 0 ? total : nullptr;
+    switch (std::min<int64_t>(8, (D - d0) / 8)) {
+      case 8: weighted_values<8>(p, v, keys, D, d0, out, t); break;
+      case 7: weighted_values<7>(p, v, keys, D, d0, out, t); break;
+      case 6: weighted_values<6>(p, v, keys, D, d0, out, t); break;
+      case 5: weighted_values<5>(p, v, keys, D, d0, out, t); break;
+      case 4: weighted_values<4>(p, v, keys, D, d0, out, t); break;
+      case 3: weighted_values<3>(p, v, keys, D, d0, out, t); break;
+      case 2: weighted_values<2>(p, v, keys, D, d0, out, t); break;
+      default: weighted_values<1>(p, v, keys, D, d0, out, t); break;
+    }
+  }
+}
+
 // One query row `q` [D] (as float32) against the keys `keys` (positions into k and v, rows of D) of
 // one head, into `out` [D]. `scores` has room for keys.size() rounded up to 8.
 template <typename T>
 AVX2_TARGET void attend_row(const float* q, const T* k, const T* v, const std::vector<int64_t>& keys,
                             int64_t D, float scale, float* scores, float* out) {
   const int64_t n = static_cast<int64_t>(keys.size());
-  float top = -INFINITY;
+  const __m256 scales = _mm256_set1_ps(scale);
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {  // four keys at once: four independent sums, each in the order of `dot`
-    const T* kj[4] = {k + keys[i] * D, k + keys[i + 1] * D, k + keys[i + 2] * D, k + keys[i + 3] * D};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (; i + 8 <= n; i += 8) {  // eight keys at once: eight independent sums, each in the order of `dot`
+    const T* kj[8];
+    __m256 acc[8];
+    for (int c = 0; c < 8; ++c) kj[c] = k + keys[i + c] * D, acc[c] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d += 8) {
       const __m256 qd = _mm256_loadu_ps(q + d);
-      for (int c = 0; c < 4; ++c) acc[c] = _mm256_fmadd_ps(qd, load8(kj[c] + d), acc[c]);
+      for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(qd, load8(kj[c] + d), acc[c]);
     }
-    for (int c = 0; c < 4; ++c) scores[i + c] = horizontal_sum8(acc[c]) * scale;
+    _mm256_storeu_ps(scores + i, _mm256_mul_ps(horizontal_sums8(acc), scales));
   }
   for (; i < n; ++i) scores[i] = dot(q, k + keys[i] * D, D) * scale;
+  float top = -INFINITY;
   for (i = 0; i < n; ++i) top = std::max(top, scores[i]);
   for (i = n; i % 8; ++i) scores[i] = top;  // padding the last group of 8; never read back
   for (i = 0; i < n; i += 8)
     _mm256_storeu_ps(scores + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), _mm256_set1_ps(top))));
   float total = 0.f;
-  for (i = 0; i < n; ++i) total += scores[i];
-  for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_setzero_ps());
-  for (i = 0; i < n; ++i) {
-    const __m256 p = _mm256_set1_ps(scores[i]);
-    const T* vj = v + keys[i] * D;
-    for (int64_t d = 0; d < D; d += 8)
-      _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, load8(vj + d), _mm256_loadu_ps(out + d)));
-  }
+  weighted_values(scores, v, keys, D, out, &total);
   const __m256 inverse = _mm256_set1_ps(1.f / total);
   for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inverse));
 }
