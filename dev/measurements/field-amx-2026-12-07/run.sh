@@ -2,9 +2,10 @@
 # The field in one run on the AMX class (Intel Xeon): this engine eager and with --compile, at 1 and
 # 2 threads, against transformers, z-lab's reference and vLLM; the target in bfloat16 as dtype auto
 # picks on this CPU (batch-invariant here; the peers run bf16 too). Run from the repo root after
-# `bash scripts/setup.sh --dev --vllm --reference` (each its own call).
+# `bash scripts/setup.sh --dev --vllm --reference` (each its own call); output here, or in the folder
+# given as the first argument.
 set -u
-out=dev/measurements/field-amx-2026-12-07
+out=${1:-dev/measurements/field-amx-2026-12-07}; mkdir -p "$out"
 common=(--target default:smollm2 --drafter assets/drafters/smollm2-135m-instruct-dflash --dtype bfloat16
         --max-new-tokens 128 --prompt-set natural --num-prompts 4 --block-sizes 4
         --no-peers --peer transformers --peer reference --peer vllm)

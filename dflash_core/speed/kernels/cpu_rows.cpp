@@ -314,6 +314,21 @@ void run(const Problem<W, Y>& p, Tiles tiles) {
   at::parallel_for(0, (p.N + 3) / 4, GRAIN, [&](int64_t first, int64_t last) { tiles(p, first, last); });
 }
 
+// The bias as float32 for the epilogues (undefined where there is none), checked against N outputs.
+at::Tensor float_bias(const c10::optional<at::Tensor>& bias, int64_t N, const char* op) {
+  if (!bias.has_value() || !bias->defined()) return at::Tensor();
+  at::Tensor b = bias->to(at::kFloat).contiguous();
+  TORCH_CHECK(b.numel() == N, op, ": bias must have ", N, " elements");
+  return b;
+}
+
+// y [M, N] with x's leading dimensions, as F.linear returns it.
+at::Tensor with_leading_dims(const at::Tensor& y, const at::Tensor& x) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = y.size(1);
+  return y.view(shape);
+}
+
 at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                             c10::string_view variant) {
   const std::string name(variant);
@@ -335,11 +350,7 @@ at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const
   const bool pairs = bf16 && name == "avx512_bf16";
   const at::Tensor rows = x.reshape({-1, K}).to(pairs ? at::kBFloat16 : at::kFloat).contiguous();
   const at::Tensor w = weight.contiguous();
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(b.numel() == N, "rows_linear: bias must have ", N, " elements");
-  }
+  const at::Tensor b = float_bias(bias, N, "rows_linear");
   const int64_t M = rows.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
   const float* X = pairs ? nullptr : rows.data_ptr<float>();
@@ -358,9 +369,7 @@ at::Tensor rows_linear_with(const at::Tensor& x, const at::Tensor& weight, const
     run(Problem<float, float>{X, w.data_ptr<float>(), B, y.data_ptr<float>(), M, N, K},
         [](const auto& p, int64_t a, int64_t z) { tiles_avx2(p, a, z); });
   }
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  return y.view(shape);
+  return with_leading_dims(y, x);
 }
 
 at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
@@ -388,11 +397,7 @@ at::Tensor rows_linear_amx(const at::Tensor& x, const at::Tensor& packed, const 
               packed.scalar_type(), " weights");
   TORCH_CHECK(x.size(-1) == K, "rows_linear_amx: rows of ", K, " inputs, not ", x.size(-1));
   const at::Tensor rows = x.reshape({-1, K}).contiguous();
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(b.numel() == N, "rows_linear_amx: bias must have ", N, " elements");
-  }
+  const at::Tensor b = float_bias(bias, N, "rows_linear_amx");
   const int64_t M = rows.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
   const c10::BFloat16* X = rows.data_ptr<c10::BFloat16>();
@@ -406,9 +411,7 @@ at::Tensor rows_linear_amx(const at::Tensor& x, const at::Tensor& packed, const 
       groups_amx(X + m0 * K, W, B, Y + m0 * N, rows_here, N, K, first, last);
     });
   }
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  return y.view(shape);
+  return with_leading_dims(y, x);
 }
 
 }  // namespace
