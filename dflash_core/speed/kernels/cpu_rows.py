@@ -11,10 +11,10 @@ It comes in four variants, chosen at run time by the CPU's features (`variants()
 and FMA; float32), `avx512` (AVX-512 F/BW/VL; float32, and bfloat16 rows and weights widened to
 float32 and summed there, then rounded once), `avx512_bf16` (AVX512-BF16 too; float32 as
 `avx512`, bfloat16 through vdpbf16ps, which multiplies bfloat16 pairs into float32 sums at twice
-the rate) and `amx` (AMX tiles; bfloat16 weights of 16k outputs and 32k inputs, read from a copy
-laid out for the tiles, `pack`: a block of 16 rows costs about what one row does). Each keeps the
-guarantee above; their outputs differ from each other in the last bits. `rows_linear` takes the
-last variant `variants()` names that takes the weight.
+the rate) and `amx` (AMX tiles; bfloat16 weights whose outputs are a multiple of 16 and inputs of
+32, read from a copy laid out for the tiles, `pack`: a block of 16 rows costs about what one row
+does). Each keeps the guarantee above; their outputs differ from each other in the last bits.
+`rows_linear` takes the last variant `variants()` names that takes the weight.
 
 The kernel needs an x86 CPU with at least AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
 compiles it once into its cache (`TORCH_EXTENSIONS_DIR`, by default under
