@@ -174,6 +174,20 @@ def test_compiled_bf16_steps_keep_blocks_bitwise_one_token_steps(compiled_pair):
     assert all(graph is not None for graph in target.graphs.graphs.values())  # none fell back to eager
 
 
+def test_compiled_bf16_tree_steps_decode_as_plain_decoding(compiled_pair):
+    """A draft tree's verify is a compiled step of its own, its ancestor mask an input, and each
+    node computes what a one-token step at its depth would: the walk keeps plain decoding's output."""
+    target, drafter = compiled_pair
+    for seed in range(3):
+        prompt = torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = run(target, prompt, max_new_tokens=40).output_ids
+        trees = run(target, prompt, drafter, max_new_tokens=40, block_size=4, tree_budget=8)
+        assert trees.output_ids == plain, seed
+        assert all(block.tree is not None and len(block.tree.tokens) == 9 for block in trees.blocks)
+    tree_steps = [graph for key, graph in target.graphs.graphs.items() if key[0][0] == "tree"]
+    assert len(tree_steps) == 1 and tree_steps[0] is not None  # compiled, not fallen back to eager
+
+
 def test_a_batch_invariant_target_compiles_with_library_gemms_and_the_kernel_only(wide_target_dir, monkeypatch):
     from dflash_core.errors import ConfigError
 

@@ -307,8 +307,6 @@ class Target:
             return (f"tree verification needs full attention in every layer, and {self.kv.describe()} A sliding "
                     "window would cut a node's ancestors by slot rather than by depth, and a recurrent state "
                     "would run the tree's branches into one another")
-        if self.graphs is not None:
-            return "tree verification runs eagerly: turn off CUDA graphs and compiled steps for it"
         return None
 
     @torch.inference_mode()
@@ -318,7 +316,9 @@ class Target:
         only (`ancestors` [n, n] bool, `tree.ancestor_mask`); return (logits [n, V], features).
 
         The mask goes to the model as a 4D mask, which transformers' mask functions pass through as
-        is. Every node's keys and values are cached in node order; `keep_path` keeps a path's.
+        is. Every node's keys and values are cached in node order; `keep_path` keeps a path's. With
+        CUDA graphs or compiled steps a tree of each size is a step of its own, the mask one of its
+        inputs.
         """
         if (refusal := self.tree_refusal()) is not None:
             raise ConfigError(refusal)
@@ -329,7 +329,12 @@ class Target:
         allowed[:, :start] = True
         allowed[:, start:start + n] = ancestors
         with self.kv.forward(n):
-            return self._step(ids, positions, mask=self._mask_for(allowed))
+            if self.graphs is not None:
+                return self.graphs(("tree", self._capacity, self.feature_layers), self._tree_step, ids, positions, allowed)
+            return self._tree_step(ids, positions, allowed)
+
+    def _tree_step(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor):
+        return self._step(ids, positions, mask=self._mask_for(allowed))
 
     def keep_path(self, start: int, rows: list[int]) -> None:
         """After `forward_tree` from `start`: keep the cached rows `rows` (increasing, the root's 0
