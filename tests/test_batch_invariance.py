@@ -188,6 +188,20 @@ def test_compiled_bf16_tree_steps_decode_as_plain_decoding(compiled_pair):
     assert len(tree_steps) == 1 and tree_steps[0] is not None  # compiled, not fallen back to eager
 
 
+def test_eager_bf16_tree_steps_decode_as_plain_decoding(compiled_pair):
+    """Eagerly too, a tree's ancestor mask goes to the masked-attention kernel (not SDPA over every
+    key), so each node computes what the one-token step at its depth computes."""
+    if not cpu_attention.row_invariant_ready():
+        pytest.skip("eager batch-invariant trees attend through the masked-attention kernel")
+    compiled, drafter = compiled_pair
+    target = Target(compiled.model, compiled.tokenizer)  # eager steps, the same batch-invariant model
+    for seed in range(4):
+        prompt = torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = run(target, prompt, max_new_tokens=40).output_ids
+        for budget in (4, 8):
+            assert run(target, prompt, drafter, max_new_tokens=40, block_size=4, tree_budget=budget).output_ids == plain
+
+
 def test_a_batch_invariant_target_compiles_with_library_gemms_and_the_kernel_only(wide_target_dir, monkeypatch):
     from dflash_core.errors import ConfigError
 
