@@ -28,7 +28,8 @@ runs under a hard time budget (SIGALRM), and all of them under one deadline. Par
   not for a hybrid);
 - cuda_graphs: the speed part's plain and oracle runs on the static KV cache with CUDA graphs off
   and on (`dflash_core/speed/cuda_graphs.py`): tokens/s, per-cycle draft/verify, host syncs, outputs
-  identical either way, and no failed capture (CUDA only, not for a hybrid);
+  identical either way, a tree of 8 drafts from the pair's drafter decoded identically either way
+  and lossless, and no failed capture (CUDA only, not for a hybrid);
 - race: the app's race path without the web server (`app.race.interleave`, `app.race.report`, the lossless check);
 - datasets: the paper's table (`python -m dflash_core.bench --dataset`, `dflash_core/bench/paper_table.py`)
   on a few samples of each reference-benchmark dataset the machine reaches (the Hub or its datasets
@@ -64,6 +65,7 @@ DRAFTER_ID = "gpu-check/drafter"
 PROMPT = "Write a quicksort in Python."
 SCHEDULE = [1, 16, 3, 9, 2, 16, 5, 12, 7, 16, 4, 11]  # acceptance lengths per cycle, repeated
 TAUS = (4, 6.5, 8)
+TREE_BUDGET = 8  # the cuda_graphs part's tree run: 8 draft nodes, verified as one captured step
 # The paper's pair, raced by the datasets part when both are already in the Hub cache.
 RELEASED_PAIR = ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16")
 FIXTURES = ROOT / "tests" / "fixtures" / "datasets"
@@ -485,9 +487,11 @@ def part_cuda_graphs(state) -> dict:
         return {"status": "skipped", "why": "CUDA graphs need the static KV cache, and a hybrid rolls back on the "
                                             "dynamic cache only"}
     from dflash_core import Block, Target, generate, run
+    from dflash_core.decoding import TREE_METHODS
     from dflash_core.diagnostics.oracle import OracleDrafter, expected_lengths, schedule_for_tau
     from dflash_core.diagnostics.syncs import SyncCounter
     from dflash_core.lossless import compare
+    from dflash_core.models.drafter import method_name
     from dflash_core.speed.fallbacks import NOTICES
 
     n = TOKENS[state["shape"]][1]
@@ -529,6 +533,13 @@ def part_cuda_graphs(state) -> dict:
             == expected_lengths(schedule, b, len(on.blocks)))
         ok = ok and max(syncs) <= 1 and row["lossless"]["kind"] != "diverged"
         result["oracle"][str(tau)] = row
+    if method_name(drafter) in TREE_METHODS:  # a tree's verify is a captured step of its own
+        trees = {mode: run(target, prompt, drafter, max_new_tokens=n, tree_budget=TREE_BUDGET)
+                 for mode, target in targets.items()}
+        result["tree"] = {"budget": TREE_BUDGET, "tau": trees["on"].tau, "lossless": compare(
+            targets["on"], prompt, trees["on"].output_ids, plan[: len(trees["on"].output_ids)]).to_dict()}
+        checks[f"tree {TREE_BUDGET}: on = off"] = trees["on"].output_ids == trees["off"].output_ids
+        ok = ok and result["tree"]["lossless"]["kind"] != "diverged"
     graphs = targets["on"].graphs.graphs
     result["graphs"] = {"captured": sum(g is not None for g in graphs.values()),
                         "failed": sum(g is None for g in graphs.values()), "notices": NOTICES[seen:]}
