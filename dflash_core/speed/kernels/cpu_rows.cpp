@@ -30,6 +30,8 @@
 
 #include "cpu_avx2.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -46,7 +48,11 @@ using dflash_kernels::horizontal_sum8;
 
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 #define AVX512BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+// The amx variant needs a compiler that knows AMX (GCC 11, Clang 12 on); older ones build the others.
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define DFLASH_AMX 1
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+#endif
 
 // What a tile loop needs: the rows (float32), the weight (float32 or bfloat16), the output.
 template <typename W, typename Y>
@@ -242,6 +248,7 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+#ifdef DFLASH_AMX
 // Groups [first, last) for M (1 to 16) rows: tile 0 sums the M rows' 16 outputs in float32, tile 1
 // holds the rows' next 32 inputs, tile 2 the group's weights for them.
 AMX_TARGET void groups_amx(const c10::BFloat16* X, const c10::BFloat16* packed, const float* bias, c10::BFloat16* Y,
@@ -270,6 +277,7 @@ AMX_TARGET void groups_amx(const c10::BFloat16* X, const c10::BFloat16* packed, 
   }
   _tile_release();  // a thread without tile state is cheaper to switch
 }
+#endif
 
 // ---------------------------------------------------------------- dispatch
 
@@ -284,12 +292,14 @@ bool has_avx512_bf16() {
   return has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
-// AMX needs the CPU's tiles and, on Linux, the kernel's leave to use their state in this process.
+// AMX needs the CPU's tiles (CPUID leaf 7: EDX bit 24 AMX-TILE, bit 22 AMX-BF16), a build that
+// knows them, and, on Linux, the kernel's leave to use their state in this process.
 bool has_amx() {
   static const bool amx = [] {
-    __builtin_cpu_init();
-    if (!has_avx512_bf16() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
-#ifdef __linux__
+#if defined(DFLASH_AMX) && defined(__linux__)
+    unsigned a, b, c, d;
+    if (!has_avx512_bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 22) & 1))
+      return false;
     constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 #else
@@ -404,6 +414,7 @@ at::Tensor rows_linear_amx(const at::Tensor& x, const at::Tensor& packed, const 
   const c10::BFloat16* W = packed.data_ptr<c10::BFloat16>();
   const float* B = b.defined() ? b.data_ptr<float>() : nullptr;
   c10::BFloat16* Y = y.data_ptr<c10::BFloat16>();
+#ifdef DFLASH_AMX
   // Past 16 rows (a tile's), blocks of 16 rows one after another, each as it would be alone.
   for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
     const int64_t rows_here = std::min(AMX_ROWS, M - m0);
@@ -411,6 +422,7 @@ at::Tensor rows_linear_amx(const at::Tensor& x, const at::Tensor& packed, const 
       groups_amx(X + m0 * K, W, B, Y + m0 * N, rows_here, N, K, first, last);
     });
   }
+#endif
   return with_leading_dims(y, x);
 }
 
