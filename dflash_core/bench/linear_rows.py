@@ -48,9 +48,8 @@ def packed_path(weights: list[torch.Tensor], hint: int | None):
 def kernel_path(weights: list[torch.Tensor], variant: str):
     """The rows kernel's `variant` (for a weight it does not take, the best here that does), its
     packed copies made before timing, as a packed linear keeps them."""
-    chosen = [cpu_rows.best_for(w, variant) for w in weights]
-    packed = [cpu_rows.pack(w, v) for w, v in zip(weights, chosen)]
-    return lambda i, x: cpu_rows.rows_linear(x, weights[i], variant=chosen[i], packed=packed[i])
+    prepared = [cpu_rows.prepare(w, variant) for w in weights]
+    return lambda i, x: cpu_rows.rows_linear(x, weights[i], None, *prepared[i])
 
 
 @torch.inference_mode()

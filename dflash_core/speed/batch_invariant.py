@@ -72,12 +72,6 @@ def _kernel_takes(query: torch.Tensor, kwargs: dict) -> bool:
             and query.dtype in cpu_attention.DTYPES and query.shape[-1] % 8 == 0 and _kernel_handles(kwargs))
 
 
-def _one_bool_mask(mask: torch.Tensor | None, q_len: int) -> bool:
-    """Whether `mask` is one boolean [q, k] mask for every head of one sequence (what the kernel takes)."""
-    return (mask is not None and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[:2].numel() == 1
-            and mask.shape[-2] == q_len)
-
-
 def _through_kernel(query, key, value, mask, kwargs):
     """Attention through the masked-attention kernel, in the layout transformers' attention returns."""
     scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
@@ -98,7 +92,7 @@ def rowwise(base):
                 return _through_kernel(query, key, value, attention_mask, kwargs)
             return base(module, query, key, value, attention_mask, **kwargs)
         k_len = _visible_keys(attention_mask, q_len, key.shape[2])
-        if k_len is None and not windowed and _kernel_takes(query, kwargs) and _one_bool_mask(attention_mask, q_len):
+        if k_len is None and not windowed and _kernel_takes(query, kwargs) and cpu_attention.takes_mask(attention_mask, q_len):
             # Another mask over one sequence, a draft tree's: the kernel applies it as is, each query
             # over its allowed keys in ascending position, as the one-token step at its depth does.
             return _through_kernel(query, key, value, attention_mask, kwargs)

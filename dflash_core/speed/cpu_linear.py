@@ -102,8 +102,7 @@ class PackedLinear(nn.Linear):
         """Send few-row inputs to the rows kernel's `variant` (or, for a weight that variant does
         not take, to the best one here that does); None: keep them off the kernel."""
         self.rows_kernel = variant is not None
-        self.rows_variant = None if variant is None else cpu_rows.best_for(self.weight, variant)
-        self.rows_packed = None if variant is None else cpu_rows.pack(self.weight, self.rows_variant)
+        self.rows_variant, self.rows_packed = cpu_rows.prepare(self.weight, variant) if variant else (None, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
@@ -209,9 +208,8 @@ def choose_rows_kernel(layers: list[PackedLinear], reps: int = 7) -> bool:
     variants = cpu_rows.variants_for(layers[0].weight.dtype)
 
     def through(variant):
-        chosen = {m: cpu_rows.best_for(m.weight, variant) for m in layers}
-        packed = {m: cpu_rows.pack(m.weight, chosen[m]) for m in layers}
-        return lambda m, x: cpu_rows.rows_linear(x, m.weight, m.bias, variant=chosen[m], packed=packed[m])
+        prepared = {m: cpu_rows.prepare(m.weight, variant) for m in layers}
+        return lambda m, x: cpu_rows.rows_linear(x, m.weight, m.bias, *prepared[m])
 
     times = _median_times(layers, {**{variant: through(variant) for variant in variants},
                                    "current": lambda m, x: m.forward(x)}, rows=(1, 4), reps=reps)

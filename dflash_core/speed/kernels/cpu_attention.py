@@ -34,14 +34,20 @@ def row_invariant_ready() -> bool:
     return cpu_rows.available()
 
 
+def takes_mask(mask: torch.Tensor | None, q_len: int) -> bool:
+    """Whether `mask` is one the kernel applies to `q_len` query rows: one boolean mask for every
+    head of one sequence, a row per query or one row for all."""
+    return (mask is not None and mask.dtype == torch.bool and mask.dim() >= 2 and mask.shape[:-2].numel() == 1
+            and mask.shape[-2] in (1, q_len))
+
+
 def takes(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
     """Whether `masked_attention` computes this call: a traced CPU step (float32, or bfloat16 as the
-    drafter's) of one sequence with one boolean mask for all heads, head size a multiple of 8, no
+    drafter's) of one sequence with a mask `takes_mask` accepts, head size a multiple of 8, no
     dropout."""
-    return (READY and torch.compiler.is_compiling() and mask is not None and mask.dtype == torch.bool
+    return (READY and torch.compiler.is_compiling() and takes_mask(mask, query.shape[2])
             and query.device.type == "cpu" and query.dtype == key.dtype and query.dtype in DTYPES
-            and query.shape[0] == 1 and mask.dim() >= 2 and mask.shape[:-2].numel() == 1
-            and mask.shape[-2] in (1, query.shape[2]) and query.shape[-1] % 8 == 0 and not dropout)
+            and query.shape[0] == 1 and query.shape[-1] % 8 == 0 and not dropout)
 
 
 def masked_attention(query, key, value, mask, scale: float) -> torch.Tensor:

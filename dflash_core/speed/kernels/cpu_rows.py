@@ -137,6 +137,12 @@ def pack(weight: torch.Tensor, variant: str) -> torch.Tensor | None:
     return torch.ops.dflash_cpu.amx_pack(weight.detach()) if variant in PACKED else None
 
 
+def prepare(weight: torch.Tensor, variant: str | None = None) -> tuple[str | None, torch.Tensor | None]:
+    """(`best_for(weight, variant)`, the copy of `weight` it reads): what `rows_linear` takes for it."""
+    chosen = best_for(weight, variant)
+    return chosen, pack(weight, chosen)
+
+
 def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 variant: str | None = None, packed: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` through the kernel (`available()` must have said True): the
