@@ -224,6 +224,16 @@ def test_every_subcommand_answers_its_help(name, capsys):
     assert capsys.readouterr().out.startswith(f"usage: python -m dflash_core.bench {name}")
 
 
+def test_linear_rows_prints_its_sweeps_as_json(tiny_dirs, capsys):
+    target_dir, _ = tiny_dirs
+    assert main(["linear-rows", "--target", str(target_dir), "--rows", "1", "3", "--reps", "1", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert set(result["ms_per_sweep"]) == {"1", "3"} and result["dtype"] == "float32"
+    assert set(result["ms_per_sweep"]["3"]) >= {"MKL (F.linear)", "oneDNN packed for default"}
+    assert lines[-2].startswith("rows  3: ")
+
+
 @pytest.mark.parametrize("flag, now", [("--cycle-times", "cycle"), ("--synthetic=tiny", "cycle --synthetic"),
                                        ("--explain", "explain-cost --top-k")])
 def test_a_flag_that_became_a_subcommand_says_which(flag, now, capsys):

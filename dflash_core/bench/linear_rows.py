@@ -7,7 +7,8 @@ this is the part of a verify's cost the CPU's GEMM kernels decide.
     python -m dflash_core.bench linear-rows --threads 1 [--rows 1 2 3 4 8 16] [--dtype bfloat16]
     ONEDNN_MAX_CPU_ISA=AVX2 python -m dflash_core.bench linear-rows --threads 1   # AVX2's kernels
 
-Prints one line per row count: the median over interleaved sweeps, in ms per sweep of all layers.
+Prints one line per row count: the median over interleaved sweeps, in ms per sweep of all layers;
+then the same as one JSON line.
 `--clock cpu` times the calling thread's CPU time instead of the wall clock (one thread only): on a
 machine others load, time spent descheduled then does not count.
 """
@@ -15,6 +16,7 @@ machine others load, time spent descheduled then does not count.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -76,6 +78,7 @@ def main(argv=None) -> int:
     size = sum(w.numel() * w.element_size() for w in weights) / 2**20
     print(f"{len(weights)} linear layers, {size:.0f} MiB of {args.dtype}, {args.threads} thread(s), "
           f"{args.clock} clock")
+    medians: dict[int, dict[str, float]] = {}
     for rows in args.rows:
         times: dict[str, list[float]] = {name: [] for name in paths}
         for rep in range(args.reps + 1):
@@ -83,6 +86,8 @@ def main(argv=None) -> int:
                 ms = sweep(weights, linear, rows, clock)
                 if rep:  # the first sweep of each path only warms up
                     times[name].append(ms)
-        print(f"rows {rows:2d}: " + ", ".join(f"{name} {statistics.median(t):.1f}" for name, t in times.items()),
-              flush=True)
+        medians[rows] = {name: statistics.median(t) for name, t in times.items()}
+        print(f"rows {rows:2d}: " + ", ".join(f"{name} {ms:.1f}" for name, ms in medians[rows].items()), flush=True)
+    print(json.dumps({"layers": len(weights), "mib": size, "dtype": args.dtype, "threads": args.threads,
+                      "clock": args.clock, "reps": args.reps, "ms_per_sweep": medians}))
     return 0
