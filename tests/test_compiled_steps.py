@@ -125,6 +125,27 @@ def test_longer_steps_of_library_gemms_share_one_trace_and_decode_as_the_eager_o
     torch._dynamo.reset()
 
 
+def test_another_targets_taps_leave_a_compiled_step_as_it_was_compiled(small_pair):
+    """Targets over one model share one hook per layer (`LayerTaps`): a second target tapping layers
+    for its drafter, or tapping none again, neither adds hooks nor makes the first's compiled steps
+    compile again (dynamo guards the hooks on every module a step calls)."""
+    eager, drafter = small_pair
+    torch._dynamo.reset()
+    hooks = [len(layer._forward_hooks) for layer in eager.layers]
+    plain_side = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
+    dflash_side = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = run(plain_side, ids, None, max_new_tokens=8).output_ids
+    entries = len(_debug_get_cache_entry_list(Target._step.__code__))
+    assert run(dflash_side, ids, drafter, max_new_tokens=8).output_ids == plain
+    assert [len(layer._forward_hooks) for layer in eager.layers] == hooks
+    traced = len(_debug_get_cache_entry_list(Target._step.__code__))
+    assert run(plain_side, ids, None, max_new_tokens=8).output_ids == plain
+    assert run(dflash_side, ids, drafter, max_new_tokens=8).output_ids == plain
+    assert entries == 1 and len(_debug_get_cache_entry_list(Target._step.__code__)) == traced
+    torch._dynamo.reset()
+
+
 KERNEL = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(.*?r'''(.*?)'''", re.DOTALL | re.MULTILINE)
 
 

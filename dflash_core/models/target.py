@@ -29,6 +29,37 @@ from .hub import looks_like_path
 from .target_cache import TargetCache
 
 
+class LayerTaps:
+    """One forward hook on each decoder layer of a model, shared by every Target over it: the
+    outputs of the layers the running Target taps go to that Target.
+
+    Dynamo guards the number of hooks on each module a compiled step calls. Hooks added and
+    removed per Target and per run of taps would change those counts whenever another Target over
+    the model (another lane of the app) tapped layers, and every compiled step would compile again;
+    a hook per layer from the first Target on keeps them fixed.
+    """
+
+    def __init__(self, layers):
+        self.recording = None  # the Target whose forward runs now
+        for layer_id, layer in enumerate(layers):
+            layer.register_forward_hook(self._recorder(layer_id))
+
+    @classmethod
+    def of(cls, model, layers) -> LayerTaps:
+        """The model's taps, made at the first Target over it."""
+        if not isinstance(taps := model.__dict__.get("_dflash_layer_taps"), cls):
+            taps = model.__dict__["_dflash_layer_taps"] = cls(layers)
+        return taps
+
+    def _recorder(self, layer_id: int):
+        def record(_module, _inputs, output):
+            target = self.recording
+            if target is not None and layer_id in target.feature_layers:
+                target._taps[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return record
+
+
 def wants_batch_invariance(device: torch.device | str, dtype: torch.dtype) -> bool:
     """bfloat16 on CPU, where rounding differences between a block and one-token steps flip
     near-tied argmaxes; float32 keeps its fastest one-row matmul library (docs/benchmarks.md)."""
@@ -141,8 +172,7 @@ class Target:
             self.graphs = StepGraphs(backend or graph_backend)
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
-        self._recording = False
-        self._hooks = []
+        self._layer_taps = LayerTaps.of(model, self.layers)
         self.feature_layers: tuple[int, ...] = ()
         # transformers renamed `past_key_values` to `cache` during 5.x; accept either release.
         params = inspect.signature(model.forward).parameters
@@ -205,18 +235,7 @@ class Target:
     # --- feature taps ---------------------------------------------------------------------------
     def tap_layers(self, layer_ids) -> None:
         """Record the outputs of these decoder layers (0-based) on every forward."""
-        for hook in self._hooks:
-            hook.remove()
         self.feature_layers = tuple(layer_ids)
-        self._hooks = [self.layers[i].register_forward_hook(self._recorder(i)) for i in set(self.feature_layers)]
-
-    def _recorder(self, layer_id: int):
-        def record(_module, _inputs, output):
-            # Another Target may wrap the same model (the app's plain side): only record our own passes.
-            if self._recording:
-                self._taps[layer_id] = output[0] if isinstance(output, tuple) else output
-
-        return record
 
     # --- decoding -------------------------------------------------------------------------------
     @property
@@ -267,7 +286,7 @@ class Target:
                 if layer.is_initialized:
                     layer.cumulative_length.copy_(positions[0, 0])
         self._taps.clear()
-        self._recording = True
+        self._layer_taps.recording = self
         try:
             out = self.model(
                 input_ids=ids,
@@ -278,7 +297,7 @@ class Target:
                 logits_to_keep=1 if last_logits_only else 0,
             )
         finally:
-            self._recording = False
+            self._layer_taps.recording = None
         features = torch.cat([self._taps[i] for i in self.feature_layers], dim=-1) if self.feature_layers else None
         self._taps.clear()
         return out.logits[0], features
