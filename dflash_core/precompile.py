@@ -26,10 +26,11 @@ from .models.target import Target
 _PROMPT = list(range(10, 42))
 
 
-def size_caches(target: Target, drafter, positions: int) -> None:
-    """Hold runs of up to `positions` tokens in `target`'s static cache and `drafter`'s (if any)."""
+def size_caches(target: Target, drafter, positions: int, rows: int | None = None) -> None:
+    """Hold runs of up to `positions` tokens in `target`'s static cache and `drafter`'s (if any).
+    rows: the most a verify step takes past them (default: the drafter's block; a tree's nodes)."""
     block = drafter.block_size if drafter is not None else 1
-    target.reset(positions + block)
+    target.reset(positions + max(block, rows or 0))
     if drafter is not None:
         drafter.new_cache(positions + 2 * block)
 
@@ -49,7 +50,7 @@ def compile_verify(target: Target, length: int, layer_ids=()) -> None:
         target.reset(capacity)
 
 
-def compile_draft(target: Target, drafter, block_size: int) -> None:
-    """Compile `drafter`'s draft step at `block_size` and the verify step its runs take with it, by
-    decoding a few blocks (greedy) on `target`."""
-    run(target, _PROMPT, drafter, max_new_tokens=3 * block_size, block_size=block_size)
+def compile_draft(target: Target, drafter, block_size: int, tree_budget: int = 0) -> None:
+    """Compile `drafter`'s draft step at `block_size` and the verify step its runs take with it (a
+    tree of `tree_budget` drafts where one is given), by decoding a few blocks (greedy) on `target`."""
+    run(target, _PROMPT, drafter, max_new_tokens=3 * block_size, block_size=block_size, tree_budget=tree_budget)

@@ -5,6 +5,7 @@ the race's note say which steps ran, and why a race stayed eager."""
 
 from __future__ import annotations
 
+import html
 import itertools
 
 import pytest
@@ -14,6 +15,7 @@ from torch._dynamo.utils import counters
 from app.pairs.compiled import COMPILED_LANES, CompiledLanes, Step, needed, plan
 from app.pairs.models import PairCache
 from app.pairs.registry import cli_pair
+from app.race.lanes import TREE_BUDGET
 from app.ui import App
 from app.view import texts
 from app.view.frames import FRAME_FIELDS
@@ -47,12 +49,19 @@ def test_the_plan_holds_every_step_of_every_race_once_the_default_races_first(tr
     assert set(steps[:len(default)]) == default
     if trained > 1:
         assert Step("dflash", trained, draft=True) in default and Step("plain", 1) in default
+    trees = [step for step in steps if step.lane == "tree"]
+    assert trees == [Step("tree", block, draft=True, tree=TREE_BUDGET) for block in range(trained, 1, -1)]
+    assert steps[len(steps) - len(trees):] == trees  # the research lane's steps come last
+    assert "tree" not in {step.lane for step in plan(trained, ("dflash", "plain", "lookup"))}
 
 
 def test_a_race_needs_the_steps_its_lanes_take():
     assert needed(("dflash", "plain"), 4) == {Step("dflash", 4, draft=True), Step("plain", 1)}
     assert needed(("lookup",), 3) == {Step("lookup", 1), Step("lookup", 2), Step("lookup", 3)}
     assert needed(("dflash", "lookup"), 1) == {Step("dflash", 1), Step("lookup", 1)}
+    assert needed(("tree", "plain"), 3) == {Step("tree", 3, draft=True, tree=TREE_BUDGET), Step("plain", 1)}
+    assert needed(("tree",), 4, tree_budget=7) == {Step("tree", 4, draft=True, tree=7)}
+    assert needed(("tree",), 1) == set()  # refused before it races: a tree grows below slot 0
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +82,23 @@ def pair_dirs(tiny_dirs, tmp_path_factory):
     return target_dir, drafter
 
 
-def race(app, lanes, block=BLOCK) -> dict:
+def race(app, lanes, block=BLOCK, tree_budget=None) -> dict:
     """Every output as the page shows it at the end."""
     shown = {}
-    for frame in app.live.compare(PROMPT, NEW, block, 0.0, 1.0, 0, lanes):
+    for frame in app.live.compare(PROMPT, NEW, block, 0.0, 1.0, 0, lanes, tree_budget=tree_budget):
         shown.update((name, value) for name, value in zip(FRAME_FIELDS, frame) if isinstance(value, (str, dict)))
     return shown
+
+
+def trace_runs(shown) -> dict:
+    """The race's runs, from its trace."""
+    return validate_trace(shown["trace_file"])["runs"]
 
 
 def cycles(shown) -> dict:
     """Each lane's tokens and acceptance lengths, from the race's trace."""
     return {name: (run["output_ids"], [block["accepted"] for block in run["blocks"]])
-            for name, run in validate_trace(shown["trace_file"])["runs"].items()}
+            for name, run in trace_runs(shown).items()}
 
 
 def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread):
@@ -114,17 +128,33 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert cycles(shown) == cycles(eager)  # the same tokens, and the same drafts kept in every cycle
     assert any(accepted for _, kept in cycles(shown).values() for accepted in kept)
 
-    # A lane with no compiled steps keeps the whole race eager, and the race says why.
+    # The tree lane races compiled beside DFlash, each on a drafter of its own, as its eager twin does.
+    graphs = counters["stats"]["unique_graphs"]
     tree = race(app, ["tree"])
-    assert texts.STEPS.format(steps="eager steps (the DFlash, tree lane runs them only)") in tree["summary"]
-    assert cycles(tree)["dflash"] == cycles(shown)["dflash"]
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert texts.STEPS.format(steps="compiled steps") in tree["summary"]
+    assert tree["report"]["lanes"]["tree"]["identical"] is True
+    eager_tree = race(eager_app, ["tree"])
+    assert cycles(tree) == cycles(eager_tree) and cycles(tree)["dflash"] == cycles(shown)["dflash"]
+    assert [b["tree"]["path"] for b in trace_runs(tree)["tree"]["blocks"]] == [
+        b["tree"]["path"] for b in trace_runs(eager_tree)["tree"]["blocks"]]
+
+    # A tree of another size is not compiled: the whole race runs eagerly, and says why.
+    other = race(app, ["tree"], tree_budget=TREE_BUDGET + 1)
+    assert html.escape(texts.STEPS.format(
+        steps=f"eager steps (the tree lane's draft step at block {BLOCK} and its tree of {TREE_BUDGET + 1} drafts is "
+              f"not compiled: the app compiles trees of {TREE_BUDGET} drafts)")) in other["summary"]
+    # A lane with no compiled steps keeps the whole race eager, and the race says why.
+    scheduled = race(app, ["scheduled"])
+    assert texts.STEPS.format(steps="eager steps (the DFlash, scheduled block lane runs them only)") in scheduled["summary"]
+    assert cycles(scheduled)["dflash"] == cycles(shown)["dflash"]
 
 
 def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_dirs):
     from dflash_core import DFlashDrafter, Target
 
     target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
-    compiled = CompiledLanes(target, drafter, positions=64 + BLOCK)
+    compiled = CompiledLanes(target, drafter, positions=64 + TREE_BUDGET + 1)  # the tree's nodes are the longest verify
     assert compiled.status() == f"compiling 0/{len(compiled.steps)}"
     assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40) == (None, f"eager steps (compiling 0/{len(compiled.steps)})")
     compiled.done.update(needed(("dflash", "plain"), BLOCK))

@@ -1,12 +1,16 @@
 """A loaded pair's lanes on compiled steps, compiled in the background while races run eagerly.
 
-Each lane that can run compiled (DFlash, plain decoding, prompt lookup) gets a target of its own
-with static caches and compiled steps (`dflash_core.precompile`). A thread compiles the steps those
-lanes take, the default race's first (the one-token step, then the draft and verify steps at the
-trained block size), each on its lane's target while it holds the pair's lock; a step that traces
-the graph another lane's target compiled reuses that code. A race runs compiled only when every step each of its lanes takes is compiled, otherwise all its
-lanes run the eager steps: a race never compares a compiled lane with an eager one, and no lane
-changes path within a race. The tree, scheduled and drafter lanes run eagerly.
+Each lane that can run compiled (DFlash, plain decoding, prompt lookup, DFlash verifying trees) gets
+a target of its own with static caches and compiled steps (`dflash_core.precompile`); the DFlash and
+tree lanes each draft with a twin of the pair's drafter that holds its own static cache. A thread
+compiles the steps those lanes take, the default race's first (the one-token step, then the draft
+and verify steps at the trained block size) and the tree lane's last, each on its lane's target
+while it holds the pair's lock; a step that traces the graph another lane's target compiled reuses
+that code. The tree lane's steps are compiled at the app's default tree budget (`TREE_BUDGET`)
+only: a tree of another size would be a step of its own. A race runs compiled only when every step
+each of its lanes takes is compiled, otherwise all its lanes run the eager steps: a race never
+compares a compiled lane with an eager one, and no lane changes path within a race. The scheduled
+and drafter lanes run eagerly.
 
 Costs: the compiled steps use the same weights (`library` GEMMs: no packed copy per shape), and
 each lane's static KV caches hold `positions` tokens whatever a race's length. Inductor's code goes
@@ -21,11 +25,11 @@ from dataclasses import dataclass
 
 from dflash_core import Target, compile_draft, compile_verify, size_caches
 
-from ..race.lanes import LABELS
+from ..race.lanes import LABELS, TREE_BUDGET
 
-COMPILED_LANES = ("dflash", "plain", "lookup")
-# Positions the compiled lanes' static KV caches hold: a race of up to this many less a block (prompt
-# and new tokens) runs compiled. The target's and the drafter's attention skip the unused ones (the
+COMPILED_LANES = ("dflash", "plain", "lookup", "tree")
+# Positions the compiled lanes' static KV caches hold: a race of up to this many less the longest
+# verify (a block, or the default tree's nodes; prompt and new tokens) runs compiled. The target's and the drafter's attention skip the unused ones (the
 # masked-attention kernel), so the capacity costs memory, not speed (docs/benchmarks.md, "Compiled
 # lanes in the app").
 POSITIONS = 1024
@@ -41,23 +45,30 @@ BUDGET_S = 30 * 60
 @dataclass(frozen=True)
 class Step:
     """A step to compile on `lane`'s target: the verify step of `length` tokens, or with `draft`, the
-    drafter's draft step at block size `length` and the verify step DFlash takes with it."""
+    drafter's draft step at block size `length` and the verify step DFlash takes with it: a chain's,
+    or with `tree`, the verify of a tree of that many drafts."""
 
     lane: str
     length: int
     draft: bool = False
+    tree: int = 0
 
     def describe(self) -> str:
+        if self.tree:
+            return f"{self.lane} lane's draft step at block {self.length} and its tree of {self.tree} drafts"
         if self.draft:
             return f"{self.lane} lane's draft and verify steps at block {self.length}"
         return f"{self.lane} lane's verify step of {self.length} token{'s' if self.length > 1 else ''}"
 
 
-def needed(lanes, block_size: int) -> set[Step]:
-    """The steps a race of `lanes` at `block_size` takes."""
+def needed(lanes, block_size: int, tree_budget: int = TREE_BUDGET) -> set[Step]:
+    """The steps a race of `lanes` at `block_size` takes, its tree lane verifying trees of
+    `tree_budget` drafts (a block of one slot grows no tree: such a race is refused)."""
     steps = set()
     for lane in lanes:
-        if lane == "plain" or block_size == 1:
+        if lane == "tree":
+            steps.update([Step(lane, block_size, draft=True, tree=tree_budget)] if block_size > 1 else [])
+        elif lane == "plain" or block_size == 1:
             steps.add(Step(lane, 1))
         elif lane == "dflash":
             steps.add(Step(lane, block_size, draft=True))
@@ -66,12 +77,14 @@ def needed(lanes, block_size: int) -> set[Step]:
     return steps
 
 
-def plan(trained: int) -> list[Step]:
-    """Every step of races at block sizes 1 to `trained`, the default race's (DFlash at the trained
-    block size against plain decoding) first."""
+def plan(trained: int, lanes=COMPILED_LANES) -> list[Step]:
+    """Every step of races of `lanes` at block sizes 1 to `trained` (trees at the default budget), the
+    default race's (DFlash at the trained block size against plain decoding) first, the tree lane's
+    (a research lane) last."""
     first = sorted(needed(("plain", "dflash"), trained), key=lambda step: step.draft)
-    rest = {step for block in range(trained, 0, -1) for step in needed(COMPILED_LANES, block)} - set(first)
-    return first + sorted(rest, key=lambda step: (step.lane != "lookup", -step.length if step.draft else step.length))
+    rest = {step for block in range(trained, 0, -1) for step in needed(lanes, block)} - set(first)
+    return first + sorted(rest, key=lambda step: (step.lane == "tree", step.lane != "lookup",
+                                                   -step.length if step.draft else step.length))
 
 
 class CompiledLanes:
@@ -80,22 +93,32 @@ class CompiledLanes:
     def __init__(self, target: Target, drafter, positions: int = POSITIONS, gemms: str = GEMMS,
                  budget_s: float = BUDGET_S):
         """positions: what the static caches hold, at most the target's context; races of up to that
-        less the drafter's block (prompt and new tokens) run compiled. budget_s: no step but the first
-        starts to compile after this many seconds; races that need the steps left run eagerly."""
+        less the longest verify (the drafter's block, or the default tree's nodes; prompt and new
+        tokens) run compiled. budget_s: no step but the first starts to compile after this many
+        seconds; races that need the steps left run eagerly."""
+        # A target that cannot verify trees has no tree lane (`LoadedPair.lanes`), nor a drafter of one slot.
+        trees = drafter.block_size > 1 and target.tree_refusal() is None
+        lanes = [lane for lane in COMPILED_LANES if lane != "tree" or trees]
         context = getattr(target.model.config, "max_position_embeddings", None) or positions
-        self.positions = min(positions, context) - drafter.block_size
+        self.positions = min(positions, context) - max(drafter.block_size, TREE_BUDGET + 1 if trees else 0)
         self.gemms, self.budget_s = gemms, budget_s
-        self.drafter = drafter.with_own_cache()  # the eager lanes' drafter keeps its static cache
-        self.targets = {lane: self._compiled(target) for lane in COMPILED_LANES}
-        self.steps = plan(drafter.block_size)
+        # Twins of the pair's drafter: the eager lanes' keeps its static cache, and the DFlash and
+        # tree lanes, which race side by side, each draft from caches of their own.
+        self.drafter, self.tree_drafter = drafter.with_own_cache(), drafter.with_own_cache()
+        self.targets = {lane: self._compiled(target, lane) for lane in lanes}
+        self.steps = plan(drafter.block_size, lanes)
         self.done: set[Step] = set()
         self.failed: str | None = None
         self.seconds = 0.0
         self._thread: threading.Thread | None = None
 
-    def _compiled(self, target: Target) -> Target:
+    def drafter_of(self, lane: str):
+        """The drafter `lane` races on its compiled target."""
+        return self.tree_drafter if lane == "tree" else self.drafter
+
+    def _compiled(self, target: Target, lane: str) -> Target:
         compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=self.gemms)
-        size_caches(compiled, self.drafter, self.positions)
+        size_caches(compiled, self.drafter_of(lane), self.positions, TREE_BUDGET + 1 if lane == "tree" else None)
         return compiled
 
     def start(self, lock: threading.Lock) -> None:
@@ -116,7 +139,7 @@ class CompiledLanes:
             try:
                 with lock:
                     if step.draft:
-                        compile_draft(target, self.drafter, step.length)
+                        compile_draft(target, self.drafter_of(step.lane), step.length, step.tree)
                     else:
                         compile_verify(target, step.length)
             except Exception as exc:  # noqa: BLE001 - those races stay eager, and the status line says why
@@ -144,12 +167,17 @@ class CompiledLanes:
             first <= self.done) else ""
         return f"compiling {done}/{total}{ready}"
 
-    def lanes_for(self, lanes, block_size: int, positions: int) -> tuple[dict | None, str]:
+    def lanes_for(self, lanes, block_size: int, positions: int,
+                  tree_budget: int = TREE_BUDGET) -> tuple[dict | None, str]:
         """({lane: compiled target} and "compiled steps", or None and "eager steps" with why)."""
-        if extra := [LABELS[lane] for lane in lanes if lane not in COMPILED_LANES]:
+        if extra := [LABELS[lane] for lane in lanes if lane not in self.targets]:
             return None, f"eager steps (the {' and '.join(extra)} lane{'s run' if len(extra) > 1 else ' runs'} them only)"
         if positions > self.positions:
             return None, f"eager steps ({positions} positions, past the {self.positions} the compiled steps hold)"
-        if needed(lanes, block_size) - self.done:
+        missing = needed(lanes, block_size, tree_budget) - self.done
+        if unplanned := sorted(missing - set(self.steps), key=Step.describe):
+            return None, (f"eager steps (the {unplanned[0].describe()} is not compiled: the app compiles trees of "
+                          f"{TREE_BUDGET} drafts)")
+        if missing:
             return None, f"eager steps ({self.status()})"
         return {lane: self.targets[lane] for lane in lanes}, "compiled steps"

@@ -87,12 +87,13 @@ class LoadedPair(ModelPair):
             self._lane_targets[lane] = Target(self.target.model, self.target.tokenizer)
         return self._lane_targets[lane]
 
-    def compiled_lanes(self, lanes, block_size: int, positions: int) -> tuple[dict | None, str]:
+    def compiled_lanes(self, lanes, block_size: int, positions: int, tree_budget: int) -> tuple[dict | None, str]:
         """({lane: compiled target} and "compiled steps", or None and "eager steps" with why a race of
-        `lanes` at `block_size` over `positions` tokens (prompt and new) runs them)."""
+        `lanes` at `block_size` over `positions` tokens (prompt and new), its tree lane verifying
+        trees of `tree_budget` drafts, runs them)."""
         if self.compiled is None:
             return None, f"eager steps ({self.eager_only})" if self.eager_only else "eager steps"
-        return self.compiled.lanes_for(lanes, block_size, positions)
+        return self.compiled.lanes_for(lanes, block_size, positions, tree_budget)
 
     @property
     def chat_template(self) -> str:

@@ -57,18 +57,19 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain"), tree_budget: in
     trees of `tree_budget` drafts at `block_size`, its DFlash2, input-fusion and
     autoregressive drafters (`pair.lane_drafters`, each at most at its trained size), prompt
     lookup, and plain decoding, each on a target instance of its own (`LoadedPair.lane_target`).
-    compiled: {lane: its compiled target} for every lane (`pairs/compiled.py`), DFlash's drafter
-    then the compiled lanes' own."""
+    compiled: {lane: its compiled target} for every lane (`pairs/compiled.py`), the DFlash and tree
+    lanes then drafting with their compiled twins of the drafter."""
     from dflash_core import PromptLookup  # torch only for a live race
 
     def lane(name: str) -> Lane:
         target = compiled[name] if compiled else pair.lane_target(name)
+        drafter = pair.compiled.drafter_of(name) if compiled else pair.drafter
         if name == "dflash":
-            return Lane(target, pair.compiled.drafter if compiled else pair.drafter, block_size)
+            return Lane(target, drafter, block_size)
         if name == "scheduled":
             return Lane(target, pair.drafter, pair.drafter.block_size, scheduled=True)
         if name == "tree":
-            return Lane(target, pair.drafter, block_size, tree_budget=tree_budget)
+            return Lane(target, drafter, block_size, tree_budget=tree_budget)
         if name in DRAFTER_LANES:
             drafter = pair.lane_drafters[name]
             return Lane(target, drafter, min(block_size, drafter.block_size))
@@ -135,7 +136,8 @@ class RaceSession:
         self.thinking = pair.thinking(req.thinking)
         self.prompt, self.prompt_ids = req.prompt, prompt_ids
         self.max_new_tokens, self.block_size, self.sampling = req.max_new_tokens, req.block_size, req.sampling
-        compiled, self.steps = pair.compiled_lanes(req.lanes, req.block_size, len(prompt_ids) + req.max_new_tokens)
+        compiled, self.steps = pair.compiled_lanes(req.lanes, req.block_size, len(prompt_ids) + req.max_new_tokens,
+                                                 req.tree_budget)
         self.lanes = pair_lanes(pair, req.block_size, req.lanes, req.tree_budget, compiled)
         self.pieces = {name: TokenPieces(pair.tokenizer) for name in self.lanes}
         self.text_of = single_token_text(pair.tokenizer)
