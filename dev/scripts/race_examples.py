@@ -19,6 +19,7 @@ import time
 
 from gradio_client import Client
 
+from app.race.lanes import TREE_BUDGET
 from app.serve.examples import EXAMPLES
 
 
@@ -33,7 +34,7 @@ def main() -> None:
     p.add_argument("--wait-compiled", type=float, default=0, metavar="S",
                    help="first wait up to S seconds for the status line to say the lanes run compiled")
     p.add_argument("--lanes", nargs="*", default=[], help="more lanes to race (the app's names: tree, lookup, ...)")
-    p.add_argument("--tree-budget", type=int, default=None, help="the tree lane's drafts per cycle (default: the app's)")
+    p.add_argument("--tree-budget", type=int, default=TREE_BUDGET, help="the tree lane's drafts per cycle (default: %(default)s, the app's)")
     args = p.parse_args()
     if args.wait_compiled and args.pair is None:
         args.pair = "smollm2-135m"
@@ -53,7 +54,7 @@ def main() -> None:
         print(f"{time.perf_counter() - start:.1f} s after this script started: {status}", flush=True)
     rows = []
     for (prompt,) in EXAMPLES:
-        summary = client.predict(prompt, args.max_new_tokens, args.block_size, 0.0, 1.0, 0, args.lanes, args.pair, None,
+        summary = client.predict(prompt, args.max_new_tokens, args.block_size, 0.0, 1.0, 0, args.lanes, "default",
                                  args.tree_budget, api_name="/compare")[-2]
         lanes = {lane: {k: summary["lanes"][lane][k] for k in ("tok_s", "tau", "speedup", "identical")} for lane in args.lanes}
         rows.append({"prompt": prompt[:48], **{k: summary[k] for k in ("tau", "speedup", "identical", "dflash_tok_s", "plain_tok_s")},
