@@ -31,6 +31,7 @@ _EXPORTS = {
     "check_block_size": "decoding",
     "check_schedule": "decoding",
     "compile_draft": "precompile",
+    "compile_schedule": "precompile",
     "compile_verify": "precompile",
     "find_match": "ngram",
     "generate": "decoding",

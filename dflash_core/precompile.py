@@ -3,9 +3,9 @@
 A compiled target (`Target(..., compiled=True)`, `speed/compiled_steps.py`) compiles a step the
 first time a run takes it: one verify step per length and set of tapped layers, and a drafter's
 draft step per block size, each at the size of the static caches. That first run pays the compile
-(seconds to minutes on a CPU) inside its own timings. `compile_verify` and `compile_draft` take a
-step ahead of the runs, on the target that will run them: a step that taps layers traces that
-target's own hooks, so another target compiles it again. A step with no taps is kept by dynamo per
+(seconds to minutes on a CPU) inside its own timings. `compile_verify`, `compile_draft` and
+`compile_schedule` take the steps ahead of the runs, on the target that will run them: a step that
+taps layers records into that target, so another target compiles it again. A step with no taps is kept by dynamo per
 step function, and another target over the same model reuses it at its first call where guards pass
 (same shapes, same cache capacity, same compile options).
 
@@ -20,6 +20,7 @@ import torch
 
 from .decoding import run
 from .models.target import Target
+from .schedule import measured_costs
 
 # Any ids do: a step's code depends on shapes, not values. Long enough to give a draft step whole
 # blocks after the first (the block-16 drafters included).
@@ -54,3 +55,19 @@ def compile_draft(target: Target, drafter, block_size: int, tree_budget: int = 0
     """Compile `drafter`'s draft step at `block_size` and the verify step its runs take with it (a
     tree of `tree_budget` drafts where one is given), by decoding a few blocks (greedy) on `target`."""
     run(target, _PROMPT, drafter, max_new_tokens=3 * block_size, block_size=block_size, tree_budget=tree_budget)
+
+
+def compile_schedule(target: Target, drafter) -> None:
+    """Compile what a scheduled run (`block_size="auto"`) of `drafter` takes on `target`: the draft
+    step of a whole block, and the verify steps of 1 to the block's tokens with the drafter's layers
+    tapped, which the schedule's cost profile (`measured_costs`, kept with the target) compiles in
+    its warm-up round and then times. A draft of fewer slots runs the eager draft step
+    (`drafting.DFlashDrafting.draft`)."""
+    compile_draft(target, drafter, drafter.block_size)
+    capacity = target.kv.capacity
+    target.tap_layers(drafter.target_layer_ids)
+    try:
+        measured_costs(target, drafter.block_size)
+    finally:
+        target.tap_layers(())
+        target.reset(capacity)

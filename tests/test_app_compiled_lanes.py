@@ -19,6 +19,7 @@ from app.race.lanes import TREE_BUDGET
 from app.ui import App
 from app.view import texts
 from app.view.frames import FRAME_FIELDS
+from dflash_core import schedule
 from dflash_core.trace import validate_trace
 
 
@@ -42,13 +43,14 @@ NEW = 20
 def test_the_plan_holds_every_step_of_every_race_once_the_default_races_first(trained):
     steps = plan(trained)
     assert len(steps) == len(set(steps))
-    races = [needed(lanes, block) for block in range(1, trained + 1)
+    races = [needed(lanes, block, trained) for block in range(1, trained + 1)
              for n in range(1, len(COMPILED_LANES) + 1) for lanes in itertools.combinations(COMPILED_LANES, n)]
     assert set(steps) == set().union(*races)
-    default = needed(("dflash", "plain"), trained)
+    default = needed(("dflash", "plain"), trained, trained)
     assert set(steps[:len(default)]) == default
     if trained > 1:
         assert Step("dflash", trained, draft=True) in default and Step("plain", 1) in default
+        assert steps[len(default)] == Step("scheduled", trained, draft=True, schedule=True)  # a basic lane next
     trees = [step for step in steps if step.lane == "tree"]
     assert trees == [Step("tree", block, draft=True, tree=TREE_BUDGET) for block in range(trained, 1, -1)]
     assert steps[len(steps) - len(trees):] == trees  # the research lane's steps come last
@@ -56,12 +58,14 @@ def test_the_plan_holds_every_step_of_every_race_once_the_default_races_first(tr
 
 
 def test_a_race_needs_the_steps_its_lanes_take():
-    assert needed(("dflash", "plain"), 4) == {Step("dflash", 4, draft=True), Step("plain", 1)}
-    assert needed(("lookup",), 3) == {Step("lookup", 1), Step("lookup", 2), Step("lookup", 3)}
-    assert needed(("dflash", "lookup"), 1) == {Step("dflash", 1), Step("lookup", 1)}
-    assert needed(("tree", "plain"), 3) == {Step("tree", 3, draft=True, tree=TREE_BUDGET), Step("plain", 1)}
-    assert needed(("tree",), 4, tree_budget=7) == {Step("tree", 4, draft=True, tree=7)}
-    assert needed(("tree",), 1) == set()  # refused before it races: a tree grows below slot 0
+    assert needed(("dflash", "plain"), 4, 4) == {Step("dflash", 4, draft=True), Step("plain", 1)}
+    assert needed(("lookup",), 3, 4) == {Step("lookup", 1), Step("lookup", 2), Step("lookup", 3)}
+    assert needed(("dflash", "lookup"), 1, 4) == {Step("dflash", 1), Step("lookup", 1)}
+    assert needed(("tree", "plain"), 3, 4) == {Step("tree", 3, draft=True, tree=TREE_BUDGET), Step("plain", 1)}
+    assert needed(("tree",), 4, 4, tree_budget=7) == {Step("tree", 4, draft=True, tree=7)}
+    assert needed(("tree",), 1, 4) == set()  # refused before it races: a tree grows below slot 0
+    # The scheduled lane races at the trained block, whatever the race's.
+    assert needed(("scheduled",), 2, 4) == needed(("scheduled",), 4, 4) == {Step("scheduled", 4, draft=True, schedule=True)}
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +148,13 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert html.escape(texts.STEPS.format(
         steps=f"eager steps (the tree lane's draft step at block {BLOCK} and its tree of {TREE_BUDGET + 1} drafts is "
               f"not compiled: the app compiles trees of {TREE_BUDGET} drafts)")) in other["summary"]
-    # A lane with no compiled steps keeps the whole race eager, and the race says why.
+    # The scheduled lane races compiled on the cost profile measured on its compiled target.
+    measured = dict(schedule._MEASURED[compiled.targets["scheduled"]])
+    assert [key[0] for key in measured] == [BLOCK]  # measured once, while compiling: verifies of 1 to 4 tokens
     scheduled = race(app, ["scheduled"])
-    assert texts.STEPS.format(steps="eager steps (the DFlash, scheduled block lane runs them only)") in scheduled["summary"]
+    assert counters["stats"]["unique_graphs"] == graphs and schedule._MEASURED[compiled.targets["scheduled"]] == measured
+    assert texts.STEPS.format(steps="compiled steps") in scheduled["summary"]
+    assert scheduled["report"]["lanes"]["scheduled"]["identical"] is True
     assert cycles(scheduled)["dflash"] == cycles(shown)["dflash"]
 
 
@@ -157,7 +165,7 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
     compiled = CompiledLanes(target, drafter, positions=64 + TREE_BUDGET + 1)  # the tree's nodes are the longest verify
     assert compiled.status() == f"compiling 0/{len(compiled.steps)}"
     assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40) == (None, f"eager steps (compiling 0/{len(compiled.steps)})")
-    compiled.done.update(needed(("dflash", "plain"), BLOCK))
+    compiled.done.update(needed(("dflash", "plain"), BLOCK, BLOCK))
     assert compiled.status() == (f"compiling 2/{len(compiled.steps)}; DFlash at block {BLOCK} and plain decoding run "
                                  "compiled already")
     targets, steps = compiled.lanes_for(("dflash", "plain"), BLOCK, 40)
@@ -166,8 +174,8 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
     assert compiled.lanes_for(("dflash", "plain"), BLOCK, 65) == (
         None, "eager steps (65 positions, past the 64 the compiled steps hold)")
     assert compiled.lanes_for(("dflash", "plain", "lookup"), BLOCK, 40)[0] is None  # lookup's steps are not done
-    assert compiled.lanes_for(("dflash", "scheduled", "ar"), BLOCK, 40) == (
-        None, "eager steps (the DFlash, scheduled block and AR drafter lanes run them only)")
+    assert compiled.lanes_for(("dflash", "fusion", "ar"), BLOCK, 40) == (
+        None, "eager steps (the input fusion and AR drafter lanes run them only)")
 
 
 def test_compiling_stops_at_its_bound_and_says_what_compiled(pair_dirs):

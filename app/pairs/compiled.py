@@ -1,16 +1,18 @@
 """A loaded pair's lanes on compiled steps, compiled in the background while races run eagerly.
 
-Each lane that can run compiled (DFlash, plain decoding, prompt lookup, DFlash verifying trees) gets
-a target of its own with static caches and compiled steps (`dflash_core.precompile`); the DFlash and
-tree lanes each draft with a twin of the pair's drafter that holds its own static cache. A thread
-compiles the steps those lanes take, the default race's first (the one-token step, then the draft
-and verify steps at the trained block size) and the tree lane's last, each on its lane's target
-while it holds the pair's lock; a step that traces the graph another lane's target compiled reuses
-that code. The tree lane's steps are compiled at the app's default tree budget (`TREE_BUDGET`)
-only: a tree of another size would be a step of its own. A race runs compiled only when every step
-each of its lanes takes is compiled, otherwise all its lanes run the eager steps: a race never
-compares a compiled lane with an eager one, and no lane changes path within a race. The scheduled
-and drafter lanes run eagerly.
+Each lane that can run compiled (DFlash, plain decoding, prompt lookup, DFlash with the block
+schedule, DFlash verifying trees) gets a target of its own with static caches and compiled steps
+(`dflash_core.precompile`); the lanes that draft each draft with a twin of the pair's drafter that
+holds its own static cache. A thread compiles the steps those lanes take, the default race's first
+(the one-token step, then the draft and verify steps at the trained block size), then the scheduled
+lane's (which also measure its cost profile on its compiled target), and the tree lane's last,
+each on its lane's target while it holds the pair's lock; a step that traces the graph another
+lane's target compiled reuses that code. The tree lane's steps are compiled at the app's default
+tree budget (`TREE_BUDGET`) only: a tree of another size would be a step of its own. The scheduled
+lane drafts fewer slots than its block with the eager draft step (the engine compiles a whole
+block's). A race runs compiled only when every step each of its lanes takes is compiled, otherwise
+all its lanes run the eager steps: a race never compares a compiled lane with an eager one, and no
+lane changes path within a race. The drafter lanes (DFlash2, input fusion, AR) run eagerly.
 
 Costs: the compiled steps use the same weights (`library` GEMMs: no packed copy per shape), and
 each lane's static KV caches hold `positions` tokens whatever a race's length. Inductor's code goes
@@ -23,11 +25,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dflash_core import Target, compile_draft, compile_verify, size_caches
+from dflash_core import Target, compile_draft, compile_schedule, compile_verify, size_caches
 
 from ..race.lanes import LABELS, TREE_BUDGET
 
-COMPILED_LANES = ("dflash", "plain", "lookup", "tree")
+COMPILED_LANES = ("dflash", "plain", "lookup", "scheduled", "tree")
+# The compiled lanes that draft, each with a drafter twin of its own: they race side by side.
+DRAFTING_LANES = ("dflash", "scheduled", "tree")
 # Positions the compiled lanes' static KV caches hold: a race of up to this many less the longest
 # verify (a block, or the default tree's nodes; prompt and new tokens) runs compiled. The target's and the drafter's attention skip the unused ones (the
 # masked-attention kernel), so the capacity costs memory, not speed (docs/benchmarks.md, "Compiled
@@ -46,14 +50,18 @@ BUDGET_S = 30 * 60
 class Step:
     """A step to compile on `lane`'s target: the verify step of `length` tokens, or with `draft`, the
     drafter's draft step at block size `length` and the verify step DFlash takes with it: a chain's,
-    or with `tree`, the verify of a tree of that many drafts."""
+    with `tree` the verify of a tree of that many drafts, with `schedule` the verifies of 1 to
+    `length` tokens and the schedule's cost profile."""
 
     lane: str
     length: int
     draft: bool = False
     tree: int = 0
+    schedule: bool = False
 
     def describe(self) -> str:
+        if self.schedule:
+            return f"{self.lane} lane's draft step at block {self.length} and its verify steps of 1 to {self.length} tokens"
         if self.tree:
             return f"{self.lane} lane's draft step at block {self.length} and its tree of {self.tree} drafts"
         if self.draft:
@@ -61,12 +69,15 @@ class Step:
         return f"{self.lane} lane's verify step of {self.length} token{'s' if self.length > 1 else ''}"
 
 
-def needed(lanes, block_size: int, tree_budget: int = TREE_BUDGET) -> set[Step]:
-    """The steps a race of `lanes` at `block_size` takes, its tree lane verifying trees of
-    `tree_budget` drafts (a block of one slot grows no tree: such a race is refused)."""
+def needed(lanes, block_size: int, trained: int, tree_budget: int = TREE_BUDGET) -> set[Step]:
+    """The steps a race of `lanes` at `block_size` takes, its scheduled lane at the drafter's
+    `trained` block, its tree lane verifying trees of `tree_budget` drafts (a block of one slot grows
+    no tree: such a race is refused)."""
     steps = set()
     for lane in lanes:
-        if lane == "tree":
+        if lane == "scheduled":
+            steps.update([Step(lane, trained, draft=True, schedule=True)] if trained > 1 else [])
+        elif lane == "tree":
             steps.update([Step(lane, block_size, draft=True, tree=tree_budget)] if block_size > 1 else [])
         elif lane == "plain" or block_size == 1:
             steps.add(Step(lane, 1))
@@ -81,9 +92,9 @@ def plan(trained: int, lanes=COMPILED_LANES) -> list[Step]:
     """Every step of races of `lanes` at block sizes 1 to `trained` (trees at the default budget), the
     default race's (DFlash at the trained block size against plain decoding) first, the tree lane's
     (a research lane) last."""
-    first = sorted(needed(("plain", "dflash"), trained), key=lambda step: step.draft)
-    rest = {step for block in range(trained, 0, -1) for step in needed(lanes, block)} - set(first)
-    return first + sorted(rest, key=lambda step: (step.lane == "tree", step.lane != "lookup",
+    first = sorted(needed(("plain", "dflash"), trained, trained), key=lambda step: step.draft)
+    rest = {step for block in range(trained, 0, -1) for step in needed(lanes, block, trained)} - set(first)
+    return first + sorted(rest, key=lambda step: (step.lane == "tree", step.lane != "scheduled", step.lane != "lookup",
                                                    -step.length if step.draft else step.length))
 
 
@@ -102,9 +113,10 @@ class CompiledLanes:
         context = getattr(target.model.config, "max_position_embeddings", None) or positions
         self.positions = min(positions, context) - max(drafter.block_size, TREE_BUDGET + 1 if trees else 0)
         self.gemms, self.budget_s = gemms, budget_s
-        # Twins of the pair's drafter: the eager lanes' keeps its static cache, and the DFlash and
-        # tree lanes, which race side by side, each draft from caches of their own.
-        self.drafter, self.tree_drafter = drafter.with_own_cache(), drafter.with_own_cache()
+        # Twins of the pair's drafter: the eager lanes' keeps its static cache, and the compiled lanes
+        # that draft, which race side by side, each draft from caches of their own.
+        self.drafters = {lane: drafter.with_own_cache() for lane in DRAFTING_LANES}
+        self.block_size = drafter.block_size
         self.targets = {lane: self._compiled(target, lane) for lane in lanes}
         self.steps = plan(drafter.block_size, lanes)
         self.done: set[Step] = set()
@@ -113,8 +125,9 @@ class CompiledLanes:
         self._thread: threading.Thread | None = None
 
     def drafter_of(self, lane: str):
-        """The drafter `lane` races on its compiled target."""
-        return self.tree_drafter if lane == "tree" else self.drafter
+        """The drafter `lane` races on its compiled target (plain decoding and prompt lookup draft
+        with none; their caches are sized as DFlash's)."""
+        return self.drafters.get(lane, self.drafters["dflash"])
 
     def _compiled(self, target: Target, lane: str) -> Target:
         compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=self.gemms)
@@ -138,7 +151,9 @@ class CompiledLanes:
             target = self.targets[step.lane]
             try:
                 with lock:
-                    if step.draft:
+                    if step.schedule:
+                        compile_schedule(target, self.drafter_of(step.lane))
+                    elif step.draft:
                         compile_draft(target, self.drafter_of(step.lane), step.length, step.tree)
                     else:
                         compile_verify(target, step.length)
@@ -162,8 +177,8 @@ class CompiledLanes:
             return f"{done}/{total} compiled, the others eager: {self.failed}"
         if done == total:
             return f"compiled (in {self.seconds:.0f} s)"
-        first = needed(("dflash", "plain"), self.drafter.block_size)
-        ready = f"; DFlash at block {self.drafter.block_size} and plain decoding run compiled already" if (
+        first = needed(("dflash", "plain"), self.block_size, self.block_size)
+        ready = f"; DFlash at block {self.block_size} and plain decoding run compiled already" if (
             first <= self.done) else ""
         return f"compiling {done}/{total}{ready}"
 
@@ -174,7 +189,7 @@ class CompiledLanes:
             return None, f"eager steps (the {' and '.join(extra)} lane{'s run' if len(extra) > 1 else ' runs'} them only)"
         if positions > self.positions:
             return None, f"eager steps ({positions} positions, past the {self.positions} the compiled steps hold)"
-        missing = needed(lanes, block_size, tree_budget) - self.done
+        missing = needed(lanes, block_size, self.block_size, tree_budget) - self.done
         if unplanned := sorted(missing - set(self.steps), key=Step.describe):
             return None, (f"eager steps (the {unplanned[0].describe()} is not compiled: the app compiles trees of "
                           f"{TREE_BUDGET} drafts)")

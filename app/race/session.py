@@ -57,8 +57,8 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain"), tree_budget: in
     trees of `tree_budget` drafts at `block_size`, its DFlash2, input-fusion and
     autoregressive drafters (`pair.lane_drafters`, each at most at its trained size), prompt
     lookup, and plain decoding, each on a target instance of its own (`LoadedPair.lane_target`).
-    compiled: {lane: its compiled target} for every lane (`pairs/compiled.py`), the DFlash and tree
-    lanes then drafting with their compiled twins of the drafter."""
+    compiled: {lane: its compiled target} for every lane (`pairs/compiled.py`), the lanes of the
+    pair's drafter then drafting with their compiled twins of it."""
     from dflash_core import PromptLookup  # torch only for a live race
 
     def lane(name: str) -> Lane:
@@ -67,7 +67,7 @@ def pair_lanes(pair, block_size: int, names=("dflash", "plain"), tree_budget: in
         if name == "dflash":
             return Lane(target, drafter, block_size)
         if name == "scheduled":
-            return Lane(target, pair.drafter, pair.drafter.block_size, scheduled=True)
+            return Lane(target, drafter, pair.drafter.block_size, scheduled=True)
         if name == "tree":
             return Lane(target, drafter, block_size, tree_budget=tree_budget)
         if name in DRAFTER_LANES:
