@@ -54,7 +54,9 @@ class LayerTaps:
     def _recorder(self, layer_id: int):
         def record(_module, _inputs, output):
             target = self.recording
-            if target is not None and layer_id in target.feature_layers:
+            # A flag per layer, not `layer_id in target.feature_layers`: dynamo makes the ints of a
+            # tuple that changed between compiles symbolic, and the membership test then failed.
+            if target is not None and target._tapped[layer_id]:
                 target._taps[layer_id] = output[0] if isinstance(output, tuple) else output
 
         return record
@@ -173,7 +175,7 @@ class Target:
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
         self._layer_taps = LayerTaps.of(model, self.layers)
-        self.feature_layers: tuple[int, ...] = ()
+        self.tap_layers(())
         # transformers renamed `past_key_values` to `cache` during 5.x; accept either release.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -235,7 +237,8 @@ class Target:
     # --- feature taps ---------------------------------------------------------------------------
     def tap_layers(self, layer_ids) -> None:
         """Record the outputs of these decoder layers (0-based) on every forward."""
-        self.feature_layers = tuple(layer_ids)
+        self.feature_layers: tuple[int, ...] = tuple(layer_ids)
+        self._tapped = tuple(i in self.feature_layers for i in range(len(self.layers)))
 
     # --- decoding -------------------------------------------------------------------------------
     @property
