@@ -4,10 +4,9 @@ A compiled target (`Target(..., compiled=True)`, `speed/compiled_steps.py`) comp
 first time a run takes it: one verify step per length and set of tapped layers, and a drafter's
 draft step per block size, each at the size of the static caches. That first run pays the compile
 (seconds to minutes on a CPU) inside its own timings. `compile_verify`, `compile_draft` and
-`compile_schedule` take the steps ahead of the runs, on the target that will run them: a step that
-taps layers records into that target, so another target compiles it again. A step with no taps is kept by dynamo per
-step function, and another target over the same model reuses it at its first call where guards pass
-(same shapes, same cache capacity, same compile options).
+`compile_schedule` take the steps ahead of the runs, on the target that will run them. Dynamo keeps
+a step's code per step function, and another target over the same model reuses it at its first
+call where guards pass (same shapes, same tapped layers, same cache capacity, same compile options).
 
 The caches only grow, and a step compiled at one capacity is not the step of another:
 `size_caches` sets both caches to hold runs of up to `positions` tokens, before the steps are

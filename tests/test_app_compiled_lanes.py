@@ -178,6 +178,19 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
         None, "eager steps (the input fusion and AR drafter lanes run them only)")
 
 
+def test_a_target_that_cannot_verify_trees_compiles_no_tree_lane(pair_dirs, monkeypatch):
+    """Where the target refuses trees (a sliding window, a recurrent state), the pair has no tree lane:
+    nothing of it is planned or held, and its caches leave room for a block only."""
+    from dflash_core import DFlashDrafter, Target
+
+    monkeypatch.setattr(Target, "tree_refusal", lambda self: "a sliding window")
+    target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
+    compiled = CompiledLanes(target, drafter, positions=64 + BLOCK)
+    assert "tree" not in compiled.targets and not [step for step in compiled.steps if step.lane == "tree"]
+    assert compiled.positions == 64 and set(compiled.targets) == {"dflash", "plain", "lookup", "scheduled"}
+    assert compiled.lanes_for(("tree",), BLOCK, 40) == (None, "eager steps (the DFlash, tree lane runs them only)")
+
+
 def test_compiling_stops_at_its_bound_and_says_what_compiled(pair_dirs):
     import threading
 

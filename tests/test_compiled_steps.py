@@ -128,7 +128,8 @@ def test_longer_steps_of_library_gemms_share_one_trace_and_decode_as_the_eager_o
 def test_another_targets_taps_leave_a_compiled_step_as_it_was_compiled(small_pair):
     """Targets over one model share one hook per layer (`LayerTaps`): a second target tapping layers
     for its drafter, or tapping none again, neither adds hooks nor makes the first's compiled steps
-    compile again (dynamo guards the hooks on every module a step calls)."""
+    compile again (dynamo guards the hooks on every module a step calls), and a third target tapping
+    the same layers reuses the second's traces."""
     eager, drafter = small_pair
     torch._dynamo.reset()
     hooks = [len(layer._forward_hooks) for layer in eager.layers]
@@ -143,6 +144,10 @@ def test_another_targets_taps_leave_a_compiled_step_as_it_was_compiled(small_pai
     assert run(plain_side, ids, None, max_new_tokens=8).output_ids == plain
     assert run(dflash_side, ids, drafter, max_new_tokens=8).output_ids == plain
     assert entries == 1 and len(_debug_get_cache_entry_list(Target._step.__code__)) == traced
+    # A third target with the same taps (another lane of the drafter) reuses the second's traces.
+    third = Target(eager.model, static_cache=True, compiled=True, compile_gemms="library")
+    assert run(third, ids, drafter.with_own_cache(), max_new_tokens=8).output_ids == plain
+    assert len(_debug_get_cache_entry_list(Target._step.__code__)) == traced
     torch._dynamo.reset()
 
 

@@ -151,12 +151,7 @@ class CompiledLanes:
             target = self.targets[step.lane]
             try:
                 with lock:
-                    if step.schedule:
-                        compile_schedule(target, self.drafter_of(step.lane))
-                    elif step.draft:
-                        compile_draft(target, self.drafter_of(step.lane), step.length, step.tree)
-                    else:
-                        compile_verify(target, step.length)
+                    self.compile(step)
             except Exception as exc:  # noqa: BLE001 - those races stay eager, and the status line says why
                 self.failed = f"compiling the {step.describe()} failed ({type(exc).__name__}: {exc})"
                 return
@@ -165,6 +160,16 @@ class CompiledLanes:
                 return
             self.done.add(step)
             self.seconds = time.perf_counter() - start
+
+    def compile(self, step: Step) -> None:
+        """Compile `step` on its lane's target, with its lane's drafter (the caller holds the pair's lock)."""
+        target, drafter = self.targets[step.lane], self.drafter_of(step.lane)
+        if step.schedule:
+            compile_schedule(target, drafter)
+        elif step.draft:
+            compile_draft(target, drafter, step.length, step.tree)
+        else:
+            compile_verify(target, step.length)
 
     @property
     def finished(self) -> bool:

@@ -10,7 +10,7 @@ import time
 import torch
 
 from app.pairs.compiled import CompiledLanes
-from dflash_core import compile_draft, compile_verify, load_pair
+from dflash_core import load_pair
 from dflash_core.bench.run import DEFAULT_DRAFTER
 from dflash_core.loading.pair import keep_compiled_code
 
@@ -21,10 +21,7 @@ lanes = CompiledLanes(pair.target, pair.drafter)
 start = time.perf_counter()
 for step in lanes.steps:
     began = time.perf_counter()
-    if step.draft:
-        compile_draft(lanes.targets[step.lane], lanes.drafter, step.length)
-    else:
-        compile_verify(lanes.targets[step.lane], step.length)
+    lanes.compile(step)
     print(f"{step.describe()}: {time.perf_counter() - began:.1f} s", flush=True)
 print(f"all {len(lanes.steps)} steps: {time.perf_counter() - start:.1f} s")
 print(torch._dynamo.utils.compile_times())

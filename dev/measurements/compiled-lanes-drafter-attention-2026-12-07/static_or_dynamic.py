@@ -44,7 +44,7 @@ totals = {}
 for rep in range(2):
     for ids in prompts:
         for name, target, drafter in (("plain", lanes.targets["plain"], None),
-                                      ("dflash", lanes.targets["dflash"], lanes.drafter)):
+                                      ("dflash", lanes.targets["dflash"], lanes.drafter_of("dflash"))):
             s = run(target, ids, drafter, max_new_tokens=128, stop_ids=stop)
             t = totals.setdefault(name, [0, 0.0, []])
             t[0] += len(s.output_ids)
