@@ -40,6 +40,7 @@ _EXPORTS = {
     "resolve_model_dir": "models.hub",
     "run": "decoding",
     "size_caches": "precompile",
+    "tree_refusal": "decoding",
     "validate_pair": "loading.pair",
 }
 

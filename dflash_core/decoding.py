@@ -109,6 +109,14 @@ def check_schedule(drafter, sampling: SamplingParams, draft_mode: str = "sample"
 TREE_METHODS = ("dflash", "fusion")
 
 
+def tree_refusal(target: Target, drafter) -> str | None:
+    """Why `drafter` and `target` cannot verify draft trees (`tree_budget`), or None when they can."""
+    if (method := method_name(drafter)) not in TREE_METHODS:
+        return (f"a tree grows from one pass's per-slot top-k, which {method} drafting has no form of (trees need "
+                f"one of {TREE_METHODS})")
+    return target.tree_refusal()
+
+
 def _check_tree(target: Target, drafter, tree_budget, block_size: int, scheduled: bool, explain: int) -> None:
     """A tree budget, and a run that can verify trees, or a GenerationInputError saying why not."""
     if isinstance(tree_budget, bool) or not isinstance(tree_budget, int) or tree_budget < 0:

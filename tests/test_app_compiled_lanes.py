@@ -178,13 +178,23 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
         None, "eager steps (the input fusion and AR drafter lanes run them only)")
 
 
-def test_a_target_that_cannot_verify_trees_compiles_no_tree_lane(pair_dirs, monkeypatch):
-    """Where the target refuses trees (a sliding window, a recurrent state), the pair has no tree lane:
-    nothing of it is planned or held, and its caches leave room for a block only."""
-    from dflash_core import DFlashDrafter, Target
+@pytest.mark.parametrize("why", ["target", "drafter"])
+def test_a_pair_that_cannot_verify_trees_compiles_no_tree_lane(pair_dirs, tmp_path, monkeypatch, why):
+    """Where the target refuses trees (a sliding window, a recurrent state) or the drafter cannot
+    grow them (DFlash2 picks each slot after the one before), the pair has no tree lane: nothing of
+    it is planned or held, and its caches leave room for a block only."""
+    from tiny import build_dflash2_drafter
 
-    monkeypatch.setattr(Target, "tree_refusal", lambda self: "a sliding window")
-    target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
+    from dflash_core import DFlashDrafter, Target, tree_refusal
+
+    target = Target.from_pretrained(pair_dirs[0])
+    if why == "target":
+        monkeypatch.setattr(Target, "tree_refusal", lambda self: "a sliding window")
+        drafter = DFlashDrafter.from_pretrained(pair_dirs[1])
+        assert tree_refusal(target, drafter) == "a sliding window"
+    else:
+        drafter = DFlashDrafter.from_pretrained(build_dflash2_drafter(tmp_path / "dflash2", pair_dirs[0], block_size=BLOCK))
+        assert "dflash2 drafting has no form of" in tree_refusal(target, drafter)
     compiled = CompiledLanes(target, drafter, positions=64 + BLOCK)
     assert "tree" not in compiled.targets and not [step for step in compiled.steps if step.lane == "tree"]
     assert compiled.positions == 64 and set(compiled.targets) == {"dflash", "plain", "lookup", "scheduled"}

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 from families import build_family_target
-from tiny import build_drafter
+from tiny import build_dflash2_drafter, build_drafter
 
 from app.pairs.models import PairCache
 from app.pairs.registry import cli_pair
@@ -136,6 +136,19 @@ def test_a_target_that_cannot_verify_trees_gets_the_engines_reason(tmp_path, one
     assert "tree" not in app.cache.get(spec).lanes and "scheduled" in app.cache.get(spec).lanes
     with pytest.raises(Exception, match=rf"The tree lane cannot race {re.escape(spec.label)}: tree verification needs "
                                         "full attention in every layer"):
+        list(app.live.compare("hi", 8, 4, 0.0, 1.0, 0, ["tree"]))
+    *_, last = app.live.compare("hi", 8, 4, 0.0, 1.0, 0, [])
+    assert dict(zip(FRAME_FIELDS, last))["report"]["identical"] is True  # the app keeps serving
+
+
+def test_a_dflash2_pair_offers_no_tree_lane_and_a_request_for_one_is_named(tiny_dirs, tmp_path, one_thread):
+    """A pair whose drafter is DFlash2 (each slot picked after the one before) has no per-slot top-k
+    to grow a tree from: the lane is not offered, an API call asking for it gets the engine's reason."""
+    spec = cli_pair(str(tiny_dirs[0]), str(build_dflash2_drafter(tmp_path / "drafter", tiny_dirs[0], block_size=4)))
+    app = App([spec], spec.id, PairCache("cpu"))
+    assert "tree" not in app.cache.get(spec).lanes
+    with pytest.raises(Exception, match=rf"The tree lane cannot race {re.escape(spec.label)}: a tree grows from one "
+                                        "pass's per-slot top-k, which dflash2 drafting has no form of"):
         list(app.live.compare("hi", 8, 4, 0.0, 1.0, 0, ["tree"]))
     *_, last = app.live.compare("hi", 8, 4, 0.0, 1.0, 0, [])
     assert dict(zip(FRAME_FIELDS, last))["report"]["identical"] is True  # the app keeps serving

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dflash_core import Target, compile_draft, compile_schedule, compile_verify, size_caches
+from dflash_core import Target, compile_draft, compile_schedule, compile_verify, size_caches, tree_refusal
 
 from ..race.lanes import LABELS, TREE_BUDGET
 
@@ -89,9 +89,9 @@ def needed(lanes, block_size: int, trained: int, tree_budget: int = TREE_BUDGET)
 
 
 def plan(trained: int, lanes=COMPILED_LANES) -> list[Step]:
-    """Every step of races of `lanes` at block sizes 1 to `trained` (trees at the default budget), the
-    default race's (DFlash at the trained block size against plain decoding) first, the tree lane's
-    (a research lane) last."""
+    """Every step of races of `lanes` at block sizes 1 to `trained` (trees at the default budget): the
+    default race's (DFlash at the trained block size against plain decoding) first, then the
+    scheduled lane's (a basic lane), the tree lane's (a research lane) last."""
     first = sorted(needed(("plain", "dflash"), trained, trained), key=lambda step: step.draft)
     rest = {step for block in range(trained, 0, -1) for step in needed(lanes, block, trained)} - set(first)
     return first + sorted(rest, key=lambda step: (step.lane == "tree", step.lane != "scheduled", step.lane != "lookup",
@@ -107,8 +107,8 @@ class CompiledLanes:
         less the longest verify (the drafter's block, or the default tree's nodes; prompt and new
         tokens) run compiled. budget_s: no step but the first starts to compile after this many
         seconds; races that need the steps left run eagerly."""
-        # A target that cannot verify trees has no tree lane (`LoadedPair.lanes`), nor a drafter of one slot.
-        trees = drafter.block_size > 1 and target.tree_refusal() is None
+        # No tree lane where the pair cannot verify trees (`LoadedPair.lanes`), nor for a drafter of one slot.
+        trees = drafter.block_size > 1 and tree_refusal(target, drafter) is None
         lanes = [lane for lane in COMPILED_LANES if lane != "tree" or trees]
         context = getattr(target.model.config, "max_position_embeddings", None) or positions
         self.positions = min(positions, context) - max(drafter.block_size, TREE_BUDGET + 1 if trees else 0)

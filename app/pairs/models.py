@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, resolve_model_dir, run
+from dflash_core import DFlashDrafter, DFlashError, Target, load_pair, resolve_model_dir, run, tree_refusal
 from dflash_core.errors import ConfigError
 from dflash_core.loading import (
     DEFAULT_TARGET,
@@ -71,8 +71,8 @@ class LoadedPair(ModelPair):
     @property
     def lanes(self) -> tuple[str, ...]:
         """The lanes this pair can race (dflash_core.trace.RUNS order): a drafter lane where the pair
-        has its drafter, the tree lane where its target can verify trees."""
-        trees = self.target.tree_refusal() is None
+        has its drafter, the tree lane where its target and drafter can verify trees."""
+        trees = tree_refusal(self.target, self.drafter) is None
         return tuple(lane for lane in LANES if (lane not in DRAFTER_LANES or lane in self.lane_drafters)
                      and (lane != "tree" or trees))
 

@@ -91,8 +91,8 @@ SCHEDULED_SAMPLING = (
 def check_race(req: RaceRequest, pair) -> None:
     """Raises `GenerationInputError` for what the loaded `pair` cannot race, by the engine's own
     checks (the ones `generate` runs): a block size past its drafter's trained one, a scheduled
-    lane its drafter cannot run at the request's sampling, and a tree lane its target cannot verify."""
-    from dflash_core import check_block_size, check_schedule, method_name  # torch only for a live race
+    lane its drafter cannot run at the request's sampling, and a tree lane its target or drafter cannot verify."""
+    from dflash_core import check_block_size, check_schedule, method_name, tree_refusal  # torch only for a live race
     from dflash_core.errors import GenerationInputError
 
     check_block_size(pair.drafter, req.block_size)
@@ -105,7 +105,7 @@ def check_race(req: RaceRequest, pair) -> None:
     if "tree" in req.lanes:
         if req.block_size < 2:
             raise GenerationInputError(TREE_BLOCK.format(block_size=req.block_size))
-        if (refusal := pair.lane_target("tree").tree_refusal()) is not None:
+        if (refusal := tree_refusal(pair.lane_target("tree"), pair.drafter)) is not None:
             raise GenerationInputError(f"The tree lane cannot race {pair.spec.label}: {refusal}.")
 
 
