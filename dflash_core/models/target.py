@@ -36,7 +36,8 @@ class LayerTaps:
     Dynamo guards the number of hooks on each module a compiled step calls. Hooks added and
     removed per Target and per run of taps would change those counts whenever another Target over
     the model (another lane of the app) tapped layers, and every compiled step would compile again;
-    a hook per layer from the first Target on keeps them fixed.
+    a hook per layer from the first Target on keeps them fixed, and a step traced for one Target
+    serves every other Target with the same taps.
     """
 
     def __init__(self, layers):
