@@ -31,6 +31,7 @@ from .models.drafter import DFlashDrafter, method_name
 from .models.target import Target
 from .sampling import SamplingParams, make_generator, probabilities, sample
 from .schedule import AUTO, BlockSchedule, CostProfile, fixed_draft_costs, measured_costs
+from .speed.batch_invariant import MAX_BLOCK, is_batch_invariant
 from .tree import ancestor_mask, grow, walk
 from .verify import accept
 
@@ -131,6 +132,12 @@ def _check_tree(target: Target, drafter, tree_budget, block_size: int, scheduled
         )
     if block_size < 2:
         raise GenerationInputError(f"tree_budget={tree_budget} needs a block of at least 2 slots, got block_size {block_size}")
+    if tree_budget + 1 > MAX_BLOCK and is_batch_invariant(target.model):
+        raise GenerationInputError(
+            f"tree_budget={tree_budget} verifies {tree_budget + 1} nodes in one forward, and this target computes at "
+            f"most {MAX_BLOCK} rows bitwise as one-token steps (batch-invariant, as bfloat16 on a CPU is): use a "
+            f"tree_budget of at most {MAX_BLOCK - 1}"
+        )
     if scheduled:
         raise GenerationInputError(
             f'tree_budget={tree_budget} and block_size="auto" both choose what a cycle verifies: use one of them'

@@ -154,6 +154,16 @@ def test_a_dflash2_pair_offers_no_tree_lane_and_a_request_for_one_is_named(tiny_
     assert dict(zip(FRAME_FIELDS, last))["report"]["identical"] is True  # the app keeps serving
 
 
+def test_a_tree_past_a_bf16_targets_invariant_block_is_named_and_the_app_keeps_serving(tiny_dirs, one_thread):
+    spec = cli_pair(*map(str, tiny_dirs), dtype="bfloat16")
+    app = App([spec], spec.id, PairCache("cpu"))
+    with pytest.raises(Exception, match="tree_budget=16 verifies 17 nodes in one forward, and this target computes at "
+                                        "most 16 rows bitwise as one-token steps"):
+        list(app.live.compare("hi", 8, 4, 0.0, 1.0, 0, ["tree"], tree_budget=16))
+    *_, last = app.live.compare("hi", 8, 4, 0.0, 1.0, 0, ["tree"], tree_budget=15)
+    assert dict(zip(FRAME_FIELDS, last))["report"]["lanes"]["tree"]["identical"] is True
+
+
 def test_inside_a_cycle_draws_the_tree_lanes_cycle_from_its_real_tree(app):
     trace = validate_trace(race(app, ["tree"], tree_budget=8)["trace_file"])
     blocks = trace["runs"]["tree"]["blocks"]

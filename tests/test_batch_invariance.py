@@ -8,6 +8,7 @@ from tiny import build_drafter, build_target
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from dflash_core import DFlashDrafter, Target, run
+from dflash_core.errors import GenerationInputError
 from dflash_core.speed.batch_invariant import (
     MAX_BLOCK,
     describe,
@@ -198,8 +199,17 @@ def test_eager_bf16_tree_steps_decode_as_plain_decoding(compiled_pair):
     for seed in range(4):
         prompt = torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         plain = run(target, prompt, max_new_tokens=40).output_ids
-        for budget in (4, 8):
+        for budget in (4, 8, MAX_BLOCK - 1):
             assert run(target, prompt, drafter, max_new_tokens=40, block_size=4, tree_budget=budget).output_ids == plain
+
+
+def test_a_tree_past_the_invariant_block_is_refused(compiled_pair):
+    """A tree of more nodes than MAX_BLOCK runs its linears as a prefill would, not bitwise as one-token
+    steps (a tree of 32 drafts kept plain decoding's output on 4 of 8 prompts): refused, with why."""
+    target, drafter = compiled_pair
+    with pytest.raises(GenerationInputError, match=rf"tree_budget={MAX_BLOCK} verifies {MAX_BLOCK + 1} nodes in one "
+                                                   rf"forward, .* use a tree_budget of at most {MAX_BLOCK - 1}"):
+        run(target, [1, 2, 3], drafter, max_new_tokens=8, block_size=4, tree_budget=MAX_BLOCK)
 
 
 def test_a_batch_invariant_target_compiles_with_library_gemms_and_the_kernel_only(wide_target_dir, monkeypatch):
