@@ -110,12 +110,17 @@ def check_schedule(drafter, sampling: SamplingParams, draft_mode: str = "sample"
 TREE_METHODS = ("dflash", "fusion")
 
 
-def tree_refusal(target: Target, drafter) -> str | None:
-    """Why `drafter` and `target` cannot verify draft trees (`tree_budget`), or None when they can."""
+def _method_refusal(drafter) -> str | None:
+    """Why `drafter`'s drafting grows no tree, or None when it can."""
     if (method := method_name(drafter)) not in TREE_METHODS:
         return (f"a tree grows from one pass's per-slot top-k, which {method} drafting has no form of (trees need "
-                f"one of {TREE_METHODS})")
-    return target.tree_refusal()
+                f"one of {TREE_METHODS}; DFlash2 conditions each slot on the one chosen before it)")
+    return None
+
+
+def tree_refusal(target: Target, drafter) -> str | None:
+    """Why `drafter` and `target` cannot verify draft trees (`tree_budget`), or None when they can."""
+    return _method_refusal(drafter) or target.tree_refusal()
 
 
 def _check_tree(target: Target, drafter, tree_budget, block_size: int, scheduled: bool, explain: int) -> None:
@@ -124,12 +129,8 @@ def _check_tree(target: Target, drafter, tree_budget, block_size: int, scheduled
         raise GenerationInputError(f"tree_budget must be 0 (the chain) or a number of draft nodes >= 1, got {tree_budget!r}")
     if not tree_budget:
         return
-    method = method_name(drafter)
-    if method not in TREE_METHODS:
-        raise GenerationInputError(
-            f"tree_budget={tree_budget} grows a tree from one pass's per-slot top-k, which {method} drafting has no "
-            f"form of (trees need one of {TREE_METHODS}; DFlash2 conditions each slot on the one chosen before it)"
-        )
+    if (refusal := _method_refusal(drafter)) is not None:
+        raise GenerationInputError(f"tree_budget={tree_budget}: {refusal}")
     if block_size < 2:
         raise GenerationInputError(f"tree_budget={tree_budget} needs a block of at least 2 slots, got block_size {block_size}")
     if tree_budget + 1 > MAX_BLOCK and is_batch_invariant(target.model):

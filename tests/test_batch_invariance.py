@@ -205,7 +205,7 @@ def test_eager_bf16_tree_steps_decode_as_plain_decoding(compiled_pair):
 
 def test_a_tree_past_the_invariant_block_is_refused(compiled_pair):
     """A tree of more nodes than MAX_BLOCK runs its linears as a prefill would, not bitwise as one-token
-    steps (a tree of 32 drafts kept plain decoding's output on 4 of 8 prompts): refused, with why."""
+    steps: refused, with why."""
     target, drafter = compiled_pair
     with pytest.raises(GenerationInputError, match=rf"tree_budget={MAX_BLOCK} verifies {MAX_BLOCK + 1} nodes in one "
                                                    rf"forward, .* use a tree_budget of at most {MAX_BLOCK - 1}"):
