@@ -1,8 +1,8 @@
 """Does this CPU's packed linear kernel compute a row of a block as it computes that row alone?
 
 Prints, per (in_features, out_features) shape and dtype, the fraction of output elements that differ
-between a block of 2..16 rows and the same rows one at a time: on random inputs, and on the
-cancelling inputs `batch_invariant.rows_match_alone` probes with. Then times `make_batch_invariant`
+between a block of 2..MAX_BLOCK rows and the same rows one at a time: on random inputs, and on the
+cancelling inputs `batch_invariant.rows_alone_from` probes with. Then times `make_batch_invariant`
 on the default target and names the layers it runs row by row:
 
     python -m dflash_core.bench row-invariance [--dtype bfloat16] [--trials 5]

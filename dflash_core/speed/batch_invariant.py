@@ -10,9 +10,10 @@ dozen tokens. This module removes the difference instead of hoping it is small:
   (`kernels/cpu_attention.cpp`), which computes each query row alone in one order; where it does not
   run, each query row of a block with exactly the call a one-token step makes (the same base
   implementation, the query alone, the keys up to its own position, no mask);
-- linear layers use one library for every row count (oneDNN's packed weights), and each linear
-  shape is probed once at load: where its kernel computes a row of a block differently from that
-  row alone, that layer runs a block one row at a time (exact, slower).
+- linear layers use one path for every row count (the CPU rows kernel where it runs, else oneDNN's
+  packed weights), and each linear shape is probed once at load: where its kernel computes a row of
+  a block differently from that row alone, that layer runs blocks of that many rows and more one
+  row at a time (exact, slower).
 
 The probe is needed because row invariance depends on the CPU, not only the library: the same
 oneDNN kernel can split a long reduction differently for one row than for a block on one CPU and
@@ -35,13 +36,11 @@ from .cpu_linear import PackedLinear
 from .kernels import cpu_attention
 
 SUFFIX = "+rowwise"
-# The longest block made invariant: a released drafter verifies at most 16 tokens. Longer inputs
-# are prefills, which plain decoding and DFlash compute with the same call, so they keep the fast path.
-MAX_BLOCK = 16
-
-
-def _short_block(rows: int) -> bool:
-    return 1 < rows <= MAX_BLOCK
+# The longest block made invariant: a released drafter verifies at most 16 tokens, a tree of B
+# drafts B + 1 (the app offers up to 32), and the rows kernel's `amx` variant reads each weight once
+# for up to 48 rows. Longer inputs are prefills, which plain decoding and DFlash compute with the
+# same call, so they keep the fast path.
+MAX_BLOCK = 48
 
 
 def _visible_keys(mask: torch.Tensor | None, q_len: int, k_len: int) -> int | None:
@@ -142,28 +141,30 @@ def cancelling_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def rows_match_alone(linear: nn.Linear, max_rows: int = MAX_BLOCK) -> bool:
-    """Whether `linear` computes each row of a block of 2..max_rows rows bitwise as that row alone.
+def rows_alone_from(linear: nn.Linear, max_rows: int = MAX_BLOCK) -> int | None:
+    """The fewest rows (2..max_rows) of a block that `linear` computes differently from each row
+    alone, or None where every block matches.
 
     A kernel's reduction order depends on the shapes, not the values, so one probe per row count
     decides it.
     """
     x = cancelling_rows(linear.weight, max_rows)
     alone = torch.cat([linear(x[:, i : i + 1]) for i in range(max_rows)], dim=1)
-    return all(torch.equal(linear(x[:, :rows]), alone[:, :rows]) for rows in range(2, max_rows + 1))
+    return next((rows for rows in range(2, max_rows + 1) if not torch.equal(linear(x[:, :rows]), alone[:, :rows])), None)
 
 
-def run_rows_alone(linear: nn.Linear) -> None:
-    """Make `linear` compute a block of up to MAX_BLOCK rows as one-row calls, as one-token steps do."""
+def run_rows_alone(linear: nn.Linear, from_rows: int = 2) -> None:
+    """Make `linear` compute a block of `from_rows` to MAX_BLOCK rows as one-row calls, as one-token
+    steps do (shorter blocks keep their one call: the probe found them exact)."""
     one_row = linear.forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dim() < 2 or not _short_block(x.shape[-2]):
+        if x.dim() < 2 or not from_rows <= x.shape[-2] <= MAX_BLOCK:
             return one_row(x)
         return torch.cat([one_row(x[..., i : i + 1, :]) for i in range(x.shape[-2])], dim=-2)
 
     linear.forward = forward
-    linear.runs_rows_alone = True
+    linear.runs_rows_alone = from_rows
 
 
 def make_batch_invariant(model) -> list[str]:
@@ -178,11 +179,12 @@ def make_batch_invariant(model) -> list[str]:
             continue
         if isinstance(module, PackedLinear):
             module.single_row_packed = True
+            module.rows_limit = MAX_BLOCK  # one path for every block, where the rows kernel runs
         key = (module.in_features, module.out_features, module.bias is not None, module.weight.dtype, type(module))
         if key not in verdicts:
-            verdicts[key] = rows_match_alone(module)
-        if not verdicts[key]:
-            run_rows_alone(module)
+            verdicts[key] = rows_alone_from(module)
+        if verdicts[key] is not None:
+            run_rows_alone(module, verdicts[key])
     return rows_alone_layers(model)
 
 
@@ -199,5 +201,8 @@ def describe(model) -> str:
     """How `model` keeps verification exact, in words for a status line ('' if it does not claim to)."""
     if not is_batch_invariant(model):
         return ""
-    slow = len(rows_alone_layers(model))
-    return "blocks verified bitwise as one-token steps" + (f" ({slow} linear layers row by row)" if slow else "")
+    slow = [m.runs_rows_alone for m in model.modules() if getattr(m, "runs_rows_alone", False)]
+    if not slow:
+        return "blocks verified bitwise as one-token steps"
+    blocks = f" in blocks of {min(slow)} rows or more" if min(slow) > 2 else ""
+    return f"blocks verified bitwise as one-token steps ({len(slow)} linear layers row by row{blocks})"

@@ -16,8 +16,9 @@ both libraries once over a freshly packed model's single-row calls and keeps the
 always runs packed; `off` keeps every layer as it was.
 
 Faster than both on the CPUs measured, where it builds, is this project's rows kernel
-(`kernels/cpu_rows.py`: 1 to 16 rows, each row bitwise as it would be alone; float32 on AVX2,
-float32 and bfloat16 on AVX-512, bfloat16 on AMX tiles, the variant picked by the CPU's features).
+(`kernels/cpu_rows.py`: 1 to 16 rows, a batch-invariant model's trees more, each row bitwise as it
+would be alone; float32 on AVX2, float32 and bfloat16 on AVX-512, bfloat16 on AMX tiles, the variant
+picked by the CPU's features).
 Its `amx` variant reads a copy of the weight in the tiles' layout, kept beside the oneDNN one (which
 prefills still take): one more copy of each such weight.
 `DFLASH_CPU_ROWS` picks: `auto` (the default) times each of the kernel's variants that runs here
@@ -77,7 +78,8 @@ class PackedLinear(nn.Linear):
     packed: torch.Tensor
     packed_key: tuple[int, int]  # which weight storage, at which in-place version, was packed
     single_row_packed: bool = True  # False: one-row inputs take F.linear (see choose_single_row_path)
-    rows_kernel: bool = False  # True: inputs of up to cpu_rows.MAX_ROWS rows take the rows kernel
+    rows_kernel: bool = False  # True: inputs of up to `rows_limit` rows take the rows kernel
+    rows_limit: int = cpu_rows.MAX_ROWS  # a batch-invariant model raises it to its longest block
     rows_variant: str | None = None  # the kernel's variant (None: the one cpu_rows.rows_linear takes)
     rows_packed: torch.Tensor | None = None  # the weight as the variant reads it, if not the weight itself
 
@@ -111,7 +113,7 @@ class PackedLinear(nn.Linear):
         compiling = torch.compiler.is_compiling()
         if compiling and _TRACED_AS_LINEAR:
             return F.linear(x, self.weight, self.bias)
-        if self.rows_kernel and x.numel() <= cpu_rows.MAX_ROWS * x.shape[-1]:
+        if self.rows_kernel and x.numel() <= self.rows_limit * x.shape[-1]:
             if self.rows_packed is not None and not compiling and self._weight_key() != self.packed_key:
                 self.repack()
             return cpu_rows.rows_linear(x, self.weight, self.bias, variant=self.rows_variant, packed=self.rows_packed)

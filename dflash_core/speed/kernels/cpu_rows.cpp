@@ -5,11 +5,12 @@
 // `amx` (bfloat16 only, through AMX tiles, on a copy of the weight in the tiles' layout made once
 // by `amx_pack`; its op is dflash_cpu::rows_linear_amx(x, packed, b)).
 //
-// A decoding step multiplies 1 to 16 rows by every weight of the model once, so it is bound by
-// reading the weights. The vector variants read each weight row once per call, four rows at a
-// time, and keep them in L1 while they multiply them with the input rows a few at a time. `amx`
-// reads its packed weights in one sequential stream, and one tile product serves 1 to 16 rows at
-// the same cost, so a block of 16 rows costs about what one row does.
+// A decoding step multiplies a few rows (1 to 16 for a chain's verify, more for a tree's) by every
+// weight of the model once, so it is bound by reading the weights. The vector variants read each
+// weight row once per call, four rows at a time, and keep them in L1 while they multiply them with
+// the input rows a few at a time. `amx` reads its packed weights in one sequential stream, and one
+// tile product serves 1 to 16 rows at the same cost, three tiles up to 48 rows per read of the
+// weights, so a block of 48 rows costs about what one row does.
 //
 // Every output element is summed in the same order whatever the number of rows: L lane sums over k
 // in ascending steps of L (8 on AVX2, 16 on AVX-512, whose last step may cover 8; vdpbf16ps adds
@@ -235,9 +236,12 @@ AVX512BF16_TARGET void tiles_dpbf16(const c10::BFloat16* X, const Problem<c10::B
 // ---------------------------------------------------------------- AMX, bfloat16 rows and packed weights
 
 // Outputs come in groups of 16, inputs in steps of 32. `amx_pack` lays a [N, K] weight out as
-// [N / 16][K / 2][16][2]: for each group and step a 1 KiB block, tile 2's operand of vdpbf16ps'
-// tile form (16 rows of input pairs, each holding the group's 16 outputs' two weights).
-constexpr int64_t AMX_OUTPUTS = 16, AMX_INPUTS = 32, AMX_ROWS = 16;
+// [N / 16][K / 2][16][2]: for each group and step a 1 KiB block, the B operand of the tiles'
+// vdpbf16ps (16 rows of input pairs, each holding the group's 16 outputs' two weights).
+// A tile holds 16 rows; one pass over the weights serves three tiles of rows (48): a tree of up to
+// 47 drafts verifies with one read of each weight.
+constexpr int64_t AMX_OUTPUTS = 16, AMX_INPUTS = 32, AMX_TILE_ROWS = 16, AMX_ROW_TILES = 3;
+constexpr int64_t AMX_ROWS = AMX_TILE_ROWS * AMX_ROW_TILES;
 
 // ldtilecfg's 64-byte operand, palette 1.
 struct alignas(64) TileConfig {
@@ -249,25 +253,43 @@ struct alignas(64) TileConfig {
 };
 
 #ifdef DFLASH_AMX
-// Groups [first, last) for M (1 to 16) rows: tile 0 sums the M rows' 16 outputs in float32, tile 1
-// holds the rows' next 32 inputs, tile 2 the group's weights for them.
+// Groups [first, last) for M (1 to 48) rows. Tiles 0, 1, 2 sum the group's 16 outputs in float32
+// for rows 0-15, 16-31 and 32-47; tiles 3, 4, 5 hold those rows' next 32 inputs; tile 6 the group's
+// weights for them, loaded once for all the rows. Each row's sums are the same whichever tile holds it.
 AMX_TARGET void groups_amx(const c10::BFloat16* X, const c10::BFloat16* packed, const float* bias, c10::BFloat16* Y,
                            int64_t M, int64_t N, int64_t K, int64_t first, int64_t last) {
+  const int64_t tiles = (M + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS;
   TileConfig config;
-  config.rows[0] = config.rows[1] = static_cast<uint8_t>(M);
-  config.rows[2] = AMX_INPUTS / 2;
-  config.bytes_per_row[0] = config.bytes_per_row[1] = config.bytes_per_row[2] = 64;
+  for (int64_t t = 0; t < tiles; ++t) {
+    config.rows[t] = config.rows[3 + t] = static_cast<uint8_t>(std::min(AMX_TILE_ROWS, M - t * AMX_TILE_ROWS));
+    config.bytes_per_row[t] = config.bytes_per_row[3 + t] = 64;
+  }
+  config.rows[6] = AMX_INPUTS / 2;
+  config.bytes_per_row[6] = 64;
   _tile_loadconfig(&config);  // per call and thread: the tile state belongs to the thread
+  const int64_t stride = K * sizeof(c10::BFloat16), tile_rows = AMX_TILE_ROWS * K;
   alignas(64) float sums[AMX_ROWS * AMX_OUTPUTS];
   for (int64_t group = first; group < last; ++group) {
     const c10::BFloat16* w = packed + group * AMX_OUTPUTS * K;
     _tile_zero(0);
+    if (tiles > 1) _tile_zero(1);
+    if (tiles > 2) _tile_zero(2);
     for (int64_t k = 0; k < K; k += AMX_INPUTS) {
-      _tile_loadd(1, X + k, K * sizeof(c10::BFloat16));
-      _tile_loadd(2, w + k * AMX_OUTPUTS, 64);
-      _tile_dpbf16ps(0, 1, 2);
+      _tile_loadd(6, w + k * AMX_OUTPUTS, 64);
+      _tile_loadd(3, X + k, stride);
+      _tile_dpbf16ps(0, 3, 6);
+      if (tiles > 1) {
+        _tile_loadd(4, X + tile_rows + k, stride);
+        _tile_dpbf16ps(1, 4, 6);
+      }
+      if (tiles > 2) {
+        _tile_loadd(5, X + 2 * tile_rows + k, stride);
+        _tile_dpbf16ps(2, 5, 6);
+      }
     }
     _tile_stored(0, sums, 64);
+    if (tiles > 1) _tile_stored(1, sums + AMX_TILE_ROWS * AMX_OUTPUTS, 64);
+    if (tiles > 2) _tile_stored(2, sums + 2 * AMX_TILE_ROWS * AMX_OUTPUTS, 64);
     const int64_t n0 = group * AMX_OUTPUTS;
     const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
     for (int64_t m = 0; m < M; ++m) {
@@ -415,7 +437,7 @@ at::Tensor rows_linear_amx(const at::Tensor& x, const at::Tensor& packed, const 
   const float* B = b.defined() ? b.data_ptr<float>() : nullptr;
   c10::BFloat16* Y = y.data_ptr<c10::BFloat16>();
 #ifdef DFLASH_AMX
-  // Past 16 rows (a tile's), blocks of 16 rows one after another, each as it would be alone.
+  // Past 48 rows (a pass's), blocks of 48 rows one after another, each as it would be alone.
   for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
     const int64_t rows_here = std::min(AMX_ROWS, M - m0);
     at::parallel_for(0, N / AMX_OUTPUTS, GRAIN / 4, [&](int64_t first, int64_t last) {

@@ -1,5 +1,6 @@
-"""The CPU rows kernel: linears of 1 to MAX_ROWS rows, built from `cpu_rows.cpp` on first use
-(with `cpu_attention.cpp`, the compiled steps' attention, into the same extension).
+"""The CPU rows kernel: linears of a few rows (1 to MAX_ROWS; a batch-invariant model's trees, more),
+built from `cpu_rows.cpp` on first use (with `cpu_attention.cpp`, the compiled steps' attention,
+into the same extension).
 
 A plain decoding step is a one-row linear per weight and a verify or draft step a block of a few
 rows; both are bound by reading the weights. MKL's and oneDNN's few-row paths pay more for every
@@ -13,7 +14,7 @@ float32 and summed there, then rounded once), `avx512_bf16` (AVX512-BF16 too; fl
 `avx512`, bfloat16 through vdpbf16ps, which multiplies bfloat16 pairs into float32 sums at twice
 the rate) and `amx` (AMX tiles; bfloat16 weights whose outputs are a multiple of 16 and inputs of
 32, read from a copy laid out for the tiles, `pack`: a block of 16 rows costs about what one row
-does). Each keeps the guarantee above; their outputs differ from each other in the last bits.
+does, and one read of the weights serves up to 48 rows, a tree's verify). Each keeps the guarantee above; their outputs differ from each other in the last bits.
 `rows_linear` takes the last variant `variants()` names that takes the weight.
 
 The kernel needs an x86 CPU with at least AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
@@ -32,7 +33,9 @@ import torch
 
 from ..fallbacks import notice
 
-MAX_ROWS = 16  # past a block, oneDNN's packed GEMM is the faster (a prefill)
+# Past a chain's block, oneDNN's packed GEMM is the faster (a prefill); a batch-invariant model
+# sends its longer blocks (trees) here too (`PackedLinear.rows_limit`), as exact rows cost more.
+MAX_ROWS = 16
 SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_rows.cpp", "cpu_attention.cpp")]
 # No -m flags: each variant carries its own target attribute, so the one build runs on any x86-64
 # CPU. No fast-math either: the sums must keep their written order. OpenMP: at::parallel_for splits
