@@ -83,6 +83,15 @@ def set_max_new_tokens(page, value: int) -> None:
     box.press("Enter")
 
 
+def set_tree_budget(page, value: int) -> None:
+    """The tree lane's budget slider's box, under "More lanes" (the tree lane ticked)."""
+    open_panel(page, "#settings", "#lanes-basic")
+    open_panel(page, "#more-lanes", "#tree-budget input[type=number]")
+    box = page.locator("#tree-budget input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
 def tick_lane(page, lane: str) -> None:
     """Tick an added lane: the basics in the settings panel, the research lanes under "More lanes"."""
     open_panel(page, "#settings", "#lanes-basic")
@@ -102,9 +111,11 @@ def screenshot_between(page, first: str, last: str, out: Path) -> None:
 def run_race_in_browser(
     url: str, prompt: str, screenshot: Path, max_new_tokens: int | None = None, timeout_s: float = 120.0,
     lanes: tuple[str, ...] = (), cycle_lane: str | None = None, cycle: int | None = None,
+    tree_budget: int | None = None,
 ) -> dict:
     """Open the page, wait for the models, tick the added `lanes` (scheduled, tree, dflash2, fusion, ar, lookup),
-    race `prompt`, and save a full-page screenshot; with `cycle_lane`, then open "Inside a cycle", pick
+    race `prompt` (the tree lane's trees of `tree_budget` drafts, where given), and save a full-page
+    screenshot; with `cycle_lane`, then open "Inside a cycle", pick
     that lane and save the view of its last cycle (or of `cycle`) beside it (<screenshot>-cycle.png).
 
     Returns what the page showed, plus `first_token_s`: seconds from the click to the first
@@ -116,6 +127,8 @@ def run_race_in_browser(
             set_max_new_tokens(page, max_new_tokens)
         for lane in lanes:
             tick_lane(page, lane)
+        if tree_budget is not None:
+            set_tree_budget(page, tree_budget)
         page.locator("#prompt textarea").fill(prompt)
         clicked = time.perf_counter()
         page.locator("#run").click()
@@ -614,6 +627,7 @@ def main(argv=None) -> None:
     parser.add_argument("--cycle-lane", help="after the race, save the last cycle of this lane's \"Inside a cycle\" "
                         "view as OUTPUT's name with -cycle.png (dflash, tree, dflash2, fusion, ar, lookup)")
     parser.add_argument("--cycle", type=int, help="with --cycle-lane: that cycle rather than the last")
+    parser.add_argument("--tree-budget", type=int, help="with --lanes tree: drafts per tree (the slider's value)")
     parser.add_argument(
         "--replay-shots", action="store_true",
         help="the app serves a replay (python app.py --replay FILE): save replay.png and inside-a-cycle.png in OUTPUT (a folder)",
@@ -648,7 +662,7 @@ def main(argv=None) -> None:
         return
     lanes = tuple(name for name in args.lanes.split(",") if name)
     seen = run_race_in_browser(args.url, args.prompt, args.output, args.max_new_tokens, lanes=lanes,
-                               cycle_lane=args.cycle_lane, cycle=args.cycle)
+                               cycle_lane=args.cycle_lane, cycle=args.cycle, tree_budget=args.tree_budget)
     print(json.dumps({k: seen[k] for k in ("first_token_s", "lane_tokens", "lanes_visible", "plots", "summary",
                                            "cycle_title")}))
 
