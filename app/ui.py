@@ -557,6 +557,7 @@ def _wire_live(demo: gr.Blocks, app: App, limits: Limits, live: LiveTab, outputs
         inputs=[*live.inputs, live.pair_state, live.thinking, live.tree_budget], api_name="compare", **race)
     race_event = live.run_button.click(inputs=[*live.inputs, live.pair_choice, live.thinking, live.tree_budget],
                                        api_name="compare_from_page", api_visibility="private", **race)
+    race_event.then(**timer)  # a race may have asked for a tree size to compile: the status line follows it
     # A running race stops itself within one cycle and reports what it showed; the cancel
     # that follows takes a race still waiting in the queue out of it.
     live.stop_button.click(app.live.stop, queue=False, api_visibility="private").then(

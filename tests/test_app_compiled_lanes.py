@@ -12,10 +12,10 @@ import pytest
 from tiny import build_drafter
 from torch._dynamo.utils import counters
 
-from app.pairs.compiled import COMPILED_LANES, CompiledLanes, Step, needed, plan
+from app.pairs.compiled import COMPILED_LANES, MORE_TREES, CompiledLanes, Step, needed, plan
 from app.pairs.models import PairCache
 from app.pairs.registry import cli_pair
-from app.race.lanes import TREE_BUDGET
+from app.race.lanes import MAX_TREE_BUDGET, TREE_BUDGET
 from app.ui import App
 from app.view import texts
 from app.view.frames import FRAME_FIELDS
@@ -113,7 +113,7 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     pair = app.loading.cache.get(spec)
     compiled = pair.compiled
     assert isinstance(compiled, CompiledLanes)
-    compiled._thread.join(timeout=600)
+    assert compiled.wait(600)
     assert compiled.failed is None and compiled.finished, compiled.status()
     assert compiled.status().startswith("compiled (in ")
     status = app.loading.compile_status(spec.id, "default")
@@ -129,8 +129,9 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert report["dflash"]["identical"] is True and report["lookup"]["identical"] is True
     eager = race(eager_app, lanes)
     assert texts.STEPS.format(steps="eager steps") in eager["summary"]
-    assert cycles(shown) == cycles(eager)  # the same tokens, and the same drafts kept in every cycle
-    assert any(accepted for _, kept in cycles(shown).values() for accepted in kept)
+    shown_cycles = cycles(shown)  # read now: the app keeps only a session's newest trace files
+    assert shown_cycles == cycles(eager)  # the same tokens, and the same drafts kept in every cycle
+    assert any(accepted for _, kept in shown_cycles.values() for accepted in kept)
 
     # The tree lane races compiled beside DFlash, each on a drafter of its own, as its eager twin does.
     graphs = counters["stats"]["unique_graphs"]
@@ -139,15 +140,24 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert texts.STEPS.format(steps="compiled steps") in tree["summary"]
     assert tree["report"]["lanes"]["tree"]["identical"] is True
     eager_tree = race(eager_app, ["tree"])
-    assert cycles(tree) == cycles(eager_tree) and cycles(tree)["dflash"] == cycles(shown)["dflash"]
+    assert cycles(tree) == cycles(eager_tree) and cycles(tree)["dflash"] == shown_cycles["dflash"]
     assert [b["tree"]["path"] for b in trace_runs(tree)["tree"]["blocks"]] == [
         b["tree"]["path"] for b in trace_runs(eager_tree)["tree"]["blocks"]]
 
-    # A tree of another size is not compiled: the whole race runs eagerly, and says why.
-    other = race(app, ["tree"], tree_budget=TREE_BUDGET + 1)
+    # A tree of another size is a step of its own: the first race asking for it runs every lane
+    # eagerly and says why, the thread compiles it after, and the races after it run compiled.
+    other = race(app, ["tree"], tree_budget=MAX_TREE_BUDGET)
     assert html.escape(texts.STEPS.format(
-        steps=f"eager steps (the tree lane's draft step at block {BLOCK} and its tree of {TREE_BUDGET + 1} drafts is "
-              f"not compiled: the app compiles trees of {TREE_BUDGET} drafts)")) in other["summary"]
+        steps=f"eager steps (the tree lane's draft step at block {BLOCK} and its tree of {MAX_TREE_BUDGET} drafts "
+              "compiles after this race, for the races after it)")) in other["summary"]
+    eager_cycles = cycles(other)  # read now: the app keeps only a session's newest trace files
+    assert compiled.wait(600) and compiled.failed is None and compiled.status().startswith("compiled (in ")
+    graphs = counters["stats"]["unique_graphs"]
+    again = race(app, ["tree"], tree_budget=MAX_TREE_BUDGET)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert texts.STEPS.format(steps="compiled steps") in again["summary"]
+    assert cycles(again) == eager_cycles and again["report"]["lanes"]["tree"]["identical"] is True
+    assert max(len(b["tree"]["tokens"]) for b in trace_runs(again)["tree"]["blocks"]) == MAX_TREE_BUDGET + 1
     # The scheduled lane races compiled on the cost profile measured on its compiled target.
     measured = dict(schedule._MEASURED[compiled.targets["scheduled"]])
     assert [key[0] for key in measured] == [BLOCK]  # measured once, while compiling: verifies of 1 to 4 tokens
@@ -155,14 +165,14 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert counters["stats"]["unique_graphs"] == graphs and schedule._MEASURED[compiled.targets["scheduled"]] == measured
     assert texts.STEPS.format(steps="compiled steps") in scheduled["summary"]
     assert scheduled["report"]["lanes"]["scheduled"]["identical"] is True
-    assert cycles(scheduled)["dflash"] == cycles(shown)["dflash"]
+    assert cycles(scheduled)["dflash"] == shown_cycles["dflash"]
 
 
 def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_dirs):
     from dflash_core import DFlashDrafter, Target
 
     target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
-    compiled = CompiledLanes(target, drafter, positions=64 + TREE_BUDGET + 1)  # the tree's nodes are the longest verify
+    compiled = CompiledLanes(target, drafter, positions=64 + MAX_TREE_BUDGET + 1)  # the largest tree: the longest verify
     assert compiled.status() == f"compiling 0/{len(compiled.steps)}"
     assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40) == (None, f"eager steps (compiling 0/{len(compiled.steps)})")
     compiled.done.update(needed(("dflash", "plain"), BLOCK, BLOCK))
@@ -201,6 +211,27 @@ def test_a_pair_that_cannot_verify_trees_compiles_no_tree_lane(pair_dirs, tmp_pa
     assert compiled.lanes_for(("tree",), BLOCK, 40) == (None, "eager steps (the DFlash, tree lane runs them only)")
 
 
+def test_tree_sizes_compile_on_request_up_to_their_bound(pair_dirs):
+    """Each tree budget a race asks for joins the steps to compile, after those queued before it;
+    past MORE_TREES sizes besides the default, a race at another size stays eager and says why."""
+    from dflash_core import DFlashDrafter, Target
+
+    target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
+    compiled = CompiledLanes(target, drafter)  # not started: nothing compiles here
+    planned = list(compiled.steps)
+    sizes = [TREE_BUDGET + 1 + n for n in range(MORE_TREES)]
+    for size in sizes:
+        assert compiled.lanes_for(("tree",), BLOCK, 40, size)[1].endswith("compiles after this race, for the races after it)")
+        assert compiled.lanes_for(("tree",), BLOCK, 40, size)[0] is None  # asked again: queued once
+    assert compiled.steps == planned + [Step("tree", BLOCK, draft=True, tree=size) for size in sizes]
+    assert compiled.lanes_for(("tree",), BLOCK - 1, 40, sizes[0])[0] is None  # a known size at another block
+    assert compiled.steps[-1] == Step("tree", BLOCK - 1, draft=True, tree=sizes[0])
+    assert compiled.lanes_for(("tree",), BLOCK, 40, MAX_TREE_BUDGET) == (None, (
+        f"eager steps (the tree lane's draft step at block {BLOCK} and its tree of {MAX_TREE_BUDGET} drafts is not "
+        f"compiled: the app compiles trees of {TREE_BUDGET} drafts and of {MORE_TREES} other sizes at most, "
+        f"{', '.join(map(str, sizes))} on this server)"))
+
+
 def test_compiling_stops_at_its_bound_and_says_what_compiled(pair_dirs):
     import threading
 
@@ -209,7 +240,7 @@ def test_compiling_stops_at_its_bound_and_says_what_compiled(pair_dirs):
     target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
     compiled = CompiledLanes(target, drafter, budget_s=0)
     compiled.start(threading.Lock())
-    compiled._thread.join(timeout=600)  # the first step starts at once; the bound stops the second
+    assert compiled.wait(600)  # the first step starts at once; the bound stops the second
     assert compiled.done == {compiled.steps[0]} and compiled.finished
     assert compiled.status() == (f"1/{len(compiled.steps)} compiled, the others eager: compiling stopped at its "
                                  "bound of 0 minutes")

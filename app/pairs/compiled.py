@@ -7,8 +7,10 @@ holds its own static cache. A thread compiles the steps those lanes take, the de
 (the one-token step, then the draft and verify steps at the trained block size), then the scheduled
 lane's (which also measure its cost profile on its compiled target), and the tree lane's last,
 each on its lane's target while it holds the pair's lock; a step that traces the graph another
-lane's target compiled reuses that code. The tree lane's steps are compiled at the app's default
-tree budget (`TREE_BUDGET`) only: a tree of another size would be a step of its own. The scheduled
+lane's target compiled reuses that code. The tree lane's steps are planned at the app's default
+tree budget (`TREE_BUDGET`); a tree of another size is a step of its own, which the thread compiles
+after the plan when a race first asks for it (that race runs eagerly), for up to `MORE_TREES` sizes
+besides the default. The scheduled
 lane drafts fewer slots than its block with the eager draft step (the engine compiles a whole
 block's). A race runs compiled only when every step each of its lanes takes is compiled, otherwise
 all its lanes run the eager steps: a race never compares a compiled lane with an eager one, and no
@@ -27,13 +29,13 @@ from dataclasses import dataclass
 
 from dflash_core import Target, compile_draft, compile_schedule, compile_verify, size_caches, tree_refusal
 
-from ..race.lanes import LABELS, TREE_BUDGET
+from ..race.lanes import LABELS, MAX_TREE_BUDGET, TREE_BUDGET
 
 COMPILED_LANES = ("dflash", "plain", "lookup", "scheduled", "tree")
 # The compiled lanes that draft, each with a drafter twin of its own: they race side by side.
 DRAFTING_LANES = ("dflash", "scheduled", "tree")
 # Positions the compiled lanes' static KV caches hold: a race of up to this many less the longest
-# verify (a block, or the default tree's nodes; prompt and new tokens) runs compiled. The target's and the drafter's attention skip the unused ones (the
+# verify (a block, or the largest tree's nodes; prompt and new tokens) runs compiled. The target's and the drafter's attention skip the unused ones (the
 # masked-attention kernel), so the capacity costs memory, not speed (docs/benchmarks.md, "Compiled
 # lanes in the app").
 POSITIONS = 1024
@@ -44,6 +46,9 @@ POSITIONS = 1024
 GEMMS = "library"
 # A loaded machine can take many minutes per step (template GEMMs: more): past this, compiling stops.
 BUDGET_S = 30 * 60
+# Tree budgets compiled on a race's request besides the default, per pair: compiling one holds the
+# pair's lock for seconds, during which every visitor's race of the pair waits.
+MORE_TREES = 3
 
 
 @dataclass(frozen=True)
@@ -89,13 +94,18 @@ def needed(lanes, block_size: int, trained: int, tree_budget: int = TREE_BUDGET)
 
 
 def plan(trained: int, lanes=COMPILED_LANES) -> list[Step]:
-    """Every step of races of `lanes` at block sizes 1 to `trained` (trees at the default budget): the
-    default race's (DFlash at the trained block size against plain decoding) first, then the
-    scheduled lane's (a basic lane), the tree lane's (a research lane) last."""
+    """Every step of races of `lanes` at block sizes 1 to `trained` (trees at the default budget;
+    others join on request, `CompiledLanes.want`): the default race's (DFlash at the trained block
+    size against plain decoding) first, then the scheduled lane's (a basic lane), the tree lane's (a
+    research lane) last."""
     first = sorted(needed(("plain", "dflash"), trained, trained), key=lambda step: step.draft)
     rest = {step for block in range(trained, 0, -1) for step in needed(lanes, block, trained)} - set(first)
     return first + sorted(rest, key=lambda step: (step.lane == "tree", step.lane != "scheduled", step.lane != "lookup",
                                                    -step.length if step.draft else step.length))
+
+
+class _Stopped(Exception):
+    """Compiling stops, for the reason given (the status line says it)."""
 
 
 class CompiledLanes:
@@ -111,7 +121,8 @@ class CompiledLanes:
         trees = drafter.block_size > 1 and tree_refusal(target, drafter) is None
         lanes = [lane for lane in COMPILED_LANES if lane != "tree" or trees]
         context = getattr(target.model.config, "max_position_embeddings", None) or positions
-        self.positions = min(positions, context) - max(drafter.block_size, TREE_BUDGET + 1 if trees else 0)
+        # The tree lane's caches hold the largest tree the slider offers: each budget compiles at one capacity.
+        self.positions = min(positions, context) - max(drafter.block_size, MAX_TREE_BUDGET + 1 if trees else 0)
         self.gemms, self.budget_s = gemms, budget_s
         # Twins of the pair's drafter: the eager lanes' keeps its static cache, and the compiled lanes
         # that draft, which race side by side, each draft from caches of their own.
@@ -122,7 +133,11 @@ class CompiledLanes:
         self.done: set[Step] = set()
         self.failed: str | None = None
         self.seconds = 0.0
-        self._thread: threading.Thread | None = None
+        self._lock: threading.Lock | None = None  # the pair's, once started
+        self._queue = threading.Lock()  # guards `steps` and whether the thread runs
+        self._running = False
+        self._idle = threading.Event()  # set while no thread runs
+        self._idle.set()
 
     def drafter_of(self, lane: str):
         """The drafter `lane` races on its compiled target (plain decoding and prompt lookup draft
@@ -131,35 +146,67 @@ class CompiledLanes:
 
     def _compiled(self, target: Target, lane: str) -> Target:
         compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=self.gemms)
-        size_caches(compiled, self.drafter_of(lane), self.positions, TREE_BUDGET + 1 if lane == "tree" else None)
+        size_caches(compiled, self.drafter_of(lane), self.positions, MAX_TREE_BUDGET + 1 if lane == "tree" else None)
         return compiled
 
     def start(self, lock: threading.Lock) -> None:
-        """Compile every step in a background thread (once), each while holding `lock`, the pair's:
-        a step compiles on a lane's own target, and the targets over one model share its layers'
-        feature taps, so no race of the pair may run meanwhile."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._compile_all, args=(lock,), name="compile-lanes", daemon=True)
-            self._thread.start()
+        """Compile every step in a background thread, each while holding `lock`, the pair's: a step
+        compiles on a lane's own target, and the targets over one model share its layers' feature
+        taps, so no race of the pair may run meanwhile."""
+        with self._queue:
+            if self._lock is None:
+                self._lock = lock
+                self._spawn()
 
-    def _compile_all(self, lock: threading.Lock) -> None:
-        start = time.perf_counter()
-        for step in self.steps:
-            if self.done and time.perf_counter() - start > self.budget_s:
-                self.failed = f"compiling stopped at its bound of {self.budget_s / 60:.0f} minutes"
-                return
-            target = self.targets[step.lane]
+    def want(self, steps: set[Step]) -> str | None:
+        """Compile `steps`, trees of a budget the plan does not hold, after the steps before them
+        (the thread runs again if it had finished); None, or why they will not compile."""
+        with self._queue:
+            sizes = {step.tree for step in self.steps} - {0, TREE_BUDGET}
+            if len(sizes | {step.tree for step in steps}) > MORE_TREES:
+                return (f"the app compiles trees of {TREE_BUDGET} drafts and of {MORE_TREES} other sizes at most, "
+                        f"{', '.join(map(str, sorted(sizes)))} on this server")
+            self.steps += sorted(steps - set(self.steps), key=lambda step: -step.length)
+            if self._lock is not None and not self._running and self.failed is None:
+                self._spawn()
+        return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the thread has nothing left to compile (or compiling stopped); False on a timeout."""
+        return self._idle.wait(timeout)
+
+    def _spawn(self) -> None:  # the caller holds `_queue`
+        self._running = True
+        self._idle.clear()
+        threading.Thread(target=self._compile_all, name="compile-lanes", daemon=True).start()
+
+    def _next(self) -> Step | None:
+        """The next step to compile; None (and the thread ends) when all are done or compiling stopped."""
+        with self._queue:
+            step = next((step for step in self.steps if step not in self.done), None)
+            if step is None or self.failed is not None:
+                self._running = False
+                self._idle.set()
+                return None
+            return step
+
+    def _compile_all(self) -> None:
+        while (step := self._next()) is not None:
+            began = time.perf_counter()
             try:
-                with lock:
+                if self.done and self.seconds > self.budget_s:
+                    raise _Stopped(f"compiling stopped at its bound of {self.budget_s / 60:.0f} minutes")
+                with self._lock:
                     self.compile(step)
+                if any(entry is None for entry in self.targets[step.lane].graphs.graphs.values()):
+                    raise _Stopped(f"the {step.describe()} did not compile (its warning says why)")
+            except _Stopped as exc:
+                self.failed = str(exc)
             except Exception as exc:  # noqa: BLE001 - those races stay eager, and the status line says why
                 self.failed = f"compiling the {step.describe()} failed ({type(exc).__name__}: {exc})"
-                return
-            if any(entry is None for entry in target.graphs.graphs.values()):  # it fell back to eager
-                self.failed = f"the {step.describe()} did not compile (its warning says why)"
-                return
-            self.done.add(step)
-            self.seconds = time.perf_counter() - start
+            else:
+                self.done.add(step)
+            self.seconds += time.perf_counter() - began
 
     def compile(self, step: Step) -> None:
         """Compile `step` on its lane's target, with its lane's drafter (the caller holds the pair's lock)."""
@@ -195,9 +242,11 @@ class CompiledLanes:
         if positions > self.positions:
             return None, f"eager steps ({positions} positions, past the {self.positions} the compiled steps hold)"
         missing = needed(lanes, block_size, self.block_size, tree_budget) - self.done
-        if unplanned := sorted(missing - set(self.steps), key=Step.describe):
-            return None, (f"eager steps (the {unplanned[0].describe()} is not compiled: the app compiles trees of "
-                          f"{TREE_BUDGET} drafts)")
+        if unplanned := missing - set(self.steps):
+            first = min(unplanned, key=Step.describe)
+            if (refusal := self.want(unplanned)) is not None:
+                return None, f"eager steps (the {first.describe()} is not compiled: {refusal})"
+            return None, f"eager steps (the {first.describe()} compiles after this race, for the races after it)"
         if missing:
             return None, f"eager steps ({self.status()})"
         return {lane: self.targets[lane] for lane in lanes}, "compiled steps"
