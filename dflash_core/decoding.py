@@ -322,7 +322,10 @@ class _Decoding:
         self.target.keep_path(position, path)
         self.start += len(path)
         self.bonus_ids = torch.tensor([bonus], device=device)
-        rows = torch.tensor(path, device=device)
+        # The walked rows first, then padding up to the block (the last row again), as a chain hands
+        # over its verified block: with graphs or compiled steps the next draft step then has the
+        # shape captured for whole blocks (the session keeps only the walked rows otherwise).
+        rows = torch.tensor(path + path[-1:] * (self.block_size - len(path)), device=device)
         self.session.advance(len(drafts), [*drafts, bonus], None if features is None else features.index_select(1, rows))
         record = TreeCycle(tokens=tree.tokens, parents=tree.parents, depths=tree.depths,
                            probs=tuple(math.exp(q) for q in tree.logq), targets=tuple(choices), path=tuple(path),

@@ -310,3 +310,21 @@ def test_cuda_graphs_is_a_switch_of_the_loaders(golden_dir):
     pair = load_pair(golden_dir / "target", golden_dir / "drafter", static_cache=True, cuda_graphs=True)
     assert pair.target.graphs is not None
     assert load_pair(golden_dir / "target", static_cache=True).target.graphs is None
+
+
+def test_a_tree_cycle_hands_the_drafter_a_whole_block_so_its_draft_step_replays(golden_pair):
+    """A tree cycle keeps only its walked rows, fewer than a block when a draft is rejected; it pads
+    them to the block as a chain's verify does, so every draft step after the first replays its
+    graph (else each such cycle would draft eagerly), and the run is the eager one token for token."""
+    plain, drafter = golden_pair
+    fake = FakeGraphs()
+    on = graphed(plain, fake)
+    b = drafter.block_size
+    width = len(drafter.target_layer_ids) * plain.hidden_size
+    draft = ((1,), (1, b, width), (1, 2 * b))
+    prompt = list(range(1, b + 1))  # one block long: the first draft step has the captured shape too
+    s = run(on, prompt, drafter, max_new_tokens=30, tree_budget=4)
+    assert any(block.accepted < b - 1 for block in s.blocks)  # walks shorter than the block were padded
+    assert fake.replays[draft] == len(s.blocks)
+    eager = run(Target(plain.model, static_cache=True), prompt, drafter, max_new_tokens=30, tree_budget=4)
+    assert s.output_ids == eager.output_ids
