@@ -35,9 +35,9 @@ COMPILED_LANES = ("dflash", "plain", "lookup", "scheduled", "tree")
 # The compiled lanes that draft, each with a drafter twin of its own: they race side by side.
 DRAFTING_LANES = ("dflash", "scheduled", "tree")
 # Positions the compiled lanes' static KV caches hold: a race of up to this many less the longest
-# verify (a block, or the largest tree's nodes; prompt and new tokens) runs compiled. The target's and the drafter's attention skip the unused ones (the
-# masked-attention kernel), so the capacity costs memory, not speed (docs/benchmarks.md, "Compiled
-# lanes in the app").
+# verify (a block, or the largest tree's nodes; prompt and new tokens) runs compiled. The target's
+# and the drafter's attention skip the unused ones (the masked-attention kernel), so the capacity
+# costs memory, not speed (docs/benchmarks.md, "Compiled lanes in the app").
 POSITIONS = 1024
 # `library`: the linears stay the engine's (the CPU rows kernel and oneDNN's packed weights), so a
 # compiled step holds no copy of the weights and compiles in seconds. `template` runs faster steps,
@@ -134,9 +134,8 @@ class CompiledLanes:
         self.failed: str | None = None
         self.seconds = 0.0
         self._lock: threading.Lock | None = None  # the pair's, once started
-        self._queue = threading.Lock()  # guards `steps` and whether the thread runs
-        self._running = False
-        self._idle = threading.Event()  # set while no thread runs
+        self._queue = threading.Lock()  # guards `steps` and `_idle`
+        self._idle = threading.Event()  # set while no thread compiles
         self._idle.set()
 
     def drafter_of(self, lane: str):
@@ -167,7 +166,7 @@ class CompiledLanes:
                 return (f"the app compiles trees of {TREE_BUDGET} drafts and of {MORE_TREES} other sizes at most, "
                         f"{', '.join(map(str, sorted(sizes)))} on this server")
             self.steps += sorted(steps - set(self.steps), key=lambda step: -step.length)
-            if self._lock is not None and not self._running and self.failed is None:
+            if self._lock is not None and self._idle.is_set() and self.failed is None:
                 self._spawn()
         return None
 
@@ -176,7 +175,6 @@ class CompiledLanes:
         return self._idle.wait(timeout)
 
     def _spawn(self) -> None:  # the caller holds `_queue`
-        self._running = True
         self._idle.clear()
         threading.Thread(target=self._compile_all, name="compile-lanes", daemon=True).start()
 
@@ -185,7 +183,6 @@ class CompiledLanes:
         with self._queue:
             step = next((step for step in self.steps if step not in self.done), None)
             if step is None or self.failed is not None:
-                self._running = False
                 self._idle.set()
                 return None
             return step
