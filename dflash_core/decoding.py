@@ -29,7 +29,7 @@ from .events import Block, CycleExplanation, CycleTimes, Prefill, StopReason, Su
 from .explain import explain_cycle
 from .models.drafter import DFlashDrafter, method_name
 from .models.target import Target
-from .sampling import SamplingParams, make_generator, probabilities, sample
+from .sampling import SamplingParams, greedy_ids, make_generator, probabilities, sample
 from .schedule import AUTO, BlockSchedule, CostProfile, fixed_draft_costs, measured_costs
 from .speed.batch_invariant import MAX_BLOCK, is_batch_invariant
 from .tree import ancestor_mask, grow, walk
@@ -225,7 +225,7 @@ class _Decoding:
 
     def choose(self, logits: torch.Tensor) -> int:
         if self.sampling.greedy:
-            return int(logits.argmax())
+            return int(greedy_ids(logits))
         return int(sample(probabilities(logits[None], self.sampling), self.generator))
 
     def prefill(self, prompt_ids: list[int]) -> Prefill:
@@ -312,7 +312,7 @@ class _Decoding:
         t2 = _clock(device)
         logits, features = self.target.forward_tree(torch.tensor([tree.tokens], device=device), depths, mask)
         if self.sampling.greedy:
-            choices = logits.argmax(dim=-1)
+            choices = greedy_ids(logits)
         else:  # one independent draw per node: the walk reads each one at most once
             choices = sample(probabilities(logits, self.sampling), self.generator)
         choices = choices.tolist()

@@ -45,6 +45,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def greedy_ids(scores: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last dimension, the first index among tied maxima as `argmax` gives it,
+    through `max`: PyTorch's CPU `argmax` over bfloat16 scores runs about 4x slower (1.7 ms for nine
+    rows of a 49,152-token vocabulary, against 0.4 ms), a few percent of a verify step."""
+    return scores.max(dim=-1).indices
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Rows of `logits` [n, V] turned into the sampling distribution (float32)."""
     scores = logits.float() / params.temperature

@@ -56,6 +56,7 @@ import torch
 
 from .errors import GenerationInputError
 from .explain import distribution
+from .sampling import greedy_ids
 
 AUTO = "auto"  # the block_size that asks for the schedule
 WINDOW = 4  # cycles whose verified lengths set the next draft length
@@ -291,7 +292,7 @@ def measure_draft(target, new_session, longest: int, context: int = 4, rounds: i
     for round_ in range(rounds + 1):
         target.reset(context + longest)
         logits, features = target.forward(ids, last_logits_only=True)
-        bonus = int(logits[-1].argmax())
+        bonus = int(greedy_ids(logits[-1]))
         session = new_session()
         session.prefill(ids[0].tolist(), bonus, features)
         bonus_ids = torch.tensor([bonus], device=device)
@@ -323,7 +324,7 @@ def measure_costs(target, longest: int, context: int = 64, rounds: int = 3) -> C
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
             logits, _ = target.forward(ids[:, context : context + length])
-            int(logits[-1].argmax())  # a cycle's verify ends with its result on the host
+            int(greedy_ids(logits[-1]))  # a cycle's verify ends with its result on the host
             if round_:  # the first round warms up kernels, allocator and graph captures
                 best[length - 1] = min(best[length - 1], time.perf_counter() - t0)
     target.crop(context)

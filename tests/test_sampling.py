@@ -11,7 +11,7 @@ from tiny import build_drafter, build_target
 
 from dflash_core import DFlashDrafter, PromptLookup, SamplingParams, Target, run
 from dflash_core.errors import GenerationInputError
-from dflash_core.sampling import probabilities
+from dflash_core.sampling import greedy_ids, probabilities
 from dflash_core.schedule import CostProfile
 from dflash_core.verify import greedy_accept, match_sampled_accept, rejection_accept
 
@@ -205,3 +205,18 @@ def test_bad_sampling_parameters_are_named():
         SamplingParams(temperature=1, top_p=0)
     with pytest.raises(GenerationInputError, match="top_k"):
         SamplingParams(temperature=1, top_k=-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_greedy_ids_pick_the_first_of_tied_maxima_as_argmax_does(dtype):
+    """Every greedy choice of the engine goes through `greedy_ids`: plain decoding's and a verify's
+    must break ties alike, which is argmax's rule (the first maximal index)."""
+    gen = torch.Generator().manual_seed(0)
+    for rows, vocab in [(1, 49152), (4, 49152), (9, 151936), (3, 37)]:
+        scores = (torch.randn(rows, vocab, generator=gen) * 3).round().to(dtype)  # many ties below the top
+        top = scores.max()
+        scores[:, torch.randint(0, vocab, (6,), generator=gen)] = top + 1  # six tied maxima per row
+        ids = greedy_ids(scores)
+        assert torch.equal(ids, scores.argmax(dim=-1))
+        assert all((row == top + 1).nonzero()[0, 0] == i for row, i in zip(scores, ids))
+    assert greedy_ids(torch.zeros(50, dtype=dtype)) == 0  # one row, all tied

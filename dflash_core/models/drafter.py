@@ -27,7 +27,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from ..errors import CheckpointError
-from ..sampling import SamplingParams, probabilities, sample
+from ..sampling import SamplingParams, greedy_ids, probabilities, sample
 from ..speed import kernels
 from ..speed.cpu_linear import pack_linears
 from ..speed.kernels import cpu_attention
@@ -349,7 +349,7 @@ class DFlashDrafter(nn.Module):
         if sample_drafts:
             probs = probabilities(self.full_logits(drafted, vocab_size), sampling)
             return sample(probs, generator), probs
-        return self.to_target_ids(drafted.argmax(dim=-1)), None
+        return self.to_target_ids(greedy_ids(drafted)), None
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Map indices into the draft vocabulary to target token ids."""

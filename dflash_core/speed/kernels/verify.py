@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from ...sampling import greedy_ids
 from .backend import interpreting
 
 try:
@@ -32,7 +33,7 @@ BLOCK_V = 2048
 
 def greedy_verify_reference(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """[accepted, bonus] as an int64 device tensor, in PyTorch: what the kernel computes."""
-    choice = target_logits.argmax(dim=-1)
+    choice = greedy_ids(target_logits)
     accepted = torch.cumprod(draft_ids == choice[:-1], dim=0).sum()
     # index_select, not choice[accepted]: a 0-dim tensor index is read on the host.
     return torch.stack([accepted, choice.index_select(0, accepted.view(1))[0]])
