@@ -182,7 +182,7 @@ def test_compiled_bf16_tree_steps_decode_as_plain_decoding(compiled_pair):
     for seed in range(3):
         prompt = torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         plain = run(target, prompt, max_new_tokens=40).output_ids
-        for budget in (8, 32) if seed < 2 else (8,):  # 33 nodes: past the chain's 16 rows, as the app's largest tree
+        for budget in (8, 32) if seed == 0 else (8,):  # 33 nodes: past the chain's 16 rows, as the app's largest tree
             trees = run(target, prompt, drafter, max_new_tokens=40, block_size=4, tree_budget=budget)
             assert trees.output_ids == plain, (seed, budget)
             assert all(block.tree is not None and len(block.tree.tokens) == budget + 1 for block in trees.blocks)
@@ -200,9 +200,10 @@ def test_eager_bf16_tree_steps_decode_as_plain_decoding(compiled_pair):
     for seed in range(4):
         prompt = torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         plain = run(target, prompt, max_new_tokens=40).output_ids
-        # The longest invariant block (past a tile's rows and the chain's 16) on two prompts: where a
-        # CPU's library runs such blocks row by row, they are slow.
-        for budget in (4, 8) if seed > 1 else (4, 8, MAX_BLOCK - 1):
+        # The longest invariant block (past a tile's rows and the chain's 16) on one prompt: where a
+        # CPU's library runs such blocks row by row, they are slow (each row count is checked alone by
+        # test_smollm2_linear_shapes_compute_every_block_row_as_alone).
+        for budget in (4, 8) if seed else (4, 8, MAX_BLOCK - 1):
             trees = run(target, prompt, drafter, max_new_tokens=40, block_size=4, tree_budget=budget)
             assert trees.output_ids == plain, (seed, budget)
             assert max(len(block.tree.tokens) for block in trees.blocks) == budget + 1
