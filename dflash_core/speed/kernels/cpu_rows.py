@@ -14,7 +14,8 @@ float32 and summed there, then rounded once), `avx512_bf16` (AVX512-BF16 too; fl
 `avx512`, bfloat16 through vdpbf16ps, which multiplies bfloat16 pairs into float32 sums at twice
 the rate) and `amx` (AMX tiles; bfloat16 weights whose outputs are a multiple of 16 and inputs of
 32, read from a copy laid out for the tiles, `pack`: a block of 16 rows costs about what one row
-does, and one read of the weights serves up to 48 rows, a tree's verify). Each keeps the guarantee above; their outputs differ from each other in the last bits.
+does, and one read of the weights serves up to 48 rows, a tree's verify). Each keeps the guarantee
+above; their outputs differ from each other in the last bits.
 `rows_linear` takes the last variant `variants()` names that takes the weight.
 
 The kernel needs an x86 CPU with at least AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
