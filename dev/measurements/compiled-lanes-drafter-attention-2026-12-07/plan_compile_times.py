@@ -1,10 +1,12 @@
 """Seconds to compile each step the app's lanes compile (`app/pairs/compiled.py`'s plan, in its
 order) on the default pair, 1 thread, with whatever inductor's cache already holds, then dynamo's
 and inductor's own timers (`torch._dynamo.utils.compile_times`); docs/benchmarks.md, "One trace for
-every length". From the repository root, twice (the second run is a second launch's case):
+every length". From the repository root, twice (the second run is a second launch's case); the
+target's dtype is float32 unless given (`auto`: what the app loads):
 
-    python dev/measurements/compiled-lanes-drafter-attention-2026-12-07/plan_compile_times.py
+    python dev/measurements/compiled-lanes-drafter-attention-2026-12-07/plan_compile_times.py [auto]
 """
+import sys
 import time
 
 import torch
@@ -16,7 +18,7 @@ from dflash_core.loading.pair import keep_compiled_code
 
 torch.set_num_threads(1)
 keep_compiled_code()
-pair = load_pair("default:smollm2", DEFAULT_DRAFTER, dtype="float32")
+pair = load_pair("default:smollm2", DEFAULT_DRAFTER, dtype=sys.argv[1] if len(sys.argv) > 1 else "float32")
 lanes = CompiledLanes(pair.target, pair.drafter)
 start = time.perf_counter()
 for step in lanes.steps:
