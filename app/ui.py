@@ -241,7 +241,9 @@ def live_tab(pairs: list[PairSpec], default_id: str, limits: Limits, device_for=
     pair_state = gr.State(default_id)
     with gr.Row(equal_height=False):
         with gr.Column(scale=5):
-            prompt = gr.Textbox(label="Prompt", lines=2, placeholder="Ask something…", elem_id="prompt")
+            # Filled with the first example, so that a first visitor's Race ▶ races at once.
+            prompt = gr.Textbox(EXAMPLES[0][0], label="Prompt", lines=2, placeholder="Ask something…",
+                                elem_id="prompt")
         with gr.Column(scale=1, min_width=170):
             run_button = gr.Button("Race ▶", variant="primary", elem_id="run")
             with gr.Row():

@@ -444,10 +444,11 @@ def pin_and_race_again(url: str, out: Path | None = None, timeout_s: float = 180
 def tabs_own_outputs(url: str, timeout_s: float = 90.0) -> dict:
     """In an app with a live pair: replay the first recorded run to its end and pin it, open "How it
     works", then "Replay", "Live race" and "Replay" again. Returns whether the race area and the pin
-    show under each, and what the area holds."""
+    show under each, and what the area holds; and the prompt the page opened with."""
     seen = {}
     with open_page(url, timeout_s) as page:
         page.wait_for_selector("#pair-status :text('ready')")
+        seen["prompt"] = page.locator("#prompt textarea").input_value()
         page.get_by_role("tab", name="Replay a recorded run").click()
         box = page.locator("#replay-speed input[type=number]")
         box.fill("4")

@@ -235,7 +235,10 @@ def test_browser_step_when_idle_starts_paused_and_the_page_switches_work(replay_
 def test_browser_each_tab_shows_only_its_own_outputs(app_url):
     from browser import tabs_own_outputs
 
+    from app.serve.examples import EXAMPLES
+
     seen = tabs_own_outputs(app_url)
+    assert seen["prompt"] == EXAMPLES[0][0]  # the page opens ready to race: Race ▶ is the first click
     assert seen["replayed_tokens"] > 0 and seen["area_under_howto"] is False
     assert seen["kept_under_replay"] == seen["replayed_tokens"]  # back on its own tab, the replay is kept
     assert seen["live_tokens"] == 0 and "Run a prompt" in seen["live_summary"] and seen["live_status"] == ""

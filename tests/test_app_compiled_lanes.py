@@ -117,7 +117,8 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert compiled.failed is None and compiled.finished, compiled.status()
     assert compiled.status().startswith("compiled (in ")
     status = app.loading.compile_status(spec.id, "default")
-    assert "Lane steps: compiled (in " in status[0]
+    # Right after "ready": the status box shows four lines, and the pair's details follow.
+    assert status[0].startswith(f"✓ **{spec.label}** ready on cpu. Lane steps: compiled (in "), status[0]
 
     graphs = counters["stats"]["unique_graphs"]
     frames = [dict(zip(FRAME_FIELDS, frame)) for frame in app.live.compare(PROMPT, NEW, BLOCK, 0.0, 1.0, 0, lanes)]

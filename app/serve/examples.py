@@ -1,4 +1,4 @@
-"""Example prompts offered under the prompt box: one each of math, code, chat and story."""
+"""Example prompts offered in the race's settings: one each of math, code, chat and story; the page opens on the first."""
 
 EXAMPLES = [
     [

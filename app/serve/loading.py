@@ -88,15 +88,15 @@ class PairLoading:
     def _ready(self, pair, device: str, thinking: str | None, freed: str = "") -> str:
         """The status line of a loaded pair whose races use `thinking` ("on", "off", None: its default)."""
         used = pair.thinking(thinking)
+        steps = (texts.LANE_STEPS.format(status=pair.compiled.status()) if pair.compiled is not None
+                 else texts.LANE_STEPS.format(status=f"eager, since {pair.eager_only}") if pair.eager_only else "")
         return texts.READY.format(
-            label=pair.spec.label, device=device, load_s=pair.load_s, numerics=pair.numerics,
+            label=pair.spec.label, device=device, steps=steps, load_s=pair.load_s, numerics=pair.numerics,
             trained=pair.trained_block_size, drafter_dtype=str(pair.drafter.dtype).removeprefix("torch."),
             chat_template=describe_template(pair.tokenizer, used.args), thinking=used.trained_words(),
             size=pair.size.describe() if pair.size else "size not counted", freed=freed,
         ) + "".join(texts.LANE_NOT_OFFERED.format(lane=LABELS[lane], why=pair.spec.lane_missing(lane))
-                    for lane in pair.spec.lane_drafters() if pair.spec.lane_missing(lane)) + (
-            texts.LANE_STEPS.format(status=pair.compiled.status()) if pair.compiled is not None
-            else texts.LANE_STEPS.format(status=f"eager, since {pair.eager_only}") if pair.eager_only else "")
+                    for lane in pair.spec.lane_drafters() if pair.spec.lane_missing(lane))
 
     def _loaded(self, pair_id: str):
         """The loaded pair of a local `pair_id`, else None (not loaded yet, unknown, or served by vLLM)."""

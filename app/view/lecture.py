@@ -28,8 +28,9 @@ PAGE_CSS = """
 #header { align-items: center; gap: 10px; }
 #header h1 { font-size: 1.35rem; margin: 0; }
 #header p { margin: 0; }
-/* Three whole lines, then a scroll: Gradio's prose gives the paragraph a taller line of its own. */
-#pair-status { max-height: 54px; overflow-y: auto; }
+/* Four whole lines (as tall as the pair's dropdown beside it), then a scroll: Gradio's prose gives
+   the paragraph a taller line of its own. */
+#pair-status { max-height: 72px; overflow-y: auto; }
 #pair-status .prose, #pair-status p { font-size: 13px !important; line-height: 18px !important; margin: 0 !important; }
 #lanes .dflash-pane { max-height: 18em; }
 .why-slower { margin: 6px 10px; padding: 6px 10px; border-left: 4px solid #9a6700; background: #fff8e6;

@@ -53,8 +53,9 @@ UNAVAILABLE = "⚠ **Unavailable:** {reason} " + REPLAY_HINT
 LOADING = "Loading **{label}** on {device} (first time only)"
 NOT_LOADED = "⚠ **Could not load {label}:** {why} " + REPLAY_HINT
 FREED = " Freed {labels} to make room."
+# What a visitor acts on first (ready, and which steps the lanes run) leads; the box shows four lines.
 READY = (
-    "✓ **{label}** ready on {device} (loaded in {load_s:.1f} s); target in {numerics}; drafter in "
+    "✓ **{label}** ready on {device}.{steps} Loaded in {load_s:.1f} s; target in {numerics}; drafter in "
     "{drafter_dtype}, trained with block size {trained}; prompts through {chat_template} — {thinking}; {size}.{freed}"
 )
 BAD_THINKING = "⚠ {why}"
@@ -84,7 +85,7 @@ THINKING_CHOICES = [("the pair's default", "default"), ("on", "on"), ("off", "of
 NO_LANE_DRAFTER = "{label} cannot race the {lane} lane: {why}. Pairs that can: {pairs}."
 # After a pair's ready line: a lane whose drafter the pair names but whose folder is not there yet.
 LANE_NOT_OFFERED = " The {lane} lane is not offered: {why}."
-# After a pair's ready line, where the app compiles its lanes' steps: compiled, compiling k/n, or eager and why.
+# In a pair's ready line, where the app compiles its lanes' steps: compiled, compiling k/n, or eager and why.
 LANE_STEPS = " Lane steps: {status}."
 VLLM_LANES = (
     "A vLLM pair races the server's DFlash against its plain decoding only: the scheduled block, AR "
