@@ -14,22 +14,12 @@ import sys
 import time
 
 import torch
+from one_token_step import prefilled
 
-from dflash_core import Target, load_pair
-from dflash_core.bench.run import DEFAULT_DRAFTER
-from dflash_core.loading.pair import keep_compiled_code
-from dflash_core.speed.kernels import cpu_attention
+from dflash_core import Target
 
 PATH = "/tmp/aot-step-guarded.pt"
-torch.set_num_threads(1)
-keep_compiled_code()
-pair = load_pair("default:smollm2", DEFAULT_DRAFTER, dtype="auto")
-target = Target(pair.target.model, pair.target.tokenizer, static_cache=True)
-target.reset(1024)
-cpu_attention.prepare()
-target.forward(torch.tensor([[1, 2, 3, 4]]))
-with torch.inference_mode():
-    ids, positions = torch.tensor([[5]]), torch.tensor([[4]])
+target, ids, positions = prefilled()
 kinds = collections.Counter()
 
 
@@ -61,8 +51,7 @@ with torch.inference_mode():
                 with target.kv.forward(1):
                     loaded(target, ids, positions)
             print(f"{label}: {(time.perf_counter() - start) / 20 * 1e3:.1f} ms a step")
-        target.reset(512)  # caches of another capacity: the guards must refuse them
-        target.forward(torch.tensor([[1, 2, 3, 4]]))
+        target, ids, positions = prefilled(512)  # caches of another capacity: the guards must refuse them
         with open(PATH, "rb") as f:
             loaded = torch.compiler.load_compiled_function(f)
         try:

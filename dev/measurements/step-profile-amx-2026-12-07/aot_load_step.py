@@ -8,20 +8,11 @@ repository root, after `aot_compile_step.py`:
 import time
 
 import torch
+from one_token_step import prefilled
 
-from dflash_core import Target, load_pair
-from dflash_core.bench.run import DEFAULT_DRAFTER
-from dflash_core.loading.pair import keep_compiled_code
-from dflash_core.speed.kernels import cpu_attention
+from dflash_core import Target
 
-torch.set_num_threads(1)
-keep_compiled_code()
-pair = load_pair("default:smollm2", DEFAULT_DRAFTER, dtype="auto")
-target = Target(pair.target.model, pair.target.tokenizer, static_cache=True)
-target.reset(1024)
-cpu_attention.prepare()
-target.forward(torch.tensor([[1, 2, 3, 4]]))
-ids, positions = torch.tensor([[5]]), torch.tensor([[4]])
+target, ids, positions = prefilled()
 
 
 def inputs_only(entries):
