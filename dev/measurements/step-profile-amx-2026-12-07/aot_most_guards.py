@@ -13,7 +13,7 @@ import sys
 import time
 
 import torch
-from one_token_step import prefilled
+from one_token_step import ms_per_step, prefilled
 
 from dflash_core import Target
 
@@ -49,8 +49,4 @@ with torch.inference_mode():
         for label in ("guards checked", "guards off"):
             if label == "guards off":
                 loaded.disable_guard_check()
-            start = time.perf_counter()
-            for _ in range(20):
-                with target.kv.forward(1):
-                    loaded(target, ids, positions)
-            print(f"{label}: {(time.perf_counter() - start) / 20 * 1e3:.1f} ms a step")
+            print(f"{label}: {ms_per_step(loaded, target, ids, positions):.1f} ms a step")

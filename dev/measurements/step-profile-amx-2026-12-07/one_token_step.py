@@ -1,6 +1,8 @@
 """What the aot_compile scripts here share: the default pair's target (dtype `auto`, 1 thread) with
 a static cache of `capacity` after an eager 4-token prefill, and the one-token step's two inputs
-(made in inference mode, as the engine's static buffers are)."""
+(made in inference mode, as the engine's static buffers are); and timing a loaded step on them."""
+import time
+
 import torch
 
 from dflash_core import Target, load_pair
@@ -21,3 +23,12 @@ def prefilled(capacity: int = 1024):
     target.forward(torch.tensor([[1, 2, 3, 4]]))
     with torch.inference_mode():
         return target, torch.tensor([[5]]), torch.tensor([[4]])
+
+
+def ms_per_step(loaded, target, ids, positions, steps: int = 20) -> float:
+    """Mean milliseconds of `loaded(target, ids, positions)` over `steps` calls (in inference mode)."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        with target.kv.forward(1):
+            loaded(target, ids, positions)
+    return (time.perf_counter() - start) / steps * 1e3
