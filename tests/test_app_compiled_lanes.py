@@ -9,9 +9,11 @@ import html
 import itertools
 
 import pytest
+import torch
 from tiny import build_drafter
 from torch._dynamo.utils import counters
 
+from app.pairs import compiled as compiled_module
 from app.pairs.compiled import COMPILED_LANES, MORE_TREES, CompiledLanes, Step, needed, plan
 from app.pairs.models import PairCache
 from app.pairs.registry import cli_pair
@@ -20,6 +22,7 @@ from app.ui import App
 from app.view import texts
 from app.view.frames import FRAME_FIELDS
 from dflash_core import schedule
+from dflash_core.speed import saved_steps
 from dflash_core.trace import validate_trace
 
 
@@ -27,11 +30,15 @@ from dflash_core.trace import validate_trace
 def fresh_dynamo():
     """Dynamo keeps a bounded number of compiled versions per function for the whole process (the
     suite's earlier compiles count): each test here compiles from none."""
-    import torch
-
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def own_steps_folder(tmp_path, monkeypatch):
+    """Each test compiles and saves its steps in a folder of its own (`saved_steps.py`), not the user's."""
+    monkeypatch.setattr(compiled_module, "compiled_steps_folder", lambda: tmp_path / "compiled-steps")
 
 
 PROMPT = "What is the capital of France? Paris is the capital of France. What is"
@@ -167,6 +174,20 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert texts.STEPS.format(steps="compiled steps") in scheduled["summary"]
     assert scheduled["report"]["lanes"]["scheduled"]["identical"] is True
     assert cycles(scheduled)["dflash"] == shown_cycles["dflash"]
+
+    # A second launch (no traced code in dynamo, no step loaded yet) loads every step the first saved:
+    # its lanes are compiled without a trace and race as the first launch's did.
+    torch._dynamo.reset()
+    saved_steps._KNOWN.clear()
+    saved_steps._READ.clear()
+    relaunched = App([spec], spec.id, PairCache("cpu", compile_gemms="library"))
+    again = relaunched.loading.cache.get(spec).compiled
+    assert again.wait(600) and again.status().startswith("compiled (in "), again.status()
+    assert counters["stats"]["unique_graphs"] == graphs
+    saved = [target.graphs.backend.saved for target in again.targets.values()]
+    assert sum(s.saved for s in saved) == 0 and sum(s.loaded for s in saved) >= len(again.steps)
+    assert cycles(race(relaunched, lanes)) == shown_cycles
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_dirs):

@@ -221,6 +221,8 @@ def test_compile_is_a_switch_of_the_loaders(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
     pair = load_pair(target_dir, compiled=True, static_cache=True)
     assert pair.target.graphs is not None and pair.target.static_cache
+    # Its `library` steps are saved for later processes in the project's cache folder too.
+    assert pair.target.graphs.backend.saved.folder == tmp_path / "cache" / "compiled-steps"
     # Inductor's code and timings are kept in the project's cache folder, not the temp folder.
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
     assert inductor_cache_dir() == str(tmp_path / "cache" / "inductor")

@@ -77,7 +77,7 @@ class FakeGraphs:
             raise RuntimeError(f"{count} host reads inside a graph step")
         return outputs, reads.read - {0}
 
-    def capture(self, step, inputs):
+    def capture(self, step, inputs, tag=None):
         for _ in range(3):
             outputs, read = self._run(step, inputs)
         shapes = tuple(tuple(x.shape) for x in inputs)
@@ -97,7 +97,7 @@ class FakeGraphs:
 class NeverCapture:
     """Every capture fails: the same static steps, all eager (the reference for bitwise checks)."""
 
-    def capture(self, step, inputs):
+    def capture(self, step, inputs, tag=None):
         raise RuntimeError("not capturing")
 
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from dflash_core import Target, compile_draft, compile_schedule, compile_verify, size_caches, tree_refusal
+from dflash_core.loading import compiled_steps_folder
 
 from ..race.lanes import LABELS, MAX_TREE_BUDGET, TREE_BUDGET
 
@@ -112,11 +113,12 @@ class CompiledLanes:
     """The compiled targets of a pair's lanes and the thread that compiles their steps."""
 
     def __init__(self, target: Target, drafter, positions: int = POSITIONS, gemms: str = GEMMS,
-                 budget_s: float = BUDGET_S):
+                 budget_s: float = BUDGET_S, steps_folder=None):
         """positions: what the static caches hold, at most the target's context; races of up to that
         less the longest verify (the drafter's block, or the default tree's nodes; prompt and new
         tokens) run compiled. budget_s: no step but the first starts to compile after this many
-        seconds; races that need the steps left run eagerly."""
+        seconds; races that need the steps left run eagerly. steps_folder: where the compiled steps
+        are saved and a later launch loads them (None: the project's, `compiled_steps_folder`)."""
         # No tree lane where the pair cannot verify trees (`LoadedPair.lanes`), nor for a drafter of one slot.
         trees = drafter.block_size > 1 and tree_refusal(target, drafter) is None
         lanes = [lane for lane in COMPILED_LANES if lane != "tree" or trees]
@@ -124,6 +126,7 @@ class CompiledLanes:
         # The tree lane's caches hold the largest tree the slider offers: each budget compiles at one capacity.
         self.positions = min(positions, context) - max(drafter.block_size, MAX_TREE_BUDGET + 1 if trees else 0)
         self.gemms, self.budget_s = gemms, budget_s
+        self.steps_folder = steps_folder or compiled_steps_folder()
         # Twins of the pair's drafter: the eager lanes' keeps its static cache, and the compiled lanes
         # that draft, which race side by side, each draft from caches of their own.
         self.drafters = {lane: drafter.with_own_cache() for lane in DRAFTING_LANES}
@@ -144,7 +147,8 @@ class CompiledLanes:
         return self.drafters.get(lane, self.drafters["dflash"])
 
     def _compiled(self, target: Target, lane: str) -> Target:
-        compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=self.gemms)
+        compiled = Target(target.model, target.tokenizer, static_cache=True, compiled=True, compile_gemms=self.gemms,
+                          steps_folder=self.steps_folder)
         size_caches(compiled, self.drafter_of(lane), self.positions, MAX_TREE_BUDGET + 1 if lane == "tree" else None)
         return compiled
 

@@ -28,6 +28,7 @@ _EXPORTS = {
     "default_drafter_dtype": "pair",
     "fetch_target": "pair",
     "keep_compiled_code": "pair",
+    "compiled_steps_folder": "pair",
     "load_drafter": "pair",
     "load_lane_drafter": "pair",
     "load_pair": "pair",

@@ -203,6 +203,12 @@ def keep_compiled_code() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
+def compiled_steps_folder() -> Path:
+    """Where compiled steps are saved for later processes (`speed/saved_steps.py`):
+    `compiled-steps/` in the project's cache folder ($DFLASH_CACHE or ~/.cache/dflash-studio)."""
+    return cache_root() / "compiled-steps"
+
+
 def load_pair(
     target, drafter=None, *, device="cpu", dtype="float32", drafter_dtype=None, block_size=None, batch_invariant=None,
     progress=None, static_cache=False, cuda_graphs=False, compiled=False,
@@ -211,7 +217,8 @@ def load_pair(
 
     `dtype` "auto" picks `default_target_dtype`, `drafter_dtype` None `default_drafter_dtype`,
     `batch_invariant` None `wants_batch_invariance` (see `Target.from_pretrained`, also for
-    `static_cache`, `cuda_graphs` and `compiled`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
+    `static_cache`, `cuda_graphs` and `compiled`; compiled steps of `library` GEMMs are saved in
+    `compiled_steps_folder()`); `progress` is told how Hub downloads advance (`hub.DownloadProgress`).
     """
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         from ..speed.device import cuda_mismatch
@@ -223,7 +230,7 @@ def load_pair(
     target = fetch_target(target, progress)
     target_model = Target.from_pretrained(
         target, device=device, dtype=dtype, batch_invariant=batch_invariant, static_cache=static_cache,
-        cuda_graphs=cuda_graphs, compiled=compiled,
+        cuda_graphs=cuda_graphs, compiled=compiled, steps_folder=compiled_steps_folder() if compiled else None,
     )
     if drafter is None:
         return ModelPair(target_model, None)

@@ -137,10 +137,13 @@ class Target:
     needs `static_cache`. Plain decoding's one-token steps are such verify forwards too.
     compile_gemms: how a compiled CPU step runs its linears, `template` or `library`
     (`compiled_steps.py`); None: `DFLASH_COMPILE_GEMMS`, or `template`.
+    steps_folder: compiled CPU steps of `library` GEMMs are saved there and a later process loads
+    them instead of compiling them again (`saved_steps.py`); None: each process compiles its own.
     """
 
     def __init__(self, model, tokenizer=None, static_cache: bool = False, cuda_graphs: bool = False,
-                 graph_backend=None, compiled: bool = False, compile_gemms: str | None = None):
+                 graph_backend=None, compiled: bool = False, compile_gemms: str | None = None,
+                 steps_folder: str | Path | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.layers = model.get_decoder().layers
@@ -150,6 +153,8 @@ class Target:
             raise ConfigError("choose CUDA graphs or compiled steps, not both: each runs the same steps its own way")
         if compile_gemms is not None and not compiled:
             raise ConfigError(f"compile_gemms={compile_gemms!r} is for compiled steps (compiled=True)")
+        if steps_folder is not None and not compiled:
+            raise ConfigError(f"steps_folder={str(steps_folder)!r} is for compiled steps (compiled=True)")
         steps = "CUDA graphs" if cuda_graphs else "compiled steps" if compiled else None
         if steps and not static_cache:
             raise ConfigError(
@@ -171,7 +176,7 @@ class Target:
             exact = is_batch_invariant(model)
             if compiled and exact:
                 compile_gemms = _exact_gemms(compile_gemms)
-            backend = CompiledBackend(compile_gemms, exact_casts=exact) if compiled else None
+            backend = CompiledBackend(compile_gemms, exact_casts=exact, steps_folder=steps_folder) if compiled else None
             self.graphs = StepGraphs(backend or graph_backend)
         self.reset(STATIC_CHUNK)  # generate() resets to the length each run needs
         self._taps: dict[int, torch.Tensor] = {}
@@ -184,10 +189,10 @@ class Target:
     @classmethod
     def from_pretrained(
         cls, path_or_id: str | Path, device="cpu", dtype=torch.float32, attn_implementation=None, batch_invariant=None,
-        static_cache: bool = False, cuda_graphs: bool = False, compiled: bool = False,
+        static_cache: bool = False, cuda_graphs: bool = False, compiled: bool = False, steps_folder=None,
     ):
         """batch_invariant: verify blocks bitwise as one-token steps (`batch_invariant.py`); None
-        decides by `wants_batch_invariance`. static_cache, cuda_graphs, compiled: see the class."""
+        decides by `wants_batch_invariance`. static_cache, cuda_graphs, compiled, steps_folder: see the class."""
         name = str(path_or_id)
         if looks_like_path(name) and not Path(name).expanduser().is_dir():
             raise CheckpointError(f"target model directory not found: {name}")
@@ -204,7 +209,8 @@ class Target:
         pack_linears(model, calibrate=not batch_invariant)
         if batch_invariant:
             make_batch_invariant(model)
-        return cls(model, load_tokenizer(name), static_cache=static_cache, cuda_graphs=cuda_graphs, compiled=compiled)
+        return cls(model, load_tokenizer(name), static_cache=static_cache, cuda_graphs=cuda_graphs, compiled=compiled,
+                   steps_folder=steps_folder)
 
     # --- shapes and shared modules -------------------------------------------------------------
     @property

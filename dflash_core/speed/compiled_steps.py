@@ -31,19 +31,23 @@ Compiling costs time once per shape and process (minutes for a 30-layer model on
 CPU); inductor keeps the generated code and its GEMM timings in its on-disk cache
 (`TORCHINDUCTOR_CACHE_DIR`; `load_pair(..., compiled=True)` puts it under the project's cache
 folder, `loading/pair.keep_compiled_code`), so a later process with the same model and shapes
-starts in seconds to a minute.
+skips inductor's part, though dynamo still traces every step again. With a `steps_folder`, a
+`library` step on a CPU is saved whole instead, and a later process loads it without a trace
+(`saved_steps.py`); such a step leaves every size above 1 symbolic from its first trace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import torch
 import torch._dynamo
 import torch._inductor.config
 
 from ..errors import ConfigError
+from . import saved_steps
 from .cpu_linear import traced_as_linear
 from .kernels import cpu_attention
 
@@ -84,8 +88,9 @@ def _template_settings():
 class CompiledBackend:
     """`capture` compiles the step for its inputs' shapes and runs it; `replay` runs it again."""
 
-    def __init__(self, gemms: str | None = None, exact_casts: bool = False):
-        """exact_casts: round every intermediate to its dtype as eager ops do (inductor's
+    def __init__(self, gemms: str | None = None, exact_casts: bool = False, steps_folder: str | Path | None = None):
+        """steps_folder: save each compiled CPU step of `library` GEMMs there, and load it from there
+        in a later process instead of compiling it again (`saved_steps.py`). exact_casts: round every intermediate to its dtype as eager ops do (inductor's
         `emulate_precision_casts`). A fused kernel otherwise keeps a bf16 op's result in float32 for
         the next op, where that result is not written out, and which results a graph writes out
         depends on the graph: a block's verify step and a one-token step then round differently,
@@ -95,13 +100,19 @@ class CompiledBackend:
             variable = os.environ.get("DFLASH_COMPILE_GEMMS", "").strip().lower() or "template"
             gemms = _checked(variable, "DFLASH_COMPILE_GEMMS")
         self.gemms = _checked(gemms, "compile_gemms")
+        self.saved = saved_steps.SavedSteps(steps_folder) if steps_folder is not None and saved_steps.available() else None
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
-    def capture(self, step, inputs):
+    def capture(self, step, inputs, tag=None):
         on_cpu = all(x.device.type == "cpu" for x in inputs)
         if on_cpu:
             cpu_attention.prepare()
+        if self.saved is not None and on_cpu and self.gemms == "library":
+            options = {"emulate_precision_casts": True} if self.exact_casts else {}
+            if (compiled := self.saved.compile(step, inputs, tag, options)) is not None:
+                args = (step.__self__, *inputs)
+                return (compiled, args, contextlib.nullcontext), compiled(*args)
         if self.gemms == "template" and on_cpu:
             # The config also goes into the options: dynamo reuses a step's code compiled by an
             # equal backend whose guards pass, and a library-compiled step traces the same graph

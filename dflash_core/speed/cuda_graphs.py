@@ -20,7 +20,7 @@ the capture runs them a few times to warm up. The caller decides which shapes ar
 call runs the same step eagerly. A capture that fails leaves its key eager for good, with one
 `FallbackWarning` per distinct error (`fallbacks.notice`).
 
-The capture/replay machinery is a backend object with `capture(step, inputs) -> (handle, outputs)`
+The capture/replay machinery is a backend object with `capture(step, inputs, tag) -> (handle, outputs)`
 and `replay(handle)`: `CudaGraphBackend` here, `compiled_steps.CompiledBackend` (torch.compile, whose
 replay returns fresh outputs in place of the captured ones), a CPU stand-in in tests/test_cuda_graphs.py.
 """
@@ -38,7 +38,7 @@ class CudaGraphBackend:
     def __init__(self, warmup: int = 2):
         self.warmup = warmup
 
-    def capture(self, step, inputs):
+    def capture(self, step, inputs, tag=None):
         device = inputs[0].device if inputs else torch.device("cuda")  # no inputs: the current CUDA device
         if device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need CUDA tensors, not {device.type}")
@@ -70,7 +70,7 @@ class StepGraphs:
         """`step(*inputs)`, replayed from a graph captured on the first call with this key."""
         key = (tag, *((x.shape, x.dtype, x.device) for x in inputs))
         if key not in self.graphs:
-            self.graphs[key] = self._capture(step, inputs)
+            self.graphs[key] = self._capture(tag, step, inputs)
         entry = self.graphs[key]
         if entry is None:
             return step(*inputs)
@@ -80,14 +80,19 @@ class StepGraphs:
         fresh = self.backend.replay(handle)
         return outputs if fresh is None else fresh
 
-    def _capture(self, step, inputs):
+    def _capture(self, tag, step, inputs):
         static = tuple(x.clone() for x in inputs)
         try:
-            handle, outputs = self.backend.capture(step, static)
+            handle, outputs = self.backend.capture(step, static, tag)
         except Exception as exc:  # noqa: BLE001 - a graph is an optimisation; the step still runs eagerly
             notice(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); those steps run eagerly")
             return None
         return handle, static, outputs
+
+    def __reduce__(self):
+        # Saving a compiled step pickles the objects its guards pass through (a Target, a run's
+        # drafting state) with their attributes; the steps captured here are this process's, not data.
+        return type(self), (self.backend,)
 
     def clear(self) -> None:
         """Forget every graph (their buffers, e.g. a reallocated cache, are gone)."""
