@@ -1,8 +1,11 @@
 """Saved compiled steps (`speed/saved_steps.py`): a later backend loads what an earlier one compiled
 and saved, instead of tracing it, and decodes token for token as it did; a step whose key inputs
-changed (taps, a linear's path, the sources) is not loaded, and a damaged file is compiled again."""
+changed (taps, a linear's path, the engine's source) is not loaded, a damaged file is compiled
+again, and the steps of builds not used lately are removed."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -64,7 +67,8 @@ def test_a_later_backend_loads_the_saved_steps_and_decodes_as_the_first(small_pa
     first = saving(eager, tmp_path)
     assert decode(first, drafter) == expected
     saved = first.graphs.backend.saved
-    files = sorted(tmp_path.iterdir())
+    assert saved.folder.parent == tmp_path  # a folder for this build of torch, transformers and the engine
+    files = sorted(saved.folder.iterdir())
     # The one-token verify, the block verify (every length from 2 on), the draft step, the tree's verify.
     assert saved.saved == len(files) == 4 and all(path.suffix == saved_steps.SUFFIX for path in files)
 
@@ -73,7 +77,7 @@ def test_a_later_backend_loads_the_saved_steps_and_decodes_as_the_first(small_pa
     later = saving(eager, tmp_path)
     assert decode(later, drafter) == expected
     assert counters["stats"]["unique_graphs"] == traced  # dynamo traced nothing
-    assert (later.graphs.backend.saved.saved, sorted(tmp_path.iterdir())) == (0, files)
+    assert (later.graphs.backend.saved.saved, sorted(saved.folder.iterdir())) == (0, files)
     assert later.graphs.backend.saved.loaded >= 4
 
 
@@ -102,28 +106,34 @@ def test_a_changed_key_input_is_not_loaded(small_pair, tmp_path, new_process):
     assert saved_steps.step_key(target._step, ("verify", 64, ()), (ids, ids), {}) != before  # a block, not one token
 
 
-def test_the_sources_are_part_of_the_key(small_pair, tmp_path, new_process, monkeypatch):
+def test_the_engine_source_and_its_variables_name_the_folder(small_pair, tmp_path, new_process, monkeypatch):
     eager, _ = small_pair
-    target = saving(eager, tmp_path)
-    target.reset(64)
-    ids = torch.tensor([[5]])
-    before = saved_steps.step_key(target._step, ("verify", 64, ()), (ids, ids), {})
+
+    def folder():
+        return saving(eager, tmp_path).graphs.backend.saved.folder
+
+    before = folder()
+    assert folder() == before
+    monkeypatch.setenv("DFLASH_CPU_ROWS", "off")
+    assert folder() != before
+    monkeypatch.delenv("DFLASH_CPU_ROWS")
     monkeypatch.setattr(saved_steps, "_sources_digest", lambda: "edited")
-    assert saved_steps.step_key(target._step, ("verify", 64, ()), (ids, ids), {}) != before
+    assert folder() != before
 
 
 def test_a_damaged_file_is_compiled_again_with_a_warning(small_pair, tmp_path, new_process):
     eager, drafter = small_pair
     expected = run(eager, IDS, None, max_new_tokens=8).output_ids
-    assert run(saving(eager, tmp_path), IDS, None, max_new_tokens=8).output_ids == expected
-    (path,) = tmp_path.iterdir()
+    first = saving(eager, tmp_path)
+    assert run(first, IDS, None, max_new_tokens=8).output_ids == expected
+    (path,) = first.graphs.backend.saved.folder.iterdir()
     path.write_bytes(path.read_bytes()[:1000])
     later_process()
     again = saving(eager, tmp_path)
     with pytest.warns(fallbacks.FallbackWarning, match="a saved compiled step did not load"):
         assert run(again, IDS, None, max_new_tokens=8).output_ids == expected
     assert (again.graphs.backend.saved.loaded, again.graphs.backend.saved.saved) == (0, 1)
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written again in its place
+    assert list(path.parent.iterdir()) == [path]  # written again in its place
 
 
 def test_a_folder_is_for_compiled_targets_and_without_one_nothing_is_saved(small_pair, tmp_path):
@@ -146,3 +156,15 @@ def test_a_step_that_cannot_be_prepared_for_saving_compiles_as_before(small_pair
         assert run(target, IDS, None, max_new_tokens=8).output_ids == run(eager, IDS, None, max_new_tokens=8).output_ids
     assert target.graphs.graphs and all(entry is not None for entry in target.graphs.graphs.values())  # compiled
     assert not any(tmp_path.iterdir())
+
+
+def test_saving_removes_the_steps_of_environments_not_used_lately(small_pair, tmp_path, new_process):
+    eager, _ = small_pair
+    for age, name in enumerate(["newest", "older", "oldest", "ancient"]):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (1e9 - age, 1e9 - age))
+    target = saving(eager, tmp_path)
+    assert run(target, IDS, None, max_new_tokens=4).output_ids == run(eager, IDS, None, max_new_tokens=4).output_ids
+    here = target.graphs.backend.saved.folder
+    assert here.parent == tmp_path and len(list(here.iterdir())) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([here.name, "newest", "older"])

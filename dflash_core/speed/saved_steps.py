@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -47,13 +48,14 @@ from .fallbacks import notice
 
 FORMAT = 1  # raise when what goes into a key or a file changes
 SUFFIX = ".step"
+KEEP = 3  # environments (builds of torch, transformers, the engine) whose saved steps stay
 # The packed linears' record of which weight storage they packed: a process's own addresses.
 PROCESS_LOCAL = frozenset({"packed_key"})
 _MODULE_INTERNALS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks")
 
-# This process's steps by key, loaded or compiled, shared by every owner and folder, and the files read.
-_KNOWN: dict[str, list] = {}
+# This process's steps by environment and key, loaded or compiled, shared by every owner, and the files read.
+_KNOWN: dict[tuple[str, str], list] = {}
 _READ: set[Path] = set()
 _UNSAVABLE: set[str] = set()  # keys whose steps failed to compile for saving: compiled the usual way
 _LOCK = threading.Lock()
@@ -95,7 +97,8 @@ def _stable(value):
 
 
 def _module_state(module: torch.nn.Module) -> list:
-    """Each submodule's class, plain attributes and forward hooks, in order."""
+    """Each submodule's class, public attributes and forward hooks, in order (an underscored
+    attribute is nn.Module's bookkeeping, or state shared by every Target over the model)."""
     state = []
     for name, sub in module.named_modules():
         attributes = {key: value for key, value in vars(sub).items()
@@ -112,11 +115,13 @@ def _reachable_modules(owner, depth: int = 3) -> list[torch.nn.Module]:
         following = []
         for obj in level:
             for value in getattr(obj, "__dict__", {}).values():
-                if id(value) in seen or isinstance(value, (torch.Tensor, type)) or callable(value) and not isinstance(
-                        value, torch.nn.Module):
+                if id(value) in seen:
                     continue
                 seen.add(id(value))
-                (found if isinstance(value, torch.nn.Module) else following).append(value)
+                if isinstance(value, torch.nn.Module):
+                    found.append(value)
+                elif not (isinstance(value, (torch.Tensor, type)) or callable(value)):
+                    following.append(value)
         level = following
     return found
 
@@ -155,7 +160,8 @@ def environment() -> dict:
 
 def step_key(step, tag, inputs, options: dict) -> str:
     """The name of `step`'s file: a digest of everything the step's trace read that its tensor
-    guards do not check (the module's docstring lists it)."""
+    guards do not check (the module's docstring lists it) but the `environment`, which names the
+    file's folder."""
     owner = step.__self__
     described = {
         "step": _stable(step.__func__),
@@ -163,16 +169,24 @@ def step_key(step, tag, inputs, options: dict) -> str:
         "modules": [_module_state(module) for module in _reachable_modules(owner)],
         "inputs": [[str(x.dtype), x.device.type, [size == 1 for size in x.shape]] for x in inputs],
         "options": _stable({k: v for k, v in options.items() if k != "guard_filter_fn"}),
-        "environment": environment(),
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def environment_digest() -> str:
+    return hashlib.sha256(json.dumps(environment(), sort_keys=True).encode()).hexdigest()[:16]
+
+
 class SavedSteps:
-    """The compiled steps in one folder: a step is loaded from it, or compiled and saved there."""
+    """The compiled steps in one folder: a step is loaded from it, or compiled and saved there.
+
+    The steps of each `environment` go to a folder of their own inside it; when a step is saved,
+    the folders of all but the `KEEP` environments used last are removed (an upgrade or an edit of
+    the engine leaves its old steps behind)."""
 
     def __init__(self, folder: str | Path):
-        self.folder = Path(folder).expanduser()
+        self.root = Path(folder).expanduser()
+        self.folder = self.root / environment_digest()
         self.loaded = 0  # steps this object took from files
         self.saved = 0  # steps it compiled and wrote
 
@@ -204,7 +218,7 @@ class SavedSteps:
             return None
         compiled.disable_guard_check()  # checked where it is taken; the step's key fixes its shapes
         with _LOCK:
-            _KNOWN.setdefault(key, []).append(compiled)
+            _KNOWN.setdefault((self.folder.name, key), []).append(compiled)
             taken = {int(p.name[len(key) + 1:-len(SUFFIX)]) for p in self.folder.glob(f"{key}-*{SUFFIX}")}
             path = self.folder / f"{key}-{max(taken, default=-1) + 1}{SUFFIX}"
             _READ.add(path)
@@ -216,11 +230,21 @@ class SavedSteps:
                        "the next process compiles it again")
             else:
                 self.saved += 1
+                self._forget_old_environments()
         return compiled
+
+    def _forget_old_environments(self) -> None:
+        """Remove the folders of all but the KEEP environments whose steps were used last."""
+        folders = sorted((p for p in self.root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in folders[KEEP:]:
+            if old != self.folder:
+                shutil.rmtree(old, ignore_errors=True)
 
     def _known(self, key: str) -> list:
         """The steps of `key` this process has, after reading the folder's files of it not read yet."""
-        known = _KNOWN.setdefault(key, [])
+        known = _KNOWN.setdefault((self.folder.name, key), [])
+        if self.folder.is_dir():
+            os.utime(self.folder)  # used now: the environments kept are the ones used last
         for path in sorted(self.folder.glob(f"{key}-*{SUFFIX}")):
             if path in _READ:
                 continue
