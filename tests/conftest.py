@@ -69,3 +69,13 @@ def tiny_dirs(tmp_path_factory) -> tuple[Path, Path]:
 def tiny_pair(tiny_dirs):
     target_dir, drafter_dir = tiny_dirs
     return Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
+
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    """A target of two layers and a drafter of one at block 4, for tests that compile steps: a few
+    shapes to compile, in seconds. Built for each module, which may change the models' state."""
+    root = tmp_path_factory.mktemp("small")
+    target_dir = build_target(root / "target", num_layers=2)
+    drafter_dir = build_drafter(root / "drafter", target_dir, num_layers=1, block_size=4)
+    return Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)

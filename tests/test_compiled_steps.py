@@ -10,28 +10,19 @@ from unittest import mock
 
 import pytest
 import torch
-from tiny import build_drafter, build_target
+from tiny import build_target
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._inductor.graph import GraphLowering
 from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from dflash_core import DFlashDrafter, SamplingParams, Target, load_pair, run
+from dflash_core import SamplingParams, Target, load_pair, run
 from dflash_core.__main__ import main as cli_main
 from dflash_core.bench.__main__ import main as bench_main
 from dflash_core.errors import ConfigError
 from dflash_core.speed import compiled_steps
 from dflash_core.speed.cpu_linear import PackedLinear
 from dflash_core.speed.kernels import cpu_attention, cpu_rows
-
-
-@pytest.fixture(scope="module")
-def small_pair(tmp_path_factory):
-    """Two target layers and one drafter layer at block 4: three shapes to compile, in seconds."""
-    root = tmp_path_factory.mktemp("compiled")
-    target_dir = build_target(root / "target", num_layers=2)
-    drafter_dir = build_drafter(root / "drafter", target_dir, num_layers=1, block_size=4)
-    return Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
 
 
 def decodes_as_eager(eager, compiled, drafter):
@@ -222,7 +213,7 @@ def test_compile_is_a_switch_of_the_loaders(tmp_path, monkeypatch):
     pair = load_pair(target_dir, compiled=True, static_cache=True)
     assert pair.target.graphs is not None and pair.target.static_cache
     # Its `library` steps are saved for later processes in the project's cache folder too.
-    assert pair.target.graphs.backend.saved.folder == tmp_path / "cache" / "compiled-steps"
+    assert pair.target.graphs.backend.saved.root == tmp_path / "cache" / "compiled-steps"
     # Inductor's code and timings are kept in the project's cache folder, not the temp folder.
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
     assert inductor_cache_dir() == str(tmp_path / "cache" / "inductor")

@@ -9,10 +9,9 @@ import os
 
 import pytest
 import torch
-from tiny import build_drafter, build_target
 from torch._dynamo.utils import counters
 
-from dflash_core import DFlashDrafter, SamplingParams, Target, run
+from dflash_core import SamplingParams, Target, run
 from dflash_core.errors import ConfigError
 from dflash_core.speed import fallbacks, saved_steps
 from dflash_core.speed.cpu_linear import PackedLinear
@@ -20,14 +19,6 @@ from dflash_core.speed.cpu_linear import PackedLinear
 pytestmark = pytest.mark.skipif(not saved_steps.available(), reason="this torch has no aot_compile")
 
 IDS = [3, 1, 4, 1, 5, 9, 2, 6]
-
-
-@pytest.fixture(scope="module")
-def small_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("saved")
-    target_dir = build_target(root / "target", num_layers=2)
-    drafter_dir = build_drafter(root / "drafter", target_dir, num_layers=1, block_size=4)
-    return Target.from_pretrained(target_dir), DFlashDrafter.from_pretrained(drafter_dir)
 
 
 @pytest.fixture
@@ -168,3 +159,13 @@ def test_saving_removes_the_steps_of_environments_not_used_lately(small_pair, tm
     here = target.graphs.backend.saved.folder
     assert here.parent == tmp_path and len(list(here.iterdir())) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([here.name, "newest", "older"])
+
+
+def test_a_folder_that_cannot_be_written_leaves_the_steps_compiled_unsaved(small_pair, tmp_path, new_process):
+    eager, _ = small_pair
+    (tmp_path / "a-file").write_text("not a folder")
+    target = saving(eager, tmp_path / "a-file" / "steps")
+    with pytest.warns(fallbacks.FallbackWarning, match="a compiled step could not be saved to .*the next process compiles"):
+        assert run(target, IDS, None, max_new_tokens=8).output_ids == run(eager, IDS, None, max_new_tokens=8).output_ids
+    assert all(entry is not None for entry in target.graphs.graphs.values())
+    assert target.graphs.backend.saved.saved == 0

@@ -89,12 +89,13 @@ class CompiledBackend:
     """`capture` compiles the step for its inputs' shapes and runs it; `replay` runs it again."""
 
     def __init__(self, gemms: str | None = None, exact_casts: bool = False, steps_folder: str | Path | None = None):
-        """steps_folder: save each compiled CPU step of `library` GEMMs there, and load it from there
-        in a later process instead of compiling it again (`saved_steps.py`). exact_casts: round every intermediate to its dtype as eager ops do (inductor's
+        """exact_casts: round every intermediate to its dtype as eager ops do (inductor's
         `emulate_precision_casts`). A fused kernel otherwise keeps a bf16 op's result in float32 for
         the next op, where that result is not written out, and which results a graph writes out
         depends on the graph: a block's verify step and a one-token step then round differently,
-        which a batch-invariant target's steps must not (docs/benchmarks.md)."""
+        which a batch-invariant target's steps must not (docs/benchmarks.md). steps_folder: save
+        each compiled CPU step of `library` GEMMs there, and load it from there in a later process
+        instead of compiling it again (`saved_steps.py`)."""
         self.exact_casts = exact_casts
         if gemms is None:
             variable = os.environ.get("DFLASH_COMPILE_GEMMS", "").strip().lower() or "template"
@@ -108,6 +109,7 @@ class CompiledBackend:
         on_cpu = all(x.device.type == "cpu" for x in inputs)
         if on_cpu:
             cpu_attention.prepare()
+        # A `template` step holds the frozen weights: its file would carry a copy of them.
         if self.saved is not None and on_cpu and self.gemms == "library":
             options = {"emulate_precision_casts": True} if self.exact_casts else {}
             if (compiled := self.saved.compile(step, inputs, tag, options)) is not None:

@@ -29,6 +29,7 @@ compiled anew and saved beside the other. Steps are saved only where the weights
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -235,15 +236,17 @@ class SavedSteps:
 
     def _forget_old_environments(self) -> None:
         """Remove the folders of all but the KEEP environments whose steps were used last."""
-        folders = sorted((p for p in self.root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in folders[KEEP:]:
-            if old != self.folder:
-                shutil.rmtree(old, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another process may be removing them too
+            folders = sorted((p for p in self.root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime,
+                             reverse=True)
+            for old in folders[KEEP:]:
+                if old != self.folder:
+                    shutil.rmtree(old, ignore_errors=True)
 
     def _known(self, key: str) -> list:
         """The steps of `key` this process has, after reading the folder's files of it not read yet."""
         known = _KNOWN.setdefault((self.folder.name, key), [])
-        if self.folder.is_dir():
+        with contextlib.suppress(OSError):  # a folder the process may read but not write
             os.utime(self.folder)  # used now: the environments kept are the ones used last
         for path in sorted(self.folder.glob(f"{key}-*{SUFFIX}")):
             if path in _READ:
