@@ -22,7 +22,6 @@ from app.ui import App
 from app.view import texts
 from app.view.frames import FRAME_FIELDS
 from dflash_core import schedule
-from dflash_core.speed import saved_steps
 from dflash_core.trace import validate_trace
 
 
@@ -36,9 +35,11 @@ def fresh_dynamo():
 
 
 @pytest.fixture(autouse=True)
-def own_steps_folder(tmp_path, monkeypatch):
-    """Each test compiles and saves its steps in a folder of its own (`saved_steps.py`), not the user's."""
-    monkeypatch.setattr(compiled_module, "compiled_steps_folder", lambda: tmp_path / "compiled-steps")
+def unsaved_steps(monkeypatch):
+    """The lanes compile without saving their steps: saving and loading them is
+    tests/test_saved_steps.py's (every kind of step the lanes take), and a saved step's compile
+    skips inductor's code cache, which would double this module's minutes."""
+    monkeypatch.setattr(compiled_module, "compiled_steps_folder", lambda: None)
 
 
 PROMPT = "What is the capital of France? Paris is the capital of France. What is"
@@ -175,19 +176,7 @@ def test_compiled_lanes_race_as_the_eager_ones_and_say_so(pair_dirs, one_thread)
     assert scheduled["report"]["lanes"]["scheduled"]["identical"] is True
     assert cycles(scheduled)["dflash"] == shown_cycles["dflash"]
 
-    # A second launch (no traced code in dynamo, no step loaded yet) loads every step the first saved:
-    # its lanes are compiled without a trace and race as the first launch's did.
-    torch._dynamo.reset()
-    saved_steps._KNOWN.clear()
-    saved_steps._READ.clear()
-    relaunched = App([spec], spec.id, PairCache("cpu", compile_gemms="library"))
-    again = relaunched.loading.cache.get(spec).compiled
-    assert again.wait(600) and again.status().startswith("compiled (in "), again.status()
-    assert counters["stats"]["unique_graphs"] == graphs
-    saved = [target.graphs.backend.saved for target in again.targets.values()]
-    assert sum(s.saved for s in saved) == 0 and sum(s.loaded for s in saved) >= len(again.steps)
-    assert cycles(race(relaunched, lanes)) == shown_cycles
-    assert counters["stats"]["unique_graphs"] == graphs
+
 
 
 def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_dirs):
@@ -195,6 +184,7 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
 
     target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
     compiled = CompiledLanes(target, drafter, positions=64 + MAX_TREE_BUDGET + 1)  # the largest tree: the longest verify
+    assert all(target.graphs.backend.saved is None for target in compiled.targets.values())  # unsaved_steps
     assert compiled.status() == f"compiling 0/{len(compiled.steps)}"
     assert compiled.lanes_for(("dflash", "plain"), BLOCK, 40) == (None, f"eager steps (compiling 0/{len(compiled.steps)})")
     compiled.done.update(needed(("dflash", "plain"), BLOCK, BLOCK))
@@ -208,6 +198,16 @@ def test_a_race_stays_eager_until_its_steps_are_compiled_or_when_too_long(pair_d
     assert compiled.lanes_for(("dflash", "plain", "lookup"), BLOCK, 40)[0] is None  # lookup's steps are not done
     assert compiled.lanes_for(("dflash", "fusion", "ar"), BLOCK, 40) == (
         None, "eager steps (the input fusion and AR drafter lanes run them only)")
+
+
+def test_the_lanes_save_their_steps_in_the_projects_folder(pair_dirs, tmp_path, monkeypatch):
+    from dflash_core import DFlashDrafter, Target
+
+    monkeypatch.setattr(compiled_module, "compiled_steps_folder", lambda: tmp_path / "project")
+    target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
+    for lanes, folder in ((CompiledLanes(target, drafter), tmp_path / "project"),
+                          (CompiledLanes(target, drafter, steps_folder=tmp_path / "given"), tmp_path / "given")):
+        assert {target.graphs.backend.saved.root for target in lanes.targets.values()} == {folder}
 
 
 @pytest.mark.parametrize("why", ["target", "drafter"])
