@@ -10,16 +10,18 @@ A saved step is only right where the step it was traced from would have been tra
 way. What dynamo checks on tensors travels with the file and is checked before a loaded step is
 taken: the dtype, shape and strides of every weight, cache and input it reads (its `TENSOR_MATCH`
 guards) and the relations between the sizes it left symbolic (`SHAPE_ENV`). What dynamo would
-check by value or identity, which a file cannot hold, is in the file's name instead (`step_key`):
+check by value or identity, which a file cannot hold, is in the file's name and its folder's
+instead (`step_key`, `environment`):
 
 - the step (its function) and its tag in `StepGraphs` (a verify step's tapped layers, a draft
   step's drafter and cache capacity);
 - every plain attribute of every module the step's owner reaches (the model's configuration, the
   attention function, each packed linear's library, rows kernel variant and bound, a
   batch-invariant layer's rows), and the forward hooks on them (the feature taps);
-- which input sizes are 1 (others are left symbolic: one trace serves every block length), the
-  compile options, the torch, transformers and Python versions, the CPU's instruction sets, the
-  `DFLASH_*` variables and the source of `dflash_core` itself.
+- which input sizes are 1 (others are left symbolic: one trace serves every block length) and the
+  compile options;
+- in the folder's name, the build: the torch, transformers and Python versions, the CPU's
+  instruction sets, the `DFLASH_*` variables and the source of `dflash_core` itself.
 
 A file is written whole or not at all; one that cannot be loaded (another build of torch, a
 damaged file) is removed and its step compiled and saved again. A step whose guards fail is
@@ -58,7 +60,8 @@ _HOOKS = ("_forward_hooks", "_forward_pre_hooks")
 # This process's steps by environment and key, loaded or compiled, shared by every owner, and the files read.
 _KNOWN: dict[tuple[str, str], list] = {}
 _READ: set[Path] = set()
-_UNSAVABLE: set[str] = set()  # keys whose steps failed to compile for saving: compiled the usual way
+# (environment, key) of steps that failed to compile for saving: compiled the usual way.
+_UNSAVABLE: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
 
 
@@ -175,6 +178,7 @@ def step_key(step, tag, inputs, options: dict) -> str:
 
 
 def environment_digest() -> str:
+    """The name of the folder of this build's steps: a digest of `environment()`."""
     return hashlib.sha256(json.dumps(environment(), sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -203,7 +207,7 @@ class SavedSteps:
                 if compiled.guard_check(*args):
                     self.loaded += 1
                     return compiled
-            if key in _UNSAVABLE:
+            if (self.folder.name, key) in _UNSAVABLE:
                 return None
         for x in inputs:
             for dim, size in enumerate(x.shape):
@@ -215,7 +219,7 @@ class SavedSteps:
         except Exception as exc:  # noqa: BLE001 - e.g. a guard on an object a file cannot hold
             notice(f"a compiled step could not be prepared for saving ({type(exc).__name__}: {exc}); "
                    "it compiles as an unsaved one")
-            _UNSAVABLE.add(key)
+            _UNSAVABLE.add((self.folder.name, key))
             return None
         compiled.disable_guard_check()  # checked where it is taken; the step's key fixes its shapes
         with _LOCK:
