@@ -11,8 +11,13 @@ tested with one path made slow on purpose, so they cannot go either way by chanc
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import subprocess
+import sys
 import time
 import warnings
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -33,6 +38,7 @@ needs_kernel = pytest.mark.skipif(
     cpu_rows.unsupported_reason() is not None, reason=f"rows kernel: {cpu_rows.unsupported_reason()}"
 )
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def variant_param(variant: str, dtype: torch.dtype = torch.float32):
@@ -314,3 +320,35 @@ def test_what_an_inductor_compiled_step_runs(gemms, dtype):
     assert len(codes) == 2
     op = "dflash_cpu.rows_linear_amx" if layer.rows_variant == "amx" else "dflash_cpu.rows_linear"
     assert all((op in code) == (gemms == "library") for code in codes)
+
+
+@needs_kernel
+def test_a_copy_of_the_engine_loads_the_same_build_without_compiling(tmp_path):
+    assert cpu_rows.available()
+    folder = cpu_rows.build_folder()
+    library = next(folder.glob("dflash_cpu_kernels*.so"))
+    built = library.stat().st_mtime_ns
+    # Another clone, or a Space bundle: the same sources at another path.
+    shutil.copytree(ROOT / "dflash_core", tmp_path / "dflash_core", ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-c", "from dflash_core.speed.kernels import cpu_rows; "
+                           "print(cpu_rows.available(), cpu_rows.build_folder())"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", str(folder)], done.stderr[-2000:]
+    assert library.stat().st_mtime_ns == built
+
+
+def test_changed_sources_or_another_torch_build_in_a_folder_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "builds"))
+    sources = tmp_path / "kernels"
+    shutil.copytree(Path(cpu_rows.__file__).parent, sources, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    first = cpu_rows.build_folder(sources)
+    assert first.parent == tmp_path / "builds" and {p.name for p in first.iterdir()} == set(cpu_rows.FILES)
+    assert (first / "cpu_avx2.h").read_bytes() == (sources / "cpu_avx2.h").read_bytes()
+    assert cpu_rows.build_folder(sources) == first
+    with open(sources / "cpu_avx2.h", "a") as header:  # a header the .cpp files include
+        header.write("// edited\n")
+    edited = cpu_rows.build_folder(sources)
+    assert edited != first and (edited / "cpu_avx2.h").read_text().endswith("// edited\n")
+    monkeypatch.setattr(torch, "__version__", "0.0.0+other")
+    assert cpu_rows.build_folder(sources) not in (first, edited)

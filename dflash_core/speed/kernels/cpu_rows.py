@@ -19,15 +19,19 @@ above; their outputs differ from each other in the last bits.
 `rows_linear` takes the last variant `variants()` names that takes the weight.
 
 The kernel needs an x86 CPU with at least AVX2 and FMA and a C++ compiler: `torch.utils.cpp_extension`
-compiles it once into its cache (`TORCH_EXTENSIONS_DIR`, by default under
-~/.cache/torch_extensions) and later processes load it from there. Where it cannot build or run,
+compiles it once into its cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions), in a
+folder named by the sources, flags, torch and Python (`build_folder`), and later processes load it
+from there. Where it cannot build or run,
 `available()` says False with one `FallbackWarning`, and `cpu_linear.py` keeps the libraries' paths.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -37,7 +41,8 @@ from ..fallbacks import notice
 # Past a chain's block, oneDNN's packed GEMM is the faster (a prefill); a batch-invariant model
 # sends its longer blocks (trees) here too (`PackedLinear.rows_limit`), as exact rows cost more.
 MAX_ROWS = 16
-SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_rows.cpp", "cpu_attention.cpp")]
+SOURCES = ("cpu_rows.cpp", "cpu_attention.cpp")
+FILES = (*SOURCES, "cpu_avx2.h")  # what the build reads, beside this file
 # No -m flags: each variant carries its own target attribute, so the one build runs on any x86-64
 # CPU. No fast-math either: the sums must keep their written order. OpenMP: at::parallel_for splits
 # the outputs (never a sum) across threads.
@@ -60,6 +65,30 @@ def _shape(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def build_folder(sources: Path = Path(__file__).parent) -> Path:
+    """The kernel's build folder, with its files from `sources` copied in: named by their content,
+    the flags and the torch and Python versions, so that every copy of the engine with the same sources (another
+    clone, a Space bundle) loads one build. torch's builder rebuilds whenever a source's path
+    changes (13 s on a 2-core CPU), and keys a build by the sources alone, not the torch it links."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    contents = {name: (sources / name).read_bytes() for name in FILES}
+    digest = hashlib.sha256(repr((torch.__version__, sys.version_info[:2], FLAGS)).encode())
+    for name, data in contents.items():
+        digest.update(name.encode() + b"\0" + data)
+    folder = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / (
+        f"dflash_cpu_kernels-{digest.hexdigest()[:16]}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in contents.items():
+        copy = folder / name
+        # An identical copy stays untouched: a newer one would make the build look stale.
+        if not copy.is_file() or copy.read_bytes() != data:
+            partial = folder / f".{name}.{os.getpid()}"
+            partial.write_bytes(data)
+            partial.replace(copy)
+    return folder
+
+
 @functools.cache
 def available() -> bool:
     """Whether `rows_linear` runs here: builds (or loads the built) kernel the first time it is asked."""
@@ -68,8 +97,9 @@ def available() -> bool:
         try:
             from torch.utils.cpp_extension import load
 
-            load(name="dflash_cpu_kernels", sources=SOURCES, extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                 is_python_module=False)
+            folder = build_folder()
+            load(name="dflash_cpu_kernels", sources=[str(folder / name) for name in SOURCES], extra_cflags=FLAGS,
+                 extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False)
         except Exception as exc:  # noqa: BLE001 - a missing compiler or ninja: the libraries' paths still run
             reason = f"it did not build ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         else:
