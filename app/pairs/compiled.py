@@ -17,8 +17,9 @@ all its lanes run the eager steps: a race never compares a compiled lane with an
 lane changes path within a race. The drafter lanes (DFlash2, input fusion, AR) run eagerly.
 
 Costs: the compiled steps use the same weights (`library` GEMMs: no packed copy per shape), and
-each lane's static KV caches hold `positions` tokens whatever a race's length. Inductor's code goes
-to its on-disk cache under the project's cache folder, so a second launch finds most of it there.
+each lane's static KV caches hold `positions` tokens whatever a race's length. Each compiled step is
+saved under the project's cache folder (`dflash_core.speed.saved_steps`), so a second launch loads
+the lanes' steps instead of tracing them again.
 """
 
 from __future__ import annotations
