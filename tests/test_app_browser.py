@@ -5,6 +5,7 @@ Skips only when chromium or playwright is missing; CI installs both (no browser 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -286,17 +287,23 @@ def test_browser_each_lesson_opens_from_one_click(lessons_url):
 
 @pytest.fixture(scope="module")
 def lessons_url():
-    """An app with no model offering the shipped recordings (the lessons need them)."""
+    """An app with no model offering the shipped recordings (the lessons need them), each lesson
+    replayed at the fastest speed the app allows: the lessons that stop at the end play a whole
+    recording, and the flow, not the pace, is under test."""
     from serve import free_port
 
+    from app.serve import lessons
+    from app.serve.playback import MAX_SPEED
     from app.serve.replay import shipped_traces
     from app.ui import build_demo
 
     if not shipped_traces():
         pytest.skip("no shipped traces")
     with pytest.MonkeyPatch.context() as patch:
+        for key, lesson in lessons.BY_KEY.items():
+            patch.setitem(lessons.BY_KEY, key, dataclasses.replace(lesson, speed=MAX_SPEED))
         patch.setattr("app.ui.shipped_traces", shipped_traces)  # `replay_url` may have put one slow trace there
         demo = build_demo([], "", None, replay=None, live=False)
-    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield demo.local_url
-    demo.close()
+        demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+        yield demo.local_url
+        demo.close()
