@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import itertools
+import threading
 
 import pytest
 import torch
@@ -295,3 +296,75 @@ def test_template_gemms_leave_a_batch_invariant_targets_lanes_eager_and_say_why(
     pair = PairCache("cpu", compile_gemms="template").get(spec)
     assert pair.compiled is None
     assert pair.eager_only.startswith("a batch-invariant target compiles with library GEMMs")
+
+
+def test_a_race_waiting_for_a_compiling_step_says_so_and_stop_ends_the_wait(pair_dirs):
+    from types import SimpleNamespace
+
+    spec = cli_pair(*map(str, pair_dirs))
+    app = App([spec], spec.id, PairCache("cpu"))
+    pair = app.loading.cache.get(spec)
+    pair.compiled = CompiledLanes(pair.target, pair.drafter)  # never started: its steps stay eager
+    step = Step("dflash", BLOCK, draft=True)
+    waiting = html.escape(texts.RACE_WAITING_STEP.format(step=step.describe()))
+
+    def compiling():  # what the compile thread does while it compiles `step`
+        pair.lock.acquire()
+        pair.compiled.current = step
+
+    def done():
+        pair.compiled.current = None
+        pair.lock.release()
+
+    compiling()
+    frames = app.live.compare(PROMPT, NEW, BLOCK, 0.0, 1.0, 0, [])
+    try:
+        summaries = [dict(zip(FRAME_FIELDS, next(frames)))["summary"] for _ in range(3)]
+        assert any(waiting in str(s) for s in summaries), summaries
+    finally:
+        done()
+    shown = {}
+    for frame in frames:  # the step done, the race runs as any other
+        shown.update((name, value) for name, value in zip(FRAME_FIELDS, frame) if isinstance(value, (str, dict)))
+    assert shown["report"]["identical"] is True and waiting not in shown["summary"]
+
+    # Stop while waiting, whatever holds the pair: the race ends at once, having raced nothing.
+    visitor = SimpleNamespace(session_hash="waiting-visitor")
+    pair.lock.acquire()
+    try:
+        frames = app.live.compare(PROMPT, NEW, BLOCK, 0.0, 1.0, 0, [], request=visitor)
+        summaries = [dict(zip(FRAME_FIELDS, next(frames)))["summary"] for _ in range(3)]
+        assert any(html.escape(texts.RACE_WAITING) in str(s) for s in summaries), summaries
+        stopping = threading.Thread(target=app.live.stop, args=(visitor,))  # the Stop button, another worker
+        stopping.start()
+        rest = [dict(zip(FRAME_FIELDS, frame))["summary"] for frame in frames]
+        stopping.join()
+    finally:
+        pair.lock.release()
+    assert html.escape(texts.STOPPED_WAITING) in str(rest[-1]) and not pair.lock.locked()
+
+
+def test_the_compile_thread_lets_a_waiting_race_have_the_pair_before_its_next_step(pair_dirs):
+    import time
+
+    from dflash_core import DFlashDrafter, Target
+
+    target, drafter = Target.from_pretrained(pair_dirs[0]), DFlashDrafter.from_pretrained(pair_dirs[1])
+    compiled = CompiledLanes(target, drafter, positions=64 + MAX_TREE_BUDGET + 1)
+    order, waiting = [], []
+
+    def compile(step):  # a step that takes a while, holding the pair's lock
+        order.append(step)
+        time.sleep(0.2)
+
+    compiled.compile = compile
+    lock = threading.Lock()
+    compiled.start(lock, lambda: bool(waiting))
+    while not order:
+        time.sleep(0.01)
+    waiting.append("a race")  # what `LoadedPair.queued` counts
+    with lock:  # the race: it has the pair once the step in progress is done, before the next one
+        order.append("race")
+        waiting.clear()
+    assert compiled.wait(60) and compiled.failed is None, compiled.status()
+    assert order.index("race") == 1 and len(order) == len(compiled.steps) + 1

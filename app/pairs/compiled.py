@@ -51,6 +51,7 @@ BUDGET_S = 30 * 60
 # Tree budgets compiled on a race's request besides the default, per pair: compiling one holds the
 # pair's lock for seconds, during which every visitor's race of the pair waits.
 MORE_TREES = 3
+YIELD_POLL_S = 0.05  # how often the compile thread looks whether the races waiting have the pair's lock
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,11 @@ class CompiledLanes:
         self.targets = {lane: self._compiled(target, lane) for lane in lanes}
         self.steps = plan(drafter.block_size, lanes)
         self.done: set[Step] = set()
+        self.current: Step | None = None  # the step compiling now, holding the pair's lock
         self.failed: str | None = None
         self.seconds = 0.0
         self._lock: threading.Lock | None = None  # the pair's, once started
+        self._races_waiting = lambda: False
         self._queue = threading.Lock()  # guards `steps` and `_idle`
         self._idle = threading.Event()  # set while no thread compiles
         self._idle.set()
@@ -153,13 +156,14 @@ class CompiledLanes:
         size_caches(compiled, self.drafter_of(lane), self.positions, MAX_TREE_BUDGET + 1 if lane == "tree" else None)
         return compiled
 
-    def start(self, lock: threading.Lock) -> None:
+    def start(self, lock: threading.Lock, races_waiting=lambda: False) -> None:
         """Compile every step in a background thread, each while holding `lock`, the pair's: a step
         compiles on a lane's own target, and the targets over one model share its layers' feature
-        taps, so no race of the pair may run meanwhile."""
+        taps, so no race of the pair may run meanwhile. Before each step the thread waits while
+        `races_waiting()`: a visitor's race waits for one step at most, not for the whole plan."""
         with self._queue:
             if self._lock is None:
-                self._lock = lock
+                self._lock, self._races_waiting = lock, races_waiting
                 self._spawn()
 
     def want(self, steps: set[Step]) -> str | None:
@@ -194,12 +198,18 @@ class CompiledLanes:
 
     def _compile_all(self) -> None:
         while (step := self._next()) is not None:
+            while self._races_waiting():  # a Lock is not fair: this thread would take it back at once
+                time.sleep(YIELD_POLL_S)
             began = time.perf_counter()
             try:
                 if self.done and self.seconds > self.budget_s:
                     raise _Stopped(f"compiling stopped at its bound of {self.budget_s / 60:.0f} minutes")
                 with self._lock:
-                    self.compile(step)
+                    self.current = step
+                    try:
+                        self.compile(step)
+                    finally:
+                        self.current = None
                 if any(entry is None for entry in self.targets[step.lane].graphs.graphs.values()):
                     raise _Stopped(f"the {step.describe()} did not compile (its warning says why)")
             except _Stopped as exc:

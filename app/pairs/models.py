@@ -6,6 +6,7 @@ lanes keep separate KV caches while sharing memory.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import threading
@@ -62,6 +63,21 @@ class LoadedPair(ModelPair):
     compiled: CompiledLanes | None = None  # the lanes on compiled steps, where the app compiles them
     eager_only: str = ""  # why the lanes run eager steps only, where the app would compile them
     _lane_targets: dict = field(default_factory=dict, repr=False)
+    # Races waiting for `lock` now: the compile thread lets them have it before its next step.
+    _waiting: list = field(default_factory=list, repr=False)
+
+    @contextlib.contextmanager
+    def queued(self):
+        """Counts the caller among the races waiting for `lock` while it waits for it."""
+        mark = object()
+        self._waiting.append(mark)  # list.append and .remove are atomic: no lock to order them
+        try:
+            yield
+        finally:
+            self._waiting.remove(mark)
+
+    def races_waiting(self) -> bool:
+        return bool(self._waiting)
 
     @property
     def ar_drafter(self) -> DFlashDrafter | None:
@@ -75,6 +91,12 @@ class LoadedPair(ModelPair):
         trees = tree_refusal(self.target, self.drafter) is None
         return tuple(lane for lane in LANES if (lane not in DRAFTER_LANES or lane in self.lane_drafters)
                      and (lane != "tree" or trees))
+
+    def busy_with(self) -> str | None:
+        """The lane step compiling now (`Step.describe()`), holding the pair's lock; None when none is
+        (the lock is then free, or a race or the doctor holds it)."""
+        step = self.compiled.current if self.compiled is not None else None
+        return step.describe() if step is not None else None
 
     def lane_target(self, lane: str) -> Target:
         """The target instance `lane` decodes with: DFlash the pair's own, plain its second, every
@@ -269,7 +291,7 @@ class PairCache:
                     if why := loaded.target.steps_refusal():
                         raise ConfigError(why)
                     loaded.compiled = CompiledLanes(loaded.target, loaded.drafter, gemms=self.compile_gemms)
-                    loaded.compiled.start(loaded.lock)
+                    loaded.compiled.start(loaded.lock, loaded.races_waiting)
                 except ConfigError as exc:  # e.g. template GEMMs for a batch-invariant target
                     loaded.eager_only = str(exc)
             self._pairs[spec.id] = loaded

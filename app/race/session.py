@@ -29,6 +29,9 @@ from .request import RaceRequest
 from .tokens import TokenPieces
 
 EXPLAIN_TOP_K = 5  # every cycle is explained (top-5 of drafter and target) for the views and the trace
+# How often a race waiting for its pair (another race, the doctor, a lane step compiling) looks
+# again, and lets its streamer notice Stop or a visitor who left.
+WAIT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -142,12 +145,18 @@ class RaceSession:
         self.pieces = {name: TokenPieces(pair.tokenizer) for name in self.lanes}
         self.text_of = single_token_text(pair.tokenizer)
         self.last: Snapshot | None = None  # the newest snapshot
+        # While the race waits for its pair: the lane step compiling (`LoadedPair.busy_with`), or "" for another run.
+        self.waiting: str | None = None
 
     def snapshots(self, stop: Callable[[], bool] | None = None, control: Control | None = None) -> Iterator[Snapshot]:
         """The race's snapshots until every lane has finished on screen, or until `stop()`.
 
         control: Pause / Step; it is reset for this run, a newer run of its viewer ends this one,
         and its viewer names tokens with this pair's tokenizer.
+
+        While another run holds the pair (a race, the doctor, a lane step compiling), the snapshots
+        are idle ones with no lanes and `waiting` says which; a stop then ends the race before it
+        begins (`last` stays None).
         """
         from dflash_core import generate  # torch only for a live race
 
@@ -164,10 +173,21 @@ class RaceSession:
             for name, lane in self.lanes.items()
         }
         try:
-            with self.pair.lock:  # a pair's targets hold the KV caches of one race at a time
+            # A pair's targets hold the KV caches of one race at a time. Waiting for them yields idle
+            # snapshots, so that the page can say why and Stop ends the wait.
+            with self.pair.queued():
+                while not self.pair.lock.acquire(timeout=WAIT_POLL_S):
+                    if (stop or _never)():
+                        return
+                    self.waiting = self.pair.busy_with() or ""
+                    yield Snapshot({}, 0.0, False, idle=True)
+            self.waiting = None
+            try:
                 block_sizes = {name: lane.block_size for name, lane in self.lanes.items()}
                 for self.last in race(events, block_sizes=block_sizes, stop=stop or _never, control=control):
                     yield self.last
+            finally:
+                self.pair.lock.release()
         finally:
             if control is not None:
                 control.done(run)

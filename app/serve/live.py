@@ -171,8 +171,14 @@ class LiveRace:
         note = kind.running_note
         running = " ".join(filter(None, (note, steps and texts.STEPS_RUNNING.format(steps=steps)))) or None
         steps = steps and texts.STEPS.format(steps=steps)
+        said = None
         try:
             for snapshot in race.snapshots(stop, control):
+                waiting = getattr(race, "waiting", None)
+                if waiting is not None and waiting != said:  # the pair is busy: say with what, once
+                    said = waiting
+                    yield note_frame(texts.RACE_WAITING_STEP.format(step=waiting) if waiting else texts.RACE_WAITING), None
+                    continue
                 if snapshot.idle:  # nothing new: the frame only lets Gradio see a client that left
                     yield Frame(), None
                     continue
@@ -184,6 +190,9 @@ class LiveRace:
                 yield frame, None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
             raise visitor_error(failure_message(exc, device)) from None
+        if race.last is None:
+            yield note_frame(texts.STOPPED_WAITING), None
+            return
         released = released_text(race.last, control)
         result = race.result()
         if result is None:

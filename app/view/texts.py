@@ -72,6 +72,13 @@ RACE_BYTES = (
     "Fewer lanes or fewer tokens stream less."
 )
 STOPPED_EARLY = "Stopped before every lane had a token."
+RACE_WAITING_STEP = (
+    "Waiting for the model: the app is compiling the {step}, which takes up to a minute or two on a CPU, once "
+    "(later launches load it from disk). This race starts as soon as that step is done; until every lane step "
+    "is compiled, races run the eager steps."
+)
+RACE_WAITING = "Waiting for the model: another race or diagnosis on this pair is running. This race starts when it ends."
+STOPPED_WAITING = "Stopped while waiting for the model: nothing was raced."
 STEPS = "Every lane ran {steps}."  # compiled or eager, the same for every lane of a race
 STEPS_RUNNING = "Every lane runs {steps}."
 OWN_CLOCKS = (
