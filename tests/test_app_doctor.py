@@ -100,6 +100,24 @@ def test_the_doctor_waits_for_a_race_on_the_pair_within_the_time_limit(tiny_app)
     assert data is None and html.escape(texts.DOCTOR_BUSY.format(seconds=1)) in page
 
 
+def test_the_doctor_waiting_for_a_compiling_step_names_it(tiny_app):
+    from app.pairs.compiled import CompiledLanes, Step
+
+    pair = tiny_app.cache.get(tiny_app.pairs["cli"])
+    tiny_app.diagnosis.limits = Limits(max_race_s=1)
+    pair.compiled = CompiledLanes(pair.target, pair.drafter)  # never started
+    step = Step("plain", 1)
+    try:
+        with pair.lock:  # what the compile thread holds while it compiles `step`
+            pair.compiled.current = step
+            shown = list(tiny_app.diagnosis.diagnose("cli"))
+    finally:
+        tiny_app.diagnosis.limits, pair.compiled = tiny_app.limits, None
+    waiting = html.escape(texts.DOCTOR_WAITING_STEP.format(step=step.describe()))
+    assert any(waiting in page for page, _ in shown), shown[0][0]
+    assert not pair.races_waiting()  # the doctor's place in the queue went with it
+
+
 def test_the_doctor_stops_once_nobody_reads_the_page(tiny_app):
     readers = Readers(grace_s=0)
     readers.opened("gone"), readers.closed("gone")

@@ -107,10 +107,12 @@ class Diagnosis:
 
         def work():
             try:
-                if pair.lock.locked():
-                    updates.put(texts.DOCTOR_WAITING)
-                if not pair.lock.acquire(timeout=max(0.0, deadline - time.perf_counter())):
-                    raise Stopped(texts.DOCTOR_BUSY.format(seconds=self.limits.max_race_s))
+                with pair.queued():  # the compile thread lets it have the pair before its next step
+                    if pair.lock.locked():
+                        step = pair.busy_with()
+                        updates.put(texts.DOCTOR_WAITING_STEP.format(step=step) if step else texts.DOCTOR_WAITING)
+                    if not pair.lock.acquire(timeout=max(0.0, deadline - time.perf_counter())):
+                        raise Stopped(texts.DOCTOR_BUSY.format(seconds=self.limits.max_race_s))
                 try:
                     result["report"] = run_doctor(pair, spec, self.ask, log, check)
                 finally:

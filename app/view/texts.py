@@ -199,6 +199,7 @@ DOCTOR_PANEL = "Why this tau? The acceptance doctor's report for the selected pa
 DOCTOR_JSON = "The report as data (JSON, dflash-doctor/1)"
 DOCTOR_LOADING = "loading {label}"
 DOCTOR_WAITING = "waiting for the race on this pair to end"
+DOCTOR_WAITING_STEP = "waiting for the app to compile the {step} (up to a minute or two on a CPU, once)"
 DOCTOR_BUSY = (
     "The pair stayed busy with another race for {seconds:g} s, this server's limit (--max-race-s); "
     "ask again in a moment."
