@@ -368,3 +368,27 @@ def test_the_compile_thread_lets_a_waiting_race_have_the_pair_before_its_next_st
         waiting.clear()
     assert compiled.wait(60) and compiled.failed is None, compiled.status()
     assert order.index("race") == 1 and len(order) == len(compiled.steps) + 1
+
+
+def test_a_race_that_waited_for_the_pair_takes_the_steps_compiled_meanwhile(pair_dirs):
+    from app.guard.limits import Limits, check_request
+    from app.race.session import RaceSession
+
+    spec = cli_pair(*map(str, pair_dirs))
+    pair = PairCache("cpu").get(spec)
+    pair.compiled = CompiledLanes(pair.target, pair.drafter)  # never started
+    req = check_request(Limits(), spec.id, PROMPT, NEW, BLOCK, 0.0, 1.0, 0, [], None, None)
+    pair.lock.acquire()  # the compile thread, compiling the default race's last step
+    session = RaceSession(pair, "cpu", req, pair.encode(PROMPT))
+    assert session.steps.startswith("eager steps (compiling 0/")
+    snapshots = session.snapshots()
+    try:
+        assert next(snapshots).idle and session.waiting == ""
+        pair.compiled.done.update(needed(("dflash", "plain"), BLOCK, BLOCK))  # ... and done
+        pair.lock.release()
+        next(snapshots)  # the race has the pair now
+        assert session.steps == "compiled steps" and session.waiting is None
+        assert session.lanes["dflash"].target is pair.compiled.targets["dflash"]
+    finally:
+        snapshots.close()  # not raced: the compiled targets' steps were never compiled
+    assert not pair.lock.locked()

@@ -139,14 +139,21 @@ class RaceSession:
         self.thinking = pair.thinking(req.thinking)
         self.prompt, self.prompt_ids = req.prompt, prompt_ids
         self.max_new_tokens, self.block_size, self.sampling = req.max_new_tokens, req.block_size, req.sampling
-        compiled, self.steps = pair.compiled_lanes(req.lanes, req.block_size, len(prompt_ids) + req.max_new_tokens,
-                                                 req.tree_budget)
-        self.lanes = pair_lanes(pair, req.block_size, req.lanes, req.tree_budget, compiled)
+        self.req = req
+        self.choose_lanes()
         self.pieces = {name: TokenPieces(pair.tokenizer) for name in self.lanes}
         self.text_of = single_token_text(pair.tokenizer)
         self.last: Snapshot | None = None  # the newest snapshot
         # While the race waits for its pair: the lane step compiling (`LoadedPair.busy_with`), or "" for another run.
         self.waiting: str | None = None
+
+    def choose_lanes(self) -> None:
+        """The lanes, on the pair's compiled steps where every step they take is compiled now, and
+        `steps`, which steps they run and why."""
+        req = self.req
+        compiled, self.steps = self.pair.compiled_lanes(req.lanes, req.block_size,
+                                                        len(self.prompt_ids) + req.max_new_tokens, req.tree_budget)
+        self.lanes = pair_lanes(self.pair, req.block_size, req.lanes, req.tree_budget, compiled)
 
     def snapshots(self, stop: Callable[[], bool] | None = None, control: Control | None = None) -> Iterator[Snapshot]:
         """The race's snapshots until every lane has finished on screen, or until `stop()`.
@@ -166,12 +173,6 @@ class RaceSession:
             outer_stop = stop or _never
             stop = lambda: outer_stop() or control.superseded(run)  # noqa: E731  (a newer run ends this one)
         common = {"max_new_tokens": self.max_new_tokens, "sampling": self.sampling, "stop_ids": self.pair.stop_ids}
-        # A tree cycle's record is its `Block.tree`; the engine explains chains only.
-        events = {
-            name: generate(lane.target, self.prompt_ids, lane.drafter, block_size=lane.block_argument,
-                           explain=0 if lane.tree_budget else EXPLAIN_TOP_K, tree_budget=lane.tree_budget, **common)
-            for name, lane in self.lanes.items()
-        }
         try:
             # A pair's targets hold the KV caches of one race at a time. Waiting for them yields idle
             # snapshots, so that the page can say why and Stop ends the wait.
@@ -181,8 +182,16 @@ class RaceSession:
                         return
                     self.waiting = self.pair.busy_with() or ""
                     yield Snapshot({}, 0.0, False, idle=True)
-            self.waiting = None
             try:
+                if self.waiting is not None:  # steps may have compiled meanwhile: the lanes take them if they now can
+                    self.waiting = None
+                    self.choose_lanes()
+                # A tree cycle's record is its `Block.tree`; the engine explains chains only.
+                events = {
+                    name: generate(lane.target, self.prompt_ids, lane.drafter, block_size=lane.block_argument,
+                                   explain=0 if lane.tree_budget else EXPLAIN_TOP_K, tree_budget=lane.tree_budget, **common)
+                    for name, lane in self.lanes.items()
+                }
                 block_sizes = {name: lane.block_size for name, lane in self.lanes.items()}
                 for self.last in race(events, block_sizes=block_sizes, stop=stop or _never, control=control):
                     yield self.last

@@ -167,10 +167,12 @@ class LiveRace:
             raise visitor_error(failure_message(exc, device)) from None
         viewer = control.viewer if control is not None else None
         pacer, drawn = ChartPacer(), FramePacer()
-        steps = getattr(race, "steps", None)  # local races: compiled or eager steps, and why
-        note = kind.running_note
-        running = " ".join(filter(None, (note, steps and texts.STEPS_RUNNING.format(steps=steps)))) or None
-        steps = steps and texts.STEPS.format(steps=steps)
+
+        def running() -> str | None:
+            # Local races: compiled or eager steps, and why (decided again after a wait for the pair).
+            steps = getattr(race, "steps", None)
+            return " ".join(filter(None, (kind.running_note, steps and texts.STEPS_RUNNING.format(steps=steps)))) or None
+
         said = None
         try:
             for snapshot in race.snapshots(stop, control):
@@ -185,7 +187,7 @@ class LiveRace:
                 if snapshot.done or not drawn.due(snapshot):  # the browser is still drawing the last frame
                     continue
                 charts = pacer.due(snapshot)
-                frame = race_frame(snapshot, race.pieces, race.text_of, None, charts, viewer, running=running)
+                frame = race_frame(snapshot, race.pieces, race.text_of, None, charts, viewer, running=running())
                 drawn.sent(frame.html_bytes(), charts=charts)
                 yield frame, None
         except Exception as exc:  # noqa: BLE001 - OOM and CUDA errors mid-race reach the visitor too
@@ -193,6 +195,9 @@ class LiveRace:
         if race.last is None:
             yield note_frame(texts.STOPPED_WAITING), None
             return
+        steps = getattr(race, "steps", None)
+        steps = steps and texts.STEPS.format(steps=steps)
+        note = kind.running_note
         released = released_text(race.last, control)
         result = race.result()
         if result is None:
