@@ -67,9 +67,9 @@ def _shape(x, weight, bias):
 
 def build_folder(sources: Path = Path(__file__).parent) -> Path:
     """The kernel's build folder, with its files from `sources` copied in: named by their content,
-    the flags and the torch and Python versions, so that every copy of the engine with the same sources (another
-    clone, a Space bundle) loads one build. torch's builder rebuilds whenever a source's path
-    changes (13 s on a 2-core CPU), and keys a build by the sources alone, not the torch it links."""
+    the flags and the torch and Python versions, so that every copy of the engine with the same
+    sources (another clone, a Space bundle) loads one build. torch's builder rebuilds whenever a
+    source's path changes, and keys a build by the sources alone, not the torch it links."""
     from torch.utils.cpp_extension import get_default_build_root
 
     contents = {name: (sources / name).read_bytes() for name in FILES}
